@@ -1,0 +1,539 @@
+"""The engine: phases with ordered hooks and overridable actions, run state, the run.
+
+``engine.run(model)`` calls ``model.setup()``, then ``model.run(runstep, steps)``, where
+the model keeps its own loop and calls ``runstep(batch)`` once per step; the engine
+decides what a step does, fires the phases around it, enforces the step budget and
+always tears down. ``runmodel/phases.py`` has the loop as pseudocode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .hooks import Hook, HookHandle, HookOrderError, Pack, _describe_fn, resolve_order
+from .phases import MODES, PHASES
+
+if TYPE_CHECKING:
+    from .model import Model
+
+__all__ = ["Engine", "RunResult", "RunStep", "State", "StopRun"]
+
+_NO_BUDGET = sys.maxsize
+_ACTION_PHASES = tuple(p for p, spec in PHASES.items() if spec.has_action)
+
+
+class StopRun(BaseException):
+    """Ends a run cleanly from inside ``runstep``: the budget is spent or ``stop()`` was
+    called. A ``BaseException``, so a model's ``except Exception`` cannot swallow it."""
+
+
+class State:
+    """The run as hooks see it. Counters are 0-based indices while their unit runs and
+    counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
+    """
+
+    __slots__ = ("batch", "epoch", "epoch_step", "error", "loss", "max_epochs", "max_steps",
+                 "metrics", "mode", "output", "rank", "skipped", "step")
+
+    def __init__(self) -> None:
+        self.mode = "train"
+        self.epoch = self.step = self.epoch_step = self.skipped = self.rank = 0
+        self.max_steps: int | None = None
+        self.max_epochs: int | None = None
+        self.batch: Any = None
+        self.output: Any = None
+        self.loss: Any = None
+        self.metrics: dict[str, Any] = {}
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
+                f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})")
+
+
+@dataclass
+class RunResult:
+    """What ``engine.run`` returns. ``ended`` is ``"completed"`` (the model's loop
+    finished), ``"budget"`` (the step budget ran out) or ``"stopped"`` (``stop()``)."""
+
+    mode: str
+    ended: str
+    steps: int
+    epochs: int
+    skipped: int
+    seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class RunStep(Protocol):
+    """The callable handed to ``Model.run``: one call is one step."""
+
+    engine: Engine
+    mode: str
+    steps: int | None
+
+    def __call__(self, batch: Any = None) -> Any: ...
+
+    def epochs(self) -> Iterator[int]: ...
+
+
+class _Tables:
+    """What dispatch reads: per phase the tuple of hooks to call, per action phase the
+    head of its override chain. Rebuilt whenever hooks change, never per call."""
+
+    __slots__ = (*PHASES, *(f"{p}_action" for p in _ACTION_PHASES))
+
+
+def _link(fn: Callable[[Engine, Callable[[Engine], Any]], Any],
+          default: Callable[[Engine], Any]) -> Callable[[Engine], Any]:
+    def link(engine: Engine) -> Any:
+        return fn(engine, default)
+    return link
+
+
+def _code(fn: object) -> types.CodeType | None:
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),
+                                                    "__code__", None)
+
+
+def _current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+class Engine:
+    """Owns the phases, their hooks and overrides, the run state and the run."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.model: Model | None = None
+        self._hooks: dict[str, list[Hook]] = {p: [] for p in PHASES}
+        self._overrides: dict[str, list[Hook]] = {p: [] for p in _ACTION_PHASES}
+        self._packs: dict[str, Pack] = {}
+        self._seq = itertools.count()
+        self._tables = _Tables()
+        self._actions: dict[str, Callable[[Engine], Any]] = {}
+        self._where: dict[types.CodeType, str] = {}
+        self._running = self._resuming = False
+        self._reset_controls()
+
+    # -- registration --------------------------------------------------------------
+
+    def on(self, phase: str, fn: Callable[[Engine], Any] | None = None, *,
+           priority: float = 0, before: str | Iterable[str] | None = None,
+           after: str | Iterable[str] | None = None, every: int | str | None = None,
+           once: bool | int | str | None = None, when: Callable[[Engine], bool] | None = None,
+           modes: str | Iterable[str] | None = None, rank: int | Iterable[int] | None = None,
+           name: str | None = None) -> Any:
+        """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator.
+
+        Returns a ``HookHandle`` (the decorator form returns it in place of the
+        function; it stays callable). Everything is checked here, not at run time.
+        """
+        options = dict(priority=priority, before=before, after=after, every=every, once=once,
+                       when=when, modes=modes, rank=rank, name=name)
+        return self._register(phase, fn, override=False, options=options)
+
+    def override(self, phase: str, fn: Callable[[Engine, Callable[[Engine], Any]], Any] | None
+                 = None, **options: Any) -> Any:
+        """Wrap or replace ``phase``'s action with ``fn(engine, default)``; calling
+        ``default(engine)`` reaches the next override and, last, the built-in action.
+        Takes the options of ``on``; overrides are ordered like hooks, first outermost."""
+        return self._register(phase, fn, override=True, options=options)
+
+    def attach(self, *packs: Pack) -> HookHandle:
+        """Attach packs (and the packs they hold) as one unit; the handle detaches it."""
+        flat: list[tuple[str, Pack]] = []
+        taken = set(self._packs)
+        for pack in packs:
+            self._flatten(pack, None, flat, taken)
+        seen = {id(p) for p in self._packs.values()}
+        for key, pack in flat:
+            if id(pack) in seen:
+                raise ValueError(f"pack {key!r} is attached already; make a new instance to "
+                                 f"use a pack twice")
+            seen.add(id(pack))
+        hooks = [h for _, pack in flat for h in pack.hooks()]
+        handle = self._add(hooks, packs=tuple(p for _, p in flat))
+        self._packs.update(flat)
+        return handle
+
+    def _flatten(self, pack: Pack, parent: str | None, out: list[tuple[str, Pack]],
+                 taken: set[str]) -> None:
+        if not isinstance(pack, Pack):
+            raise TypeError(f"attach() takes Pack instances, got {type(pack).__name__} {pack!r}; "
+                            f"for a function use engine.on(phase, fn)")
+        base = (pack.name or type(pack).__name__) if parent is None else (
+            f"{parent}/{pack.name or type(pack).__name__}")
+        key = base
+        for n in itertools.count(2):
+            if key not in taken:
+                break
+            key = f"{base}#{n}"
+        taken.add(key)
+        out.append((key, pack))
+        for child in pack.children():
+            self._flatten(child, key, out, taken)
+
+    def _register(self, phase: str, fn: Callable[..., Any] | None, *, override: bool,
+                  options: dict[str, Any]) -> Any:
+        Hook((lambda e, d=None: None), phase, override=override, **options)  # check now
+        if fn is None:
+            return lambda f: self._add([Hook(f, phase, override=override, **options)], fn=f)
+        return self._add([Hook(fn, phase, override=override, **options)], fn=fn)
+
+    def _lists(self, hook: Hook) -> list[Hook]:
+        return (self._overrides if hook.override else self._hooks)[hook.phase]
+
+    def _add(self, hooks: list[Hook], fn: Callable[..., Any] | None = None,
+             packs: tuple[Pack, ...] = ()) -> HookHandle:
+        for h in hooks:
+            h.seq = next(self._seq)
+            self._lists(h).append(h)
+            if self._running:
+                h.prepare(self, self.state.mode, self.state.rank)
+        try:
+            self._changed({(h.phase, h.override) for h in hooks})
+        except HookOrderError:
+            for h in hooks:
+                self._lists(h).remove(h)
+            raise
+        return HookHandle(self, hooks, fn, packs)
+
+    def _detach(self, handle: HookHandle) -> None:
+        for h in handle.hooks:
+            hooks = self._lists(h)
+            if h in hooks:
+                hooks.remove(h)
+        for key in [k for k, p in self._packs.items() if p in handle.packs]:
+            del self._packs[key]
+        self._changed({(h.phase, h.override) for h in handle.hooks})
+
+    def _is_attached(self, handle: HookHandle) -> bool:
+        return any(h in self._lists(h) for h in handle.hooks)
+
+    def _changed(self, phases: set[tuple[str, bool]]) -> None:
+        """Re-resolve the order of changed phases; while running, rebuild dispatch."""
+        for phase, is_override in phases:
+            hooks = (self._overrides if is_override else self._hooks)[phase]
+            hooks[:] = resolve_order(hooks)
+        if self._running:
+            self._build_tables()
+
+    # -- what is registered ----------------------------------------------------------
+
+    def describe(self) -> str:
+        """The resolved table: phase, position, hook, priority, filter, pack, source."""
+        rows = [("phase", "#", "hook", "priority", "filter", "pack", "source")]
+        packs = {id(p): k for k, p in self._packs.items()}
+        for phase, spec in PHASES.items():
+            overrides, hooks = self._overrides.get(phase, ()), self._hooks[phase]
+            for n, h in enumerate(overrides, 1):
+                rows.append(_row(phase, f"o{n}", f"override {h.name}", h, packs))
+            if spec.has_action:
+                rows.append((phase, "-", "action" + (" (wrapped)" if overrides else ""), "", "",
+                             "", "built-in"))
+            elif not hooks:
+                rows.append((phase, "-", "(no hooks)", "", "", "", ""))
+            rows.extend(_row(phase, str(n), h.name, h, packs) for n, h in enumerate(hooks, 1))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                 for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's counters and every attached pack's state, keyed by pack path."""
+        s = self.state
+        return {"counters": {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step,
+                             "skipped": s.skipped},
+                "packs": {key: pack.state_dict() for key, pack in self._packs.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters and pack states; the next run continues these counters."""
+        for name, value in state.get("counters", {}).items():
+            setattr(self.state, name, int(value))
+        self._resuming = True
+        saved = state.get("packs", {})
+        for key, pack_state in saved.items():
+            if key in self._packs:
+                self._packs[key].load_state_dict(pack_state)
+            else:
+                warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
+                              f"(attached: {sorted(self._packs) or 'none'})", stacklevel=2)
+
+    # -- run controls -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End the run once the current step is done; teardown follows."""
+        self._stopping = True
+        self._guard = -1
+
+    def end_epoch(self) -> None:
+        """End the current epoch once the current step is done: the model's remaining
+        runstep calls in it do nothing. Without ``runstep.epochs()`` it ends the run."""
+        if not self._explicit_epochs:
+            self.stop()
+        elif self._epoch_open:
+            self._epoch_ending = True
+            self._guard = -1
+
+    def skip_step(self) -> None:
+        """From a ``step_start`` hook: drop this batch. The step's action and ``runstep``
+        hooks do not run, ``step`` does not advance, ``state.skipped`` does."""
+        if not self._in_step_start:
+            raise RuntimeError("skip_step() drops a batch before its step runs, so only a "
+                               "step_start hook may call it; use stop() or end_epoch() elsewhere")
+        self._skip = True
+
+    def _reset_controls(self) -> None:
+        self._stopping = self._epoch_open = self._epoch_ending = self._explicit_epochs = False
+        self._skip = self._in_step_start = False
+        self._guard = -1  # runstep takes its slow path while step >= _guard
+        self._budget = _NO_BUDGET
+        self._max_epochs: float = 1
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self, model: Model, mode: str = "train", steps: int | None = None,
+            epochs: int | None = None, setup_options: dict[str, Any] | None = None) -> RunResult:
+        """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
+
+        Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
+        ``steps``/``epochs`` count from the start of training, so a resumed run given the
+        same numbers finishes where one straight run would have.
+        """
+        from .modes import build_actions
+
+        _check_count(steps, "steps")
+        _check_count(epochs, "epochs")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        if setup_options is not None and not isinstance(setup_options, dict):
+            raise TypeError(f"setup_options must be a dict or None, got {setup_options!r}")
+        if self._running:
+            raise RuntimeError("this engine is running already; an engine runs one model at "
+                               "a time (make another Engine for a nested run)")
+        s = self.state
+        if not self._resuming:
+            s.step = s.epoch = s.epoch_step = s.skipped = 0
+        self._resuming = False
+        s.mode, s.max_steps, s.max_epochs, s.rank = mode, steps, epochs, _current_rank()
+        s.batch = s.output = s.loss = s.error = None
+        s.metrics = {}
+        self._reset_controls()
+        self._budget = _NO_BUDGET if steps is None else steps
+        self._max_epochs = epochs if epochs is not None else (1 if steps is None else float("inf"))
+        self.model, self._actions, self._ended = model, {}, "completed"
+        for hook in itertools.chain(*self._hooks.values(), *self._overrides.values()):
+            hook.prepare(self, mode, s.rank)
+        self._where = {c: f"model.{m}" for m in ("setup", "run", "teardown")
+                       if (c := _code(getattr(model, m, None)))}
+        self._build_tables()
+        self._running = True
+        started = time.perf_counter()
+        try:
+            model.setup(setup_options)
+            self._actions = build_actions(mode, model, self._tables)  # after setup made them
+            self._build_tables()
+            self._fire("setup")
+            try:
+                model.run(self._make_runstep(), steps)
+            except StopRun:
+                pass
+            if self._epoch_open:
+                self._end_epoch(completed=self._ended == "completed")
+        except BaseException as error:
+            self._failed(error)
+            raise
+        finally:
+            self._teardown(model)
+        return RunResult(mode, self._ended, s.step, s.epoch, s.skipped,
+                         time.perf_counter() - started, dict(s.metrics))
+
+    def _make_runstep(self) -> RunStep:
+        engine, state, tables, slow_path = self, self.state, self._tables, self._before_step
+
+        def runstep(batch: Any = None) -> Any:
+            # One comparison on the fast path; _guard drops to -1 whenever the slow path
+            # has something to do (budget, stop, epoch bookkeeping).
+            if state.step >= engine._guard and not slow_path():
+                return None
+            state.batch = batch
+            hooks = tables.step_start
+            if hooks:
+                engine._in_step_start = True
+                for hook in hooks:
+                    hook(engine)
+                engine._in_step_start = False
+                if engine._skip:
+                    engine._skip = False
+                    state.skipped += 1
+                    return None
+            tables.runstep_action(engine)
+            for hook in tables.runstep:
+                hook(engine)
+            state.step += 1
+            state.epoch_step += 1
+            return state.output
+
+        step: Any = runstep
+        step.epochs, step.engine, step.mode, step.steps = (
+            self._epochs, self, state.mode, state.max_steps)
+        self._where[runstep.__code__] = "runstep (engine)"
+        return step
+
+    def _before_step(self) -> bool:
+        """The slow path of runstep: end the run, drop the call, or open an epoch."""
+        if self._stopping or self.state.step >= self._budget:
+            self._ended = "stopped" if self._stopping else "budget"
+            raise StopRun
+        if self._epoch_ending:
+            return False
+        if not self._epoch_open and not self._explicit_epochs:
+            self._begin_epoch()  # a loop without runstep.epochs() is one implicit epoch
+        elif self._epoch_open:
+            self._guard = self._budget
+        return True
+
+    def _epochs(self) -> Iterator[int]:
+        if self._epoch_open:
+            raise RuntimeError("runstep.epochs() was entered after steps already ran outside "
+                               "it; start the model's loop with `for epoch in runstep.epochs()`")
+        self._explicit_epochs = True
+        s = self.state
+        while s.epoch < self._max_epochs and not self._stopping and s.step < self._budget:
+            steps_before = s.step
+            self._begin_epoch()
+            if self._stopping:  # stop() from an epoch_start hook
+                self._end_epoch(completed=False)
+                return
+            yield s.epoch
+            self._end_epoch(completed=True)
+            if s.step == steps_before and self._max_epochs == float("inf"):
+                raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
+                                   f"run would never end; give the model data, or epochs=")
+
+    def _begin_epoch(self) -> None:
+        self.state.epoch_step = 0
+        self._epoch_open, self._epoch_ending, self._guard = True, False, self._budget
+        self._fire("epoch_start")
+
+    def _end_epoch(self, completed: bool) -> None:
+        self._fire("epoch_end")
+        if completed:
+            self.state.epoch += 1
+        self._epoch_open = self._epoch_ending = False
+        self._guard = -1
+
+    def _fire(self, phase: str) -> None:
+        for hook in getattr(self._tables, phase):
+            hook(self)
+
+    def _build_tables(self) -> None:
+        t, where = self._tables, self._where
+        for phase, hooks in self._hooks.items():
+            setattr(t, phase, tuple(h.compiled for h in hooks if h.compiled is not None))
+            for h in hooks:
+                _index(where, h, "hook")
+        for phase, overrides in self._overrides.items():
+            chain = self._actions.get(phase) or _no_action(phase, self.state.mode)
+            if code := _code(chain):
+                where[code] = f"phase {phase!r} (built-in action)"
+            for h in reversed(overrides):
+                _index(where, h, "override")
+                if h.compiled is not None:
+                    chain = _link(h.compiled, chain)
+            setattr(t, f"{phase}_action", chain)
+
+    # -- errors and teardown -------------------------------------------------------------
+
+    def _locate(self, error: BaseException) -> str:
+        """Name the innermost hook, action or model method the error passed through."""
+        tb, found = error.__traceback__, "engine"
+        while tb is not None:
+            found = self._where.get(tb.tb_frame.f_code, found)
+            tb = tb.tb_next
+        return found
+
+    def _failed(self, error: BaseException) -> None:
+        s = self.state
+        s.error = error
+        self._ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        error.add_note(f"runmodel: raised in {self._locate(error)} ({s.mode} mode, epoch "
+                       f"{s.epoch}, step {s.step})")
+        self._fire_guarded("exception", error)
+
+    def _fire_guarded(self, phase: str, error: BaseException | None) -> BaseException | None:
+        """Fire every hook of ``phase`` even if some raise; report the first failure."""
+        first = None
+        for hook in getattr(self._tables, phase):
+            try:
+                hook(self)
+            except Exception as failure:  # noqa: BLE001 - each hook must get its turn
+                note = f"runmodel: {phase} hook {_describe_fn(hook)} also raised {failure!r}"
+                if error is not None:
+                    error.add_note(note)
+                elif first is None:
+                    first = failure
+                    failure.add_note(f"runmodel: raised in phase {phase!r}")
+        return first
+
+    def _teardown(self, model: Model) -> None:
+        error, failure = self.state.error, None
+        try:
+            failure = self._fire_guarded("teardown", error)
+        finally:
+            try:
+                model.teardown()
+            except Exception as teardown_error:
+                if error is not None:
+                    error.add_note(f"runmodel: model.teardown() also raised {teardown_error!r}")
+                failure = failure or teardown_error
+            self._running = False
+        if failure is not None and error is None:
+            raise failure
+
+
+def _row(phase: str, position: str, label: str, hook: Hook,
+         packs: dict[int, str]) -> tuple[str, ...]:
+    return (phase, position, label, f"{hook.priority:g}", hook.filter_text(),
+            packs.get(id(hook.pack), "-"), _short_path(hook.source))
+
+
+def _index(where: dict[types.CodeType, str], hook: Hook, kind: str) -> None:
+    text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({_short_path(hook.source)})"
+    for fn in (hook.fn, hook.when):
+        if code := _code(fn):
+            where.setdefault(code, text if fn is hook.fn else f"{text}, its when= filter")
+
+
+def _no_action(phase: str, mode: str) -> Callable[[Engine], Any]:
+    def missing(engine: Engine) -> Any:
+        raise RuntimeError(f"phase {phase!r} has no action in {mode} mode")
+    return missing
+
+
+def _check_count(value: int | None, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name}= must be a whole number >= 0 or None, got {value!r}")
+
+
+def _short_path(source: str) -> str:
+    try:
+        rel = os.path.relpath(source)
+    except ValueError:
+        return source
+    return source if rel.startswith("..") else rel
