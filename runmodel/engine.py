@@ -8,6 +8,7 @@ always tears down. ``runmodel/phases.py`` has the loop as pseudocode.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -18,7 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .hooks import Hook, HookHandle, HookOrderError, Pack, _describe_fn, resolve_order
+from .hooks import Hook, HookHandle, HookOrderError, Pack, _code, _describe_fn, resolve_order
+from .modes import FUSED, build_actions
 from .phases import MODES, PHASES
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ __all__ = ["Engine", "RunResult", "RunStep", "State", "StopRun"]
 
 _NO_BUDGET = sys.maxsize
 _ACTION_PHASES = tuple(p for p, spec in PHASES.items() if spec.has_action)
+_INNER_PHASES = ("forward", "backward", "optimizer_step")
 
 
 class StopRun(BaseException):
@@ -97,12 +100,6 @@ def _link(fn: Callable[[Engine, Callable[[Engine], Any]], Any],
     def link(engine: Engine) -> Any:
         return fn(engine, default)
     return link
-
-
-def _code(fn: object) -> types.CodeType | None:
-    fn = getattr(fn, "__func__", fn)
-    return getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),
-                                                    "__code__", None)
 
 
 def _current_rank() -> int:
@@ -315,8 +312,6 @@ class Engine:
         ``steps``/``epochs`` count from the start of training, so a resumed run given the
         same numbers finishes where one straight run would have.
         """
-        from .modes import build_actions
-
         _check_count(steps, "steps")
         _check_count(epochs, "epochs")
         if mode not in MODES:
@@ -349,10 +344,8 @@ class Engine:
             self._actions = build_actions(mode, model, self._tables)  # after setup made them
             self._build_tables()
             self._fire("setup")
-            try:
+            with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                 model.run(self._make_runstep(), steps)
-            except StopRun:
-                pass
             if self._epoch_open:
                 self._end_epoch(completed=self._ended == "completed")
         except BaseException as error:
@@ -448,8 +441,11 @@ class Engine:
             setattr(t, phase, tuple(h.compiled for h in hooks if h.compiled is not None))
             for h in hooks:
                 _index(where, h, "hook")
+        inner_bare = not any(self._hooks[p] or self._overrides[p] for p in _INNER_PHASES)
         for phase, overrides in self._overrides.items():
             chain = self._actions.get(phase) or _no_action(phase, self.state.mode)
+            if phase == "runstep" and inner_bare and FUSED in self._actions:
+                chain = self._actions[FUSED]
             if code := _code(chain):
                 where[code] = f"phase {phase!r} (built-in action)"
             for h in reversed(overrides):
@@ -482,7 +478,7 @@ class Engine:
         for hook in getattr(self._tables, phase):
             try:
                 hook(self)
-            except Exception as failure:  # noqa: BLE001 - each hook must get its turn
+            except Exception as failure:
                 note = f"runmodel: {phase} hook {_describe_fn(hook)} also raised {failure!r}"
                 if error is not None:
                     error.add_note(note)

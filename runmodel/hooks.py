@@ -14,6 +14,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from .phases import MODES, PHASES
@@ -192,13 +193,18 @@ def _describe_fn(fn: object) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _source(fn: Callable[..., Any]) -> str:
+def _code(fn: object) -> CodeType | None:
+    """The code object that runs when ``fn`` is called, where there is one."""
     target = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(target, "__code__", None) or getattr(
-        getattr(type(target), "__call__", None), "__code__", None)
-    if code is None:
-        return "?"
-    return f"{code.co_filename}:{code.co_firstlineno}"
+    code = getattr(target, "__code__", None)
+    if code is None and callable(target):
+        code = getattr(type(target).__call__, "__code__", None)
+    return code
+
+
+def _source(fn: Callable[..., Any]) -> str:
+    code = _code(fn)
+    return "?" if code is None else f"{code.co_filename}:{code.co_firstlineno}"
 
 
 _ARGS = {False: ("engine",), True: ("engine", "default")}

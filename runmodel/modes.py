@@ -15,9 +15,13 @@ from .model import Model, TorchModel
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["build_actions"]
+__all__ = ["FUSED", "build_actions"]
 
 Action = Callable[["Engine"], Any]
+
+#: Key of an optional runstep action that does the work of the forward, backward and
+#: optimizer_step phases in one call; used only while none of them has hooks or overrides.
+FUSED = "runstep:fused"
 
 
 def build_actions(mode: str, model: Model, tables: Any) -> dict[str, Action]:
@@ -64,7 +68,7 @@ def _torch_train(model: TorchModel, tables: Any) -> dict[str, Action]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def train_step(engine: Engine) -> None:
+    def phased_step(engine: Engine) -> None:
         t = tables
         t.forward_action(engine)
         for hook in t.forward:
@@ -76,5 +80,30 @@ def _torch_train(model: TorchModel, tables: Any) -> dict[str, Action]:
         for hook in t.optimizer_step:
             hook(engine)
 
-    return {"runstep": train_step, "forward": forward, "backward": backward,
-            "optimizer_step": optimizer_step}
+    def fused_step(engine: Engine) -> None:
+        # phased_step with forward, backward and optimizer_step bare: the same work
+        # in one call, which the engine installs while those phases have no hooks.
+        state = engine.state
+        state.output = output = compute_output(state.batch)
+        state.loss = loss = compute_loss(output, state.batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    module, loss_fn = model.module, model.loss_fn
+
+    def fused_default_step(engine: Engine) -> None:
+        # fused_step with TorchModel's own compute_output and compute_loss inlined
+        state = engine.state
+        batch = state.batch
+        state.output = output = module(batch[0])
+        state.loss = loss = loss_fn(output, batch[1])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    default_parts = (type(model).compute_output is TorchModel.compute_output
+                     and type(model).compute_loss is TorchModel.compute_loss)
+    return {"runstep": phased_step, "forward": forward, "backward": backward,
+            "optimizer_step": optimizer_step,
+            FUSED: fused_default_step if default_parts else fused_step}
