@@ -346,6 +346,8 @@ class Engine:
             self._fire("setup")
             with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                 model.run(self._make_runstep(), steps)
+            if self._stopping:
+                self._ended = "stopped"
             if self._epoch_open:
                 self._end_epoch(completed=self._ended == "completed")
         except BaseException as error:
@@ -412,12 +414,16 @@ class Engine:
             self._begin_epoch()
             if self._stopping:  # stop() from an epoch_start hook
                 self._end_epoch(completed=False)
-                return
+                break
             yield s.epoch
             self._end_epoch(completed=True)
             if s.step == steps_before and self._max_epochs == float("inf"):
                 raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
                                    f"run would never end; give the model data, or epochs=")
+        if self._stopping:
+            self._ended = "stopped"
+        elif s.step >= self._budget and s.epoch < self._max_epochs:
+            self._ended = "budget"
 
     def _begin_epoch(self) -> None:
         self.state.epoch_step = 0
@@ -444,10 +450,14 @@ class Engine:
         inner_bare = not any(self._hooks[p] or self._overrides[p] for p in _INNER_PHASES)
         for phase, overrides in self._overrides.items():
             chain = self._actions.get(phase) or _no_action(phase, self.state.mode)
-            if phase == "runstep" and inner_bare and FUSED in self._actions:
-                chain = self._actions[FUSED]
             if code := _code(chain):
                 where[code] = f"phase {phase!r} (built-in action)"
+            if phase == "runstep" and FUSED in self._actions:
+                if code := _code(self._actions[FUSED]):
+                    where[code] = ("phase 'runstep' (built-in action, running forward, backward "
+                                   "and optimizer_step in one call while they have no hooks)")
+                if inner_bare:
+                    chain = self._actions[FUSED]
             for h in reversed(overrides):
                 _index(where, h, "override")
                 if h.compiled is not None:

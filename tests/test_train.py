@@ -1,0 +1,203 @@
+"""Train mode on real torch: phases, overrides on real gradients, identical results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import runmodel
+
+
+def make_data(n: int = 128, batch: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)
+    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.5
+    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
+
+
+class Regression(runmodel.TorchModel):
+    def __init__(self, device: str | None = None, init_options: dict[str, Any] | None = None,
+                 lr: float = 0.05) -> None:
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Linear(8, 1)
+        self.lr = lr
+
+    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=self.lr)
+        self.loss_fn = nn.MSELoss()
+        self.train_data = make_data()
+
+
+def plain_loop(epochs: int, lr: float = 0.05, accumulate: int = 1) -> nn.Module:
+    torch.manual_seed(0)
+    module = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    loss_fn = nn.MSELoss()
+    n = 0
+    for _ in range(epochs):
+        for x, y in make_data():
+            loss_fn(module(x), y).backward()
+            n += 1
+            if n % accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    return module
+
+
+def params(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+def test_training_matches_a_plain_loop_exactly(engine: runmodel.Engine) -> None:
+    model = Regression()
+    losses: list[float] = []
+    engine.on("epoch_end", lambda e: losses.append(e.state.loss.item()))
+    result = engine.run(model, epochs=5)
+    assert torch.equal(params(model.module), params(plain_loop(5)))
+    assert result.steps == 40 and losses[-1] < losses[0] / 4
+
+
+def test_phased_and_fused_steps_are_identical() -> None:
+    fused = Regression()
+    runmodel.Engine().run(fused, epochs=3)
+    phased = Regression()
+    engine = runmodel.Engine()
+    engine.on("backward", lambda e: None)  # any hook on an inner phase: the phased step
+    engine.run(phased, epochs=3)
+    assert torch.equal(params(fused.module), params(phased.module))
+
+
+def test_inner_phases_fire_in_order_after_their_actions(engine: runmodel.Engine) -> None:
+    log: list[tuple[str, Any]] = []
+    engine.on("forward", lambda e: log.append(("forward", e.state.loss.requires_grad)))
+    engine.on("backward", lambda e: log.append(
+        ("backward", e.model.module.weight.grad is not None)))
+    engine.on("optimizer_step", lambda e: log.append(
+        ("optimizer_step", e.model.module.weight.grad is None)))
+    engine.on("runstep", lambda e: log.append(("runstep", e.state.step)))
+    engine.run(Regression(), steps=2)
+    assert log == [("forward", True), ("backward", True), ("optimizer_step", True),
+                   ("runstep", 0),
+                   ("forward", True), ("backward", True), ("optimizer_step", True),
+                   ("runstep", 1)]
+
+
+def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine) -> None:
+    @engine.override("backward")
+    def half(engine: runmodel.Engine, default: Any) -> None:
+        engine.state.loss = engine.state.loss * 0.5
+        default(engine)
+
+    model = Regression(lr=0.1)
+    engine.run(model, epochs=2)
+    assert torch.allclose(params(model.module), params(plain_loop(2, lr=0.05)), atol=1e-6)
+
+
+def test_override_accumulates_gradients(engine: runmodel.Engine) -> None:
+    @engine.override("optimizer_step")
+    def every_second(engine: runmodel.Engine, default: Any) -> None:
+        if (engine.state.step + 1) % 2 == 0:
+            default(engine)
+
+    model = Regression()
+    engine.run(model, epochs=2)
+    assert torch.equal(params(model.module), params(plain_loop(2, accumulate=2)))
+
+
+def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine) -> None:
+    log: list[str] = []
+    for name, priority in (("outer", 3), ("middle", 2), ("inner", 1)):
+        def wrap(engine: runmodel.Engine, default: Any, name: str = name) -> None:
+            log.append(f"{name}>")
+            default(engine)
+            log.append(f"<{name}")
+        engine.override("backward", wrap, priority=priority, name=name)
+    engine.on("backward", lambda e: log.append("hook"))
+    model = Regression()
+    engine.run(model, steps=1)
+    assert log == ["outer>", "middle>", "inner>", "<inner", "<middle", "<outer", "hook"]
+    assert torch.equal(params(model.module), params(_one_plain_step()))
+
+
+def _one_plain_step() -> nn.Module:
+    torch.manual_seed(0)
+    module = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    x, y = make_data()[0]
+    nn.MSELoss()(module(x), y).backward()
+    optimizer.step()
+    return module
+
+
+def test_hooks_added_mid_run_take_effect_at_the_next_event(engine: runmodel.Engine) -> None:
+    late: list[int] = []
+
+    @engine.on("runstep", once=3)
+    def add_late(engine: runmodel.Engine) -> None:
+        engine.on("backward", lambda e: late.append(e.state.step))
+
+    model = Regression()
+    engine.run(model, steps=6)
+    assert late == [3, 4, 5]
+    assert torch.equal(params(model.module), params(_plain_steps(6)))
+
+
+def _plain_steps(n: int) -> nn.Module:
+    torch.manual_seed(0)
+    module = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    for x, y in make_data()[:n]:
+        nn.MSELoss()(module(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return module
+
+
+def test_custom_step_parts_by_subclassing(engine: runmodel.Engine) -> None:
+    class Dicts(Regression):
+        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+            super().setup(setup_options)
+            self.train_data = [{"x": x, "y": y} for x, y in make_data()]
+
+        def compute_output(self, batch: Any) -> torch.Tensor:
+            return self.module(batch["x"])
+
+        def compute_loss(self, output: torch.Tensor, batch: Any) -> torch.Tensor:
+            return self.loss_fn(output, batch["y"])
+
+    model = Dicts()
+    engine.run(model, epochs=2)
+    assert torch.equal(params(model.module), params(plain_loop(2)))
+
+
+def test_missing_optimizer_is_a_clear_error_before_any_step(engine: runmodel.Engine) -> None:
+    class NoOptimizer(Regression):
+        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+            self.loss_fn = nn.MSELoss()
+            self.train_data = make_data()
+
+    steps: list[int] = []
+    engine.on("runstep", lambda e: steps.append(e.state.step))
+    with pytest.raises(ValueError, match=r"train mode needs NoOptimizer\.optimizer"):
+        engine.run(NoOptimizer())
+    assert steps == []
+
+
+@pytest.mark.parametrize(("phased", "where"), [
+    (False, "phase 'runstep' (built-in action, running forward"),
+    (True, "phase 'forward' (built-in action)")])
+def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool, where: str) -> None:
+    class WrongShape(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(7, 1)
+
+    if phased:
+        engine.on("forward", lambda e: None)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
+        engine.run(WrongShape())
+    assert where in "\n".join(info.value.__notes__)
