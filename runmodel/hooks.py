@@ -86,13 +86,34 @@ def parse_duration(value: int | str, *, option: str, scope: str) -> Duration:
     return Duration(amount, unit, value)
 
 
-class _Crossing:
-    """True when the run's position in a unit has crossed the next multiple of ``size``.
+class _Multiple:
+    """For a count in the phase's own unit: true at positions that are multiples of
+    ``size`` (``once``: at position ``size`` only), at most once per position.
 
-    The position is read off the run's counters (plus one inside the unit's own phases,
-    so the n-th step or epoch is position n), which makes the filter give the same
-    answers after a resume as in one straight run.
+    The position is the 1-based number of the current step or epoch, read off the run's
+    counters, so the answer is the same after a resume, or for a hook that joins mid-run,
+    as in one straight run. Asking twice at one position (a skipped batch's step_start,
+    then the next batch's) fires once.
     """
+
+    __slots__ = ("fired_at", "once", "read", "size")
+
+    def __init__(self, read: Callable[[], int], size: int, once: bool) -> None:
+        self.read, self.size, self.once, self.fired_at = read, size, once, -1
+
+    def __call__(self) -> bool:
+        position = self.read()
+        if position == self.fired_at or (
+                position != self.size if self.once else position % self.size):
+            return False
+        self.fired_at = position
+        return True
+
+
+class _Crossing:
+    """For a duration in another unit than the phase's own (``"500st"`` on epoch_end,
+    ``"1ep"`` on runstep) or in seconds: true when a multiple of ``size`` was reached
+    since this filter's last event; for ``once``, the first time ``size`` is reached."""
 
     __slots__ = ("last", "once", "read", "size")
 
@@ -100,7 +121,7 @@ class _Crossing:
         self.read, self.size, self.once = read, size, once
         self.last = start // size
         if once and self.last >= 1:
-            self.last = math.inf  # already fired in the run this one resumes
+            self.last = math.inf  # reached before this run (a resume): never again
 
     def __call__(self) -> bool:
         bucket = self.read() // self.size
@@ -110,11 +131,12 @@ class _Crossing:
         return True
 
 
-def _crossing(engine: Engine, scope: str, duration: Duration, once: bool) -> _Crossing:
-    state, unit = engine.state, duration.unit
+def _counter(engine: Engine, scope: str, duration: Duration, once: bool) -> _Multiple | _Crossing:
+    """The filter for ``every=``/``once=``, reading the run's counters."""
+    state, unit, size = engine.state, duration.unit, duration.amount
     if unit == "s":
         t0 = time.monotonic()
-        return _Crossing(lambda: time.monotonic() - t0, duration.amount, 0.0, once)
+        return _Crossing(lambda: time.monotonic() - t0, size, 0.0, once)
     if unit == "run":
         count = [0]
 
@@ -122,12 +144,15 @@ def _crossing(engine: Engine, scope: str, duration: Duration, once: bool) -> _Cr
             count[0] += 1
             return count[0]
 
-        return _Crossing(read, duration.amount, 0, once)
+        return _Multiple(read, int(size), once)
     if unit == "st":
-        inside = 1 if scope == "step" else 0
-        return _Crossing(lambda: state.step + inside, duration.amount, state.step, once)
-    inside = 1 if scope in ("step", "epoch") else 0
-    return _Crossing(lambda: state.epoch + inside, duration.amount, state.epoch, once)
+        if scope == "step":
+            return _Multiple(lambda: state.step + 1, int(size), once)
+        return _Crossing(lambda: state.step, size, state.step, once)
+    if scope == "epoch":
+        return _Multiple(lambda: state.epoch + 1, int(size), once)
+    inside = 1 if scope == "step" else 0
+    return _Crossing(lambda: state.epoch + inside, size, state.epoch, once)
 
 
 # -- one registration ------------------------------------------------------------------
@@ -160,11 +185,19 @@ def _check_signature(fn: Callable[..., Any], args: tuple[str, ...], what: str) -
                         f"as fn({', '.join(args)})") from None
 
 
+def _items(value: object, option: str, wanted: str) -> tuple[Any, ...]:
+    if isinstance(value, (str, int)):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return tuple(value)
+    raise TypeError(f"{option}= takes {wanted}, got {value!r}")
+
+
 def _names(value: str | Iterable[str] | None, option: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    items = (value,) if isinstance(value, str) else tuple(value)
-    if not all(isinstance(v, str) and v for v in items):
+    items = _items(value, option, "a hook name or a list of names")
+    if not items or not all(isinstance(v, str) and v for v in items):
         raise TypeError(f"{option}= takes a hook name or a list of names, got {value!r}")
     return items
 
@@ -172,7 +205,7 @@ def _names(value: str | Iterable[str] | None, option: str) -> tuple[str, ...]:
 def _modes(value: str | Iterable[str] | None) -> frozenset[str] | None:
     if value is None:
         return None
-    modes = frozenset((value,) if isinstance(value, str) else value)
+    modes = frozenset(_items(value, "modes", f"a mode or a set of modes ({', '.join(MODES)})"))
     unknown = sorted(m for m in modes if m not in MODES)
     if unknown or not modes:
         raise ValueError(f"modes={value!r}: unknown mode(s) {unknown}; valid: {', '.join(MODES)}")
@@ -182,7 +215,7 @@ def _modes(value: str | Iterable[str] | None) -> frozenset[str] | None:
 def _ranks(value: int | Iterable[int] | None) -> frozenset[int] | None:
     if value is None:
         return None
-    ranks = (value,) if isinstance(value, int) else tuple(value)
+    ranks = _items(value, "rank", "a process rank (an int >= 0) or a list of them")
     if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
                             for r in ranks):
         raise ValueError(f"rank={value!r}: give a process rank (an int >= 0) or a list of them")
@@ -190,7 +223,8 @@ def _ranks(value: int | Iterable[int] | None) -> frozenset[int] | None:
 
 
 def _describe_fn(fn: object) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return name.rpartition("<locals>.")[2]  # "main.<locals>.report" reads as "report"
 
 
 def _code(fn: object) -> CodeType | None:
@@ -227,7 +261,11 @@ class Hook:
         _check_signature(fn, _ARGS[override], "an override" if override else "a hook")
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority= must be a number (higher runs first), got {priority!r}")
-        if every is not None and once not in (None, False):
+        if not math.isfinite(priority):
+            raise ValueError(f"priority= must be a finite number, got {priority!r}")
+        if once is False:
+            once = None
+        if every is not None and once is not None:
             raise ValueError("every= and once= exclude each other: every= fires repeatedly, "
                              "once= fires a single time; give one of them")
         if when is not None:
@@ -239,7 +277,7 @@ class Hook:
         self.name = name or _describe_fn(fn)
         self.before, self.after = _names(before, "before"), _names(after, "after")
         self.every = None if every is None else parse_duration(every, option="every", scope=scope)
-        self.once = None if once in (None, False) else parse_duration(
+        self.once = None if once is None else parse_duration(
             1 if once is True else once, option="once", scope=scope)
         self.modes, self.ranks = _modes(modes), _ranks(rank)
         self.source = _source(fn)
@@ -255,8 +293,8 @@ class Hook:
             self.compiled = None
             return
         counter = self.every or self.once
-        crossing = counter and _crossing(engine, PHASES[self.phase].scope, counter,
-                                         once=self.once is not None)
+        crossing = counter and _counter(engine, PHASES[self.phase].scope, counter,
+                                        once=self.once is not None)
         when = self.when
         if not crossing and when is None:
             self.compiled = fn
