@@ -1,9 +1,12 @@
 """runmodel: a hook-driven engine for running PyTorch models."""
 
-from .engine import Engine, RunResult, RunStep, State, StopRun
-from .hooks import Duration, HookHandle, HookOrderError, Pack, hook, override
+from .engine import Engine
+from .filters import Duration
+from .hooks import HookHandle, HookOrderError
 from .model import Model, TorchModel
+from .pack import Pack, hook, override
 from .phases import MODES, PHASES, Phase
+from .state import RunResult, RunStep, State, StopRun
 
 __version__ = "0.1.0"
 

@@ -16,76 +16,22 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from .hooks import Hook, HookHandle, HookOrderError, Pack, _code, _describe_fn, resolve_order
+from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
 from .modes import FUSED, build_actions
+from .pack import Pack
 from .phases import MODES, PHASES
+from .state import RunResult, RunStep, State, StopRun
 
 if TYPE_CHECKING:
     from .model import Model
 
-__all__ = ["Engine", "RunResult", "RunStep", "State", "StopRun"]
+__all__ = ["Engine"]
 
 _NO_BUDGET = sys.maxsize
 _ACTION_PHASES = tuple(p for p, spec in PHASES.items() if spec.has_action)
 _INNER_PHASES = ("forward", "backward", "optimizer_step")
-
-
-class StopRun(BaseException):
-    """Ends a run cleanly from inside ``runstep``: the budget is spent or ``stop()`` was
-    called. A ``BaseException``, so a model's ``except Exception`` cannot swallow it."""
-
-
-class State:
-    """The run as hooks see it. Counters are 0-based indices while their unit runs and
-    counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
-    """
-
-    __slots__ = ("batch", "epoch", "epoch_step", "error", "loss", "max_epochs", "max_steps",
-                 "metrics", "mode", "output", "rank", "skipped", "step")
-
-    def __init__(self) -> None:
-        self.mode = "train"
-        self.epoch = self.step = self.epoch_step = self.skipped = self.rank = 0
-        self.max_steps: int | None = None
-        self.max_epochs: int | None = None
-        self.batch: Any = None
-        self.output: Any = None
-        self.loss: Any = None
-        self.metrics: dict[str, Any] = {}
-        self.error: BaseException | None = None
-
-    def __repr__(self) -> str:
-        return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
-                f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})")
-
-
-@dataclass
-class RunResult:
-    """What ``engine.run`` returns. ``ended`` is ``"completed"`` (the model's loop
-    finished), ``"budget"`` (the step budget ran out) or ``"stopped"`` (``stop()``)."""
-
-    mode: str
-    ended: str
-    steps: int
-    epochs: int
-    skipped: int
-    seconds: float
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-class RunStep(Protocol):
-    """The callable handed to ``Model.run``: one call is one step."""
-
-    engine: Engine
-    mode: str
-    steps: int | None
-
-    def __call__(self, batch: Any = None) -> Any: ...
-
-    def epochs(self) -> Iterator[int]: ...
 
 
 class _Tables:

@@ -1,4 +1,4 @@
-"""Hooks: what a registration says, checked at once; the order it resolves to; packs.
+"""Hooks: what a registration says, checked at once; the order it resolves to; handles.
 
 Everything a user can get wrong about a hook is rejected here, when it is registered
 (or when a pack method is decorated), never at step 10,000. Order and filters are
@@ -11,148 +11,21 @@ import difflib
 import heapq
 import inspect
 import math
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from .filters import make_counter, parse_duration
 from .phases import MODES, PHASES
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .pack import Pack
 
-__all__ = [
-    "Duration",
-    "Hook",
-    "HookHandle",
-    "HookOrderError",
-    "Pack",
-    "hook",
-    "override",
-    "parse_duration",
-]
-
-HookFn = Callable[["Engine"], Any]
-OverrideFn = Callable[["Engine", Callable[["Engine"], Any]], Any]
-
+__all__ = ["Hook", "HookHandle", "HookOrderError", "resolve_order"]
 
 class HookOrderError(ValueError):
     """The before/after constraints of a phase form a cycle."""
-
-
-# -- durations -------------------------------------------------------------------------
-
-_UNITS = {"ep": "ep", "epoch": "ep", "epochs": "ep", "st": "st", "step": "st", "steps": "st",
-          "s": "s", "sec": "s", "min": "min", "h": "h"}
-_SECONDS = {"s": 1.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
-
-
-class Duration:
-    """An amount of a unit: epochs (``"ep"``), steps (``"st"``), seconds (``"s"``)."""
-
-    __slots__ = ("amount", "text", "unit")
-
-    def __init__(self, amount: float, unit: str, text: str) -> None:
-        self.amount, self.unit, self.text = amount, unit, text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def parse_duration(value: int | str, *, option: str, scope: str) -> Duration:
-    """``3`` (three of the phase's own events), ``"2ep"``, ``"500st"``, ``"10min"``."""
-    own = {"step": "st", "epoch": "ep", "run": "run"}[scope]
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{option}= takes a positive int or a duration such as '2ep', "
-                        f"'500st', '10min'; got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"{option}= must be at least 1, got {value}")
-        return Duration(value, own, str(value))
-    match = _DURATION.match(value.lower())
-    unit = _UNITS.get(match.group(2)) if match else None
-    if unit is None:
-        raise ValueError(f"{option}={value!r} is not a duration: write a number and a unit, "
-                         f"one of ep, st, s, min, h (as in '2ep', '500st', '10min')")
-    amount = float(match.group(1)) * _SECONDS.get(unit, 1.0)
-    if unit in _SECONDS:
-        unit = "s"
-    elif amount != int(amount):
-        raise ValueError(f"{option}={value!r}: epochs and steps are whole numbers")
-    if amount <= 0:
-        raise ValueError(f"{option}={value!r} must be more than zero")
-    return Duration(amount, unit, value)
-
-
-class _Multiple:
-    """For a count in the phase's own unit: true at positions that are multiples of
-    ``size`` (``once``: at position ``size`` only), at most once per position.
-
-    The position is the 1-based number of the current step or epoch, read off the run's
-    counters, so the answer is the same after a resume, or for a hook that joins mid-run,
-    as in one straight run. Asking twice at one position (a skipped batch's step_start,
-    then the next batch's) fires once.
-    """
-
-    __slots__ = ("fired_at", "once", "read", "size")
-
-    def __init__(self, read: Callable[[], int], size: int, once: bool) -> None:
-        self.read, self.size, self.once, self.fired_at = read, size, once, -1
-
-    def __call__(self) -> bool:
-        position = self.read()
-        if position == self.fired_at or (
-                position != self.size if self.once else position % self.size):
-            return False
-        self.fired_at = position
-        return True
-
-
-class _Crossing:
-    """For a duration in another unit than the phase's own (``"500st"`` on epoch_end,
-    ``"1ep"`` on runstep) or in seconds: true when a multiple of ``size`` was reached
-    since this filter's last event; for ``once``, the first time ``size`` is reached."""
-
-    __slots__ = ("last", "once", "read", "size")
-
-    def __init__(self, read: Callable[[], float], size: float, start: float, once: bool) -> None:
-        self.read, self.size, self.once = read, size, once
-        self.last = start // size
-        if once and self.last >= 1:
-            self.last = math.inf  # reached before this run (a resume): never again
-
-    def __call__(self) -> bool:
-        bucket = self.read() // self.size
-        if bucket <= self.last:
-            return False
-        self.last = math.inf if self.once else bucket
-        return True
-
-
-def _counter(engine: Engine, scope: str, duration: Duration, once: bool) -> _Multiple | _Crossing:
-    """The filter for ``every=``/``once=``, reading the run's counters."""
-    state, unit, size = engine.state, duration.unit, duration.amount
-    if unit == "s":
-        t0 = time.monotonic()
-        return _Crossing(lambda: time.monotonic() - t0, size, 0.0, once)
-    if unit == "run":
-        count = [0]
-
-        def read() -> int:
-            count[0] += 1
-            return count[0]
-
-        return _Multiple(read, int(size), once)
-    if unit == "st":
-        if scope == "step":
-            return _Multiple(lambda: state.step + 1, int(size), once)
-        return _Crossing(lambda: state.step, size, state.step, once)
-    if scope == "epoch":
-        return _Multiple(lambda: state.epoch + 1, int(size), once)
-    inside = 1 if scope == "step" else 0
-    return _Crossing(lambda: state.epoch + inside, size, state.epoch, once)
 
 
 # -- one registration ------------------------------------------------------------------
@@ -293,7 +166,7 @@ class Hook:
             self.compiled = None
             return
         counter = self.every or self.once
-        crossing = counter and _counter(engine, PHASES[self.phase].scope, counter,
+        crossing = counter and make_counter(engine, PHASES[self.phase].scope, counter,
                                         once=self.once is not None)
         when = self.when
         if not crossing and when is None:
@@ -400,80 +273,3 @@ class HookHandle:
     def __repr__(self) -> str:
         names = ", ".join(f"{h.phase}:{h.name}" for h in self.hooks)
         return f"<HookHandle {names} {'attached' if self.attached else 'detached'}>"
-
-
-# -- packs -----------------------------------------------------------------------------
-
-_MARK = "__runmodel_hooks__"
-
-
-def _mark(phase: str | None, override: bool, options: dict[str, Any]) -> Callable[[Any], Any]:
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        target = phase or getattr(fn, "__name__", None)
-        _check_phase(target, override=override)
-        # Check the method and every option now, not when the pack is attached.
-        _check_signature(fn, ("self", *_ARGS[override]), "a pack method")
-        Hook(lambda *args: None, target, override=override, **options)
-        fn.__dict__.setdefault(_MARK, []).append((target, override, options))
-        return fn
-    return decorate
-
-
-def hook(phase: str | None = None, **options: Any) -> Callable[[Any], Any]:
-    """Set a pack method's hook options (``priority``, ``every``, ``before``, ...).
-
-    A method named after a phase is a hook already; ``phase=`` lets a method of any
-    name hook a phase. Decorating twice hooks the method on two phases.
-    """
-    return _mark(phase, False, options)
-
-
-def override(phase: str, **options: Any) -> Callable[[Any], Any]:
-    """Make a pack method ``(self, engine, default)`` an override of ``phase``'s action."""
-    return _mark(phase, True, options)
-
-
-class Pack:
-    """A reusable bundle of hooks with its own state.
-
-    Methods named after phases are hooks; ``@runmodel.hook(...)`` and
-    ``@runmodel.override(...)`` mark others or set options. Packs held in attributes
-    (directly or in a list or tuple) are attached and detached with their holder.
-    ``state_dict``/``load_state_dict`` are collected by ``engine.state_dict()``.
-    """
-
-    name: str | None = None
-
-    def hooks(self) -> Iterator[Hook]:
-        """This pack's own hooks (not its children's), in definition order."""
-        seen: set[str] = set()
-        label = self.name or type(self).__name__
-        for cls in reversed(type(self).__mro__):
-            for attr, value in vars(cls).items():
-                if attr in seen or attr.startswith("__"):
-                    continue
-                marks = getattr(value, _MARK, None)
-                if marks is None and attr in PHASES and callable(value):
-                    marks = [(attr, False, {})]
-                if not marks:
-                    continue
-                seen.add(attr)
-                method = getattr(self, attr)
-                for phase, is_override, options in marks:
-                    options = {"name": f"{label}.{attr}", **options}
-                    yield Hook(method, phase, override=is_override, pack=self, **options)
-
-    def children(self) -> list[Pack]:
-        """Packs this one holds: attributes that are packs, or lists/tuples of packs."""
-        found: list[Pack] = []
-        for value in vars(self).values():
-            items = value if isinstance(value, (list, tuple)) else (value,)
-            found.extend(v for v in items if isinstance(v, Pack))
-        return found
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this pack; empty unless the pack has state."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` returned."""

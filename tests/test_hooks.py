@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runmodel
+import runmodel.filters
 import runmodel.hooks
 from runmodel.phases import MODES, PHASES
 
@@ -553,7 +554,7 @@ def test_rank_is_read_at_each_run(monkeypatch: pytest.MonkeyPatch, engine: runmo
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of runmodel.hooks; steps move it forward."""
+    """Stands in for the ``time`` module of runmodel.filters; steps move it forward."""
 
     def __init__(self, tick: float) -> None:
         self.now, self.tick = 1000.0, tick
@@ -570,7 +571,7 @@ class FakeClock:
 def test_every_wall_clock_duration(monkeypatch: pytest.MonkeyPatch, every: str,
                                    tick: float) -> None:
     clock = FakeClock(tick)
-    monkeypatch.setattr(runmodel.hooks, "time", clock)
+    monkeypatch.setattr(runmodel.filters, "time", clock)
     engine, log = runmodel.Engine(), []
     engine.on("runstep", step_recorder(log), every=every)
     engine.run(Loop(batches=4, on_step=clock.advance), epochs=3)
@@ -580,7 +581,7 @@ def test_every_wall_clock_duration(monkeypatch: pytest.MonkeyPatch, every: str,
 
 def test_once_wall_clock_duration(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(25)
-    monkeypatch.setattr(runmodel.hooks, "time", clock)
+    monkeypatch.setattr(runmodel.filters, "time", clock)
     engine, log = runmodel.Engine(), []
     engine.on("runstep", step_recorder(log), once="1min")
     engine.run(Loop(batches=4, on_step=clock.advance), epochs=3)

@@ -1,0 +1,86 @@
+"""Packs: reusable bundles of hooks with their own state, and the decorators that mark
+a pack's methods as hooks or overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .hooks import _ARGS, Hook, _check_phase, _check_signature
+from .phases import PHASES
+
+__all__ = ["Pack", "hook", "override"]
+
+_MARK = "__runmodel_hooks__"
+
+
+def _mark(phase: str | None, override: bool, options: dict[str, Any]) -> Callable[[Any], Any]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        target = phase or getattr(fn, "__name__", None)
+        _check_phase(target, override=override)
+        # Check the method and every option now, not when the pack is attached.
+        _check_signature(fn, ("self", *_ARGS[override]), "a pack method")
+        Hook(lambda *args: None, target, override=override, **options)
+        fn.__dict__.setdefault(_MARK, []).append((target, override, options))
+        return fn
+    return decorate
+
+
+def hook(phase: str | None = None, **options: Any) -> Callable[[Any], Any]:
+    """Set a pack method's hook options (``priority``, ``every``, ``before``, ...).
+
+    A method named after a phase is a hook already; ``phase=`` lets a method of any
+    name hook a phase. Decorating twice hooks the method on two phases.
+    """
+    return _mark(phase, False, options)
+
+
+def override(phase: str, **options: Any) -> Callable[[Any], Any]:
+    """Make a pack method ``(self, engine, default)`` an override of ``phase``'s action."""
+    return _mark(phase, True, options)
+
+
+class Pack:
+    """A reusable bundle of hooks with its own state.
+
+    Methods named after phases are hooks; ``@runmodel.hook(...)`` and
+    ``@runmodel.override(...)`` mark others or set options. Packs held in attributes
+    (directly or in a list or tuple) are attached and detached with their holder.
+    ``state_dict``/``load_state_dict`` are collected by ``engine.state_dict()``.
+    """
+
+    name: str | None = None
+
+    def hooks(self) -> Iterator[Hook]:
+        """This pack's own hooks (not its children's), in definition order."""
+        seen: set[str] = set()
+        label = self.name or type(self).__name__
+        for cls in reversed(type(self).__mro__):
+            for attr, value in vars(cls).items():
+                if attr in seen or attr.startswith("__"):
+                    continue
+                marks = getattr(value, _MARK, None)
+                if marks is None and attr in PHASES and callable(value):
+                    marks = [(attr, False, {})]
+                if not marks:
+                    continue
+                seen.add(attr)
+                method = getattr(self, attr)
+                for phase, is_override, options in marks:
+                    options = {"name": f"{label}.{attr}", **options}
+                    yield Hook(method, phase, override=is_override, pack=self, **options)
+
+    def children(self) -> list[Pack]:
+        """Packs this one holds: attributes that are packs, or lists/tuples of packs."""
+        found: list[Pack] = []
+        for value in vars(self).values():
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            found.extend(v for v in items if isinstance(v, Pack))
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this pack; empty unless the pack has state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
