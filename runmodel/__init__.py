@@ -3,7 +3,9 @@
 from .engine import Engine
 from .filters import Duration
 from .hooks import HookHandle, HookOrderError
+from .loader import load_model
 from .model import Model, TorchModel
+from .modes import evaluate
 from .pack import Pack, hook, override
 from .phases import MODES, PHASES, Phase
 from .state import RunResult, RunStep, State, StopRun
@@ -25,6 +27,8 @@ __all__ = [
     "State",
     "StopRun",
     "TorchModel",
+    "evaluate",
     "hook",
+    "load_model",
     "override",
 ]

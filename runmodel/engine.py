@@ -16,10 +16,12 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
-from .modes import FUSED, build_actions
+from .model import resolve_options
+from .modes import DEFAULT_WARMUP, FUSED, TIMED_STEPS, ModeRun, build_mode, check_timed
 from .pack import Pack
 from .phases import MODES, PHASES
 from .state import RunResult, RunStep, State, StopRun
@@ -67,7 +69,7 @@ class Engine:
         self._packs: dict[str, Pack] = {}
         self._seq = itertools.count()
         self._tables = _Tables()
-        self._actions: dict[str, Callable[[Engine], Any]] = {}
+        self._mode = ModeRun("train", {})
         self._where: dict[types.CodeType, str] = {}
         self._running = self._resuming = False
         self._reset_controls()
@@ -146,7 +148,7 @@ class Engine:
             h.seq = next(self._seq)
             self._lists(h).append(h)
             if self._running:
-                h.prepare(self, self.state.mode, self.state.rank)
+                h.prepare(self, self.state.mode, self.state.rank, self._mode.wrap_hook)
         try:
             self._changed({(h.phase, h.override) for h in hooks})
         except HookOrderError:
@@ -251,18 +253,29 @@ class Engine:
     # -- the run ---------------------------------------------------------------------
 
     def run(self, model: Model, mode: str = "train", steps: int | None = None,
-            epochs: int | None = None, setup_options: dict[str, Any] | None = None) -> RunResult:
+            epochs: int | None = None, setup_options: dict[str, Any] | None = None, *,
+            measure: str = "train", warmup: int = DEFAULT_WARMUP, collect: bool = True,
+            directory: str | os.PathLike[str] | None = None) -> RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
 
         Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
         ``steps``/``epochs`` count from the start of training, so a resumed run given the
-        same numbers finishes where one straight run would have.
+        same numbers finishes where one straight run would have. ``measure`` is the step
+        (``"train"`` or ``"infer"``) that benchmark and profile modes time, after
+        ``warmup`` steps (they default to ``warmup + 50`` steps); ``collect=False`` leaves
+        infer mode's outputs to hooks; ``directory`` is where files go (profile traces).
         """
         _check_count(steps, "steps")
         _check_count(epochs, "epochs")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-        if setup_options is not None and not isinstance(setup_options, dict):
+        if mode in ("benchmark", "profile"):
+            steps = warmup + TIMED_STEPS - DEFAULT_WARMUP if steps is None else steps
+            check_timed(mode, measure, warmup, steps)
+        declared = getattr(model, "setup_defaults", None)
+        if declared:  # a model that declares its options gets them checked and completed
+            setup_options = resolve_options(model, "setup", setup_options, declared)
+        elif setup_options is not None and not isinstance(setup_options, dict):
             raise TypeError(f"setup_options must be a dict or None, got {setup_options!r}")
         if self._running:
             raise RuntimeError("this engine is running already; an engine runs one model at "
@@ -277,9 +290,8 @@ class Engine:
         self._reset_controls()
         self._budget = _NO_BUDGET if steps is None else steps
         self._max_epochs = epochs if epochs is not None else (1 if steps is None else float("inf"))
-        self.model, self._actions, self._ended = model, {}, "completed"
-        for hook in itertools.chain(*self._hooks.values(), *self._overrides.values()):
-            hook.prepare(self, mode, s.rank)
+        self.model, self._mode, self._ended = model, ModeRun(mode, {}), "completed"
+        self._prepare_hooks()
         self._where = {c: f"model.{m}" for m in ("setup", "run", "teardown")
                        if (c := _code(getattr(model, m, None)))}
         self._build_tables()
@@ -287,22 +299,32 @@ class Engine:
         started = time.perf_counter()
         try:
             model.setup(setup_options)
-            self._actions = build_actions(mode, model, self._tables)  # after setup made them
+            self._mode = build_mode(  # after setup, which makes what the mode needs
+                mode, model, self._tables, measure=measure, warmup=warmup, collect=collect,
+                directory=None if directory is None else Path(directory), steps=steps)
+            self._prepare_hooks()
             self._build_tables()
             self._fire("setup")
-            with contextlib.suppress(StopRun):  # how the budget and stop() end a run
-                model.run(self._make_runstep(), steps)
-            if self._stopping:
-                self._ended = "stopped"
-            if self._epoch_open:
-                self._end_epoch(completed=self._ended == "completed")
+            with self._mode.context():
+                with contextlib.suppress(StopRun):  # how the budget and stop() end a run
+                    model.run(self._make_runstep(), steps)
+                if self._stopping:
+                    self._ended = "stopped"
+                if self._epoch_open:
+                    self._end_epoch(completed=self._ended == "completed")
+            extras = self._mode.finish(self)
         except BaseException as error:
             self._failed(error)
             raise
         finally:
             self._teardown(model)
         return RunResult(mode, self._ended, s.step, s.epoch, s.skipped,
-                         time.perf_counter() - started, dict(s.metrics))
+                         time.perf_counter() - started, dict(s.metrics), **extras)
+
+    def _prepare_hooks(self) -> None:
+        s = self.state
+        for hook in itertools.chain(*self._hooks.values(), *self._overrides.values()):
+            hook.prepare(self, s.mode, s.rank, self._mode.wrap_hook)
 
     def _make_runstep(self) -> RunStep:
         engine, state, tables, slow_path = self, self.state, self._tables, self._before_step
@@ -331,8 +353,8 @@ class Engine:
             return state.output
 
         step: Any = runstep
-        step.epochs, step.engine, step.mode, step.steps = (
-            self._epochs, self, state.mode, state.max_steps)
+        step.epochs, step.engine, step.mode, step.kind, step.steps = (
+            self._epochs, self, state.mode, self._mode.kind, state.max_steps)
         self._where[runstep.__code__] = "runstep (engine)"
         return step
 
@@ -388,22 +410,25 @@ class Engine:
             hook(self)
 
     def _build_tables(self) -> None:
-        t, where = self._tables, self._where
+        t, where, mode = self._tables, self._where, self._mode
         for phase, hooks in self._hooks.items():
-            setattr(t, phase, tuple(h.compiled for h in hooks if h.compiled is not None))
+            compiled = tuple(h.compiled for h in hooks if h.compiled is not None)
+            # the mode's built-ins (metrics, timers) bracket the user's hooks
+            setattr(t, phase, (*mode.before.get(phase, ()), *compiled, *mode.after.get(phase, ())))
             for h in hooks:
                 _index(where, h, "hook")
+        actions = mode.actions
         inner_bare = not any(self._hooks[p] or self._overrides[p] for p in _INNER_PHASES)
         for phase, overrides in self._overrides.items():
-            chain = self._actions.get(phase) or _no_action(phase, self.state.mode)
+            chain = actions.get(phase) or _no_action(phase, self.state.mode)
             if code := _code(chain):
                 where[code] = f"phase {phase!r} (built-in action)"
-            if phase == "runstep" and FUSED in self._actions:
-                if code := _code(self._actions[FUSED]):
+            if phase == "runstep" and FUSED in actions:
+                if code := _code(actions[FUSED]):
                     where[code] = ("phase 'runstep' (built-in action, running forward, backward "
                                    "and optimizer_step in one call while they have no hooks)")
                 if inner_bare:
-                    chain = self._actions[FUSED]
+                    chain = actions[FUSED]
             for h in reversed(overrides):
                 _index(where, h, "override")
                 if h.compiled is not None:

@@ -157,9 +157,17 @@ class Hook:
         self.seq = 0
         self.compiled: Callable[..., Any] | None = None
 
-    def prepare(self, engine: Engine, mode: str, rank: int) -> None:
+    def prepare(self, engine: Engine, mode: str, rank: int,
+                wrap: Callable[[Hook, Callable[..., Any]], Callable[..., Any]] | None = None
+                ) -> None:
         """Build what dispatch calls in this run: the bare function when no filter needs
-        checking per event, a filtering wrapper when one does, or nothing at all."""
+        checking per event, a filtering wrapper when one does, or nothing at all; ``wrap``
+        (profile mode's timer) goes around it."""
+        self._compile(engine, mode, rank)
+        if wrap is not None and self.compiled is not None:
+            self.compiled = wrap(self, self.compiled)
+
+    def _compile(self, engine: Engine, mode: str, rank: int) -> None:
         fn = self.fn
         if (self.modes is not None and mode not in self.modes) or (
                 self.ranks is not None and rank not in self.ranks):

@@ -53,6 +53,9 @@ class RunResult:
     skipped: int
     seconds: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    outputs: list[Any] | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 class RunStep(Protocol):
@@ -60,6 +63,7 @@ class RunStep(Protocol):
 
     engine: Engine
     mode: str
+    kind: str
     steps: int | None
 
     def __call__(self, batch: Any = None) -> Any: ...

@@ -1,0 +1,210 @@
+"""The ``runmodel`` command: run, benchmark, profile and describe a model from source.
+
+A source file may define ``configure(engine)``; it is called with the run's engine before
+the run, to attach the hooks and packs that the file's model wants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .engine import Engine
+from .loader import load_model_class
+from .model import Model, resolve_options
+from .phases import MODES
+from .state import RunResult
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad input found before the run started."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runmodel", description="Run PyTorch models through runmodel's hook-driven engine.",
+        epilog="SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName.")
+    parser.add_argument("--version", action="version", version=f"runmodel {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("source", metavar="SOURCE", help="the model to load")
+        sub.add_argument("--device", help="cpu, cuda, cuda:N, mps (default: the model's choice)")
+        sub.add_argument("--set", dest="options", action="append", default=[],
+                         metavar="KEY=VALUE", help="an init or setup option (repeatable); "
+                         "KEY may be init.NAME or setup.NAME; VALUE is a Python literal "
+                         "or a string")
+        sub.add_argument("--debug", action="store_true", help="show full tracebacks")
+        return sub
+
+    run = command("run", "run a model (train by default) and print its result")
+    run.add_argument("--mode", choices=MODES, default="train")
+    run.add_argument("--epochs", type=_count, help="number of epochs")
+    run.add_argument("--steps", type=_count, help="step budget")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    for name, text in (("benchmark", "time a model's steps (warm-up dropped)"),
+                       ("profile", "profile a model's steps with torch.profiler")):
+        timed = command(name, text)
+        timed.add_argument("--steps", type=_count, help="steps, warm-up included "
+                           "(default: warm-up + 50)")
+        timed.add_argument("--warmup", type=_count, default=5, help="steps not measured")
+        timed.add_argument("--measure", choices=("train", "infer"), default="train",
+                           help="which step to time")
+        timed.add_argument("--json", action="store_true", help="print the result as JSON")
+        if name == "profile":
+            timed.add_argument("--dir", help="where the trace goes (default: runs/profile-...)")
+    command("describe", "show a model and the resolved phase and hook table")
+    return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``--set`` pairs into init and setup options."""
+    init: dict[str, Any] = {}
+    setup: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {pair!r}: write KEY=VALUE, as in --set lr=0.01")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        scope, _, name = key.rpartition(".")
+        if scope not in ("", "init", "setup"):
+            raise UsageError(f"--set {pair!r}: the key is NAME, init.NAME or setup.NAME")
+        if not scope:
+            scope = "init" if name in getattr(cls, "init_defaults", {}) else "setup"
+        (init if scope == "init" else setup)[name] = value
+    return init, setup
+
+
+def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
+    cls = load_model_class(args.source)
+    init, setup = _options(args.options, cls)
+    model = cls(device=args.device, init_options=init or None)
+    if getattr(cls, "setup_defaults", None):  # bad setup options are bad input too
+        setup = resolve_options(model, "setup", setup, cls.setup_defaults)
+    engine = Engine()
+    configure = getattr(sys.modules[cls.__module__], "configure", None)
+    if callable(configure):
+        configure(engine)
+    return model, engine, setup
+
+
+def _summary(result: RunResult) -> str:
+    lines = [f"{result.mode}: {result.ended} after {result.steps} steps, {result.epochs} epochs "
+             f"in {result.seconds:.2f}s" + (f" ({result.skipped} skipped)" if result.skipped
+                                            else "")]
+    lines += [f"  {name}: {_number(value)}" for name, value in result.metrics.items()]
+    timings = {k: v for k, v in result.timings.items() if k != "hooks"}
+    if "step_ms_median" in timings:
+        lines.append(f"  {timings['measured_steps']} steps measured after {timings['warmup']} "
+                     f"warm-up on {timings['device']}: {timings['steps_per_s']:.1f} steps/s"
+                     + (f", {timings['samples_per_s']:.0f} samples/s"
+                        if timings.get("samples_per_s") else ""))
+        lines.append(f"  step time: median {timings['step_ms_median']:.3f} ms, "
+                     f"p90 {timings['step_ms_p90']:.3f} ms, mean {timings['step_ms_mean']:.3f} ms")
+    if result.outputs is not None:
+        lines.append(f"  outputs: {len(result.outputs)} batches collected")
+    if "hooks" in result.timings:
+        rows = result.timings["hooks"]
+        lines.append("  time in hooks:" if rows else "  time in hooks: (no hooks)")
+        lines += [f"    {r['phase']:<15} {r['hook']:<30} {r['calls']:>7} calls "
+                  f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call" for r in rows]
+    lines += [f"  {name}: {path}" for name, path in result.files.items()]
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _json(result: RunResult) -> str:
+    data = {k: v for k, v in vars(result).items() if k != "outputs"}
+    data["outputs"] = None if result.outputs is None else len(result.outputs)
+    return json.dumps(data, indent=2, default=str)
+
+
+def _execute(args: argparse.Namespace) -> int:
+    try:
+        model, engine, setup = _load(args)
+    except (OSError, ImportError, ValueError, TypeError, SyntaxError, UsageError) as error:
+        raise UsageError(str(error)) from error
+    if args.command == "describe":
+        print(_describe(args.source, model, engine))
+        return EXIT_OK
+    if args.command == "run":
+        result = engine.run(model, mode=args.mode, steps=args.steps, epochs=args.epochs,
+                            setup_options=setup or None)
+    else:
+        result = engine.run(model, mode=args.command, steps=args.steps,
+                            setup_options=setup or None, measure=args.measure,
+                            warmup=args.warmup, directory=getattr(args, "dir", None))
+    print(_json(result) if args.json else _summary(result))
+    return EXIT_OK
+
+
+def _describe(source: str, model: Model, engine: Engine) -> str:
+    cls = type(model)
+    lines = [f"model: {cls.__qualname__} from {source}", f"device: {model.device}"]
+    native = model.model()
+    parameters = getattr(native, "parameters", None)
+    if callable(parameters):
+        count = sum(p.numel() for p in parameters())
+        lines.append(f"module: {type(native).__name__}, {count:,} parameters")
+    for kind in ("init", "setup"):
+        defaults = getattr(cls, f"{kind}_defaults", {})
+        if defaults:
+            lines.append(f"{kind} options: " + ", ".join(f"{k}={v!r}" for k, v in defaults.items()))
+    return "\n".join(lines) + "\n\n" + engine.describe()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``runmodel`` command; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return _execute(args)
+    except KeyboardInterrupt:
+        print("runmodel: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except UsageError as error:
+        if args.debug:
+            traceback.print_exception(error.__cause__ or error)
+        print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:
+        if args.debug:
+            traceback.print_exception(error)
+        else:
+            print(f"runmodel {args.command}: error: {type(error).__name__}: {error}",
+                  file=sys.stderr)
+            for note in getattr(error, "__notes__", ()):
+                print(f"  {note}", file=sys.stderr)
+            print("  (run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
