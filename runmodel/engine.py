@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
-from .model import resolve_options
+from .model import _declared
 from .modes import DEFAULT_WARMUP, FUSED, TIMED_STEPS, ModeRun, build_mode, check_timed
 from .pack import Pack
 from .phases import MODES, PHASES
@@ -272,11 +272,9 @@ class Engine:
         if mode in ("benchmark", "profile"):
             steps = warmup + TIMED_STEPS - DEFAULT_WARMUP if steps is None else steps
             check_timed(mode, measure, warmup, steps)
-        declared = getattr(model, "setup_defaults", None)
-        if declared:  # a model that declares its options gets them checked and completed
-            setup_options = resolve_options(model, "setup", setup_options, declared)
-        elif setup_options is not None and not isinstance(setup_options, dict):
-            raise TypeError(f"setup_options must be a dict or None, got {setup_options!r}")
+        if setup_options is not None or getattr(model, "setup_defaults", None):
+            setup_options = _declared(model, "setup", setup_options,
+                                      getattr(model, "setup_defaults", {}))
         if self._running:
             raise RuntimeError("this engine is running already; an engine runs one model at "
                                "a time (make another Engine for a nested run)")

@@ -41,6 +41,18 @@ def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,
     return resolved
 
 
+def _declared(owner: object, kind: str, given: Mapping[str, Any] | None,
+              defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Options resolved against what the model declares; passed through when it declares
+    nothing (it reads them itself, so none can be called unknown)."""
+    if defaults:
+        return resolve_options(owner, kind, given, defaults)
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"{type(owner).__name__}: {kind}_options must be a dict or None, "
+                        f"got {given!r}")
+    return dict(given or {})
+
+
 def _checked(owner: str, kind: str, key: str, value: Any, default: Any) -> Any:
     if default is None:  # no default to go by: any value
         return value
@@ -96,7 +108,7 @@ class Model(abc.ABC):
     def __init__(self, device: str | None = None,
                  init_options: dict[str, Any] | None = None) -> None:
         self.device: Any = device
-        self.init_options = resolve_options(self, "init", init_options, self.init_defaults)
+        self.init_options = _declared(self, "init", init_options, self.init_defaults)
 
     def model(self) -> Any:
         """The native network; cheap, and valid without ``setup()``."""

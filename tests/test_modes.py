@@ -1,0 +1,213 @@
+"""Each mode on a small real model: eval, infer, benchmark, profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import Counting
+from torch import nn
+
+import runmodel
+
+
+def classification_data(n: int = 96, batch: int = 32, seed: int = 0) -> list[Any]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
+
+
+class Classifier(runmodel.TorchModel):
+    def __init__(self, device: str | None = None,
+                 init_options: dict[str, Any] | None = None) -> None:
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.2)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.train_data = classification_data()
+        self.eval_data = classification_data(n=64, seed=1)
+
+
+def manual_metrics(model: Classifier) -> dict[str, float]:
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in model.eval_data:
+            out = model.module(x)
+            total += nn.functional.cross_entropy(out, y, reduction="sum").item()
+            correct += int((out.argmax(1) == y).sum())
+            count += len(y)
+    return {"loss": total / count, "accuracy": correct / count}
+
+
+def test_eval_computes_ignite_loss_and_accuracy() -> None:
+    model = Classifier()
+    engine = runmodel.Engine()
+    engine.run(model, epochs=3)
+    grads: list[bool] = []
+    engine.on("runstep", lambda e: grads.append(e.state.output.requires_grad))
+    result = engine.run(model, mode="eval")
+    expected = manual_metrics(model)
+    assert result.metrics.keys() == {"loss", "accuracy"}
+    assert result.metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert result.metrics["accuracy"] == expected["accuracy"]
+    assert result.steps == 2 and grads == [False, False]
+    assert model.module.training  # restored after the eval run
+    assert all(p.grad is None for p in model.module.parameters())  # no optimizer touched
+
+
+def test_eval_metrics_reset_per_epoch_and_are_seen_by_epoch_end_hooks() -> None:
+    model = Classifier()
+    seen: list[dict[str, float]] = []
+    engine = runmodel.Engine()
+    engine.on("epoch_end", lambda e: seen.append(dict(e.state.metrics)))
+    result = engine.run(model, mode="eval", epochs=2)
+    assert len(seen) == 2 and seen[0] == seen[1] == result.metrics  # not accumulated
+
+
+def test_eval_without_a_classification_loss_has_loss_only() -> None:
+    class Reg(runmodel.TorchModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 1)
+
+        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+            self.loss_fn = nn.MSELoss()
+            self.eval_data = [(torch.ones(4, 2), torch.zeros(4, 1))]
+
+    assert set(runmodel.Engine().run(Reg(), mode="eval").metrics) == {"loss"}
+
+
+def test_custom_metrics() -> None:
+    from ignite.metrics import Precision
+
+    class WithPrecision(Classifier):
+        def metrics(self) -> dict[str, Any]:
+            return {"precision": Precision(average=True)}
+
+    result = runmodel.Engine().run(WithPrecision(), mode="eval")
+    assert set(result.metrics) == {"precision"} and 0 <= result.metrics["precision"] <= 1
+
+
+def test_evaluate_outside_a_run_matches_eval_mode() -> None:
+    model = Classifier()
+    runmodel.Engine().run(model, epochs=2)
+    optimizer = model.optimizer
+    assert runmodel.evaluate(model) == runmodel.Engine().run(model, mode="eval").metrics
+    assert model.module.training
+    metrics = runmodel.evaluate(model, classification_data(n=32, seed=5))
+    assert metrics["accuracy"] == pytest.approx(
+        manual_metrics_on(model, classification_data(n=32, seed=5)))
+    assert model.optimizer is not optimizer  # the eval *run* called setup; evaluate() doesn't
+
+
+def manual_metrics_on(model: Classifier, data: list[Any]) -> float:
+    with torch.no_grad():
+        right = sum(int((model.module(x).argmax(1) == y).sum()) for x, y in data)
+    return right / sum(len(y) for _, y in data)
+
+
+def test_infer_collects_outputs_without_grad() -> None:
+    model = Classifier()
+    result = runmodel.Engine().run(model, mode="infer")
+    assert result.outputs is not None and len(result.outputs) == 2
+    with torch.no_grad():
+        expected = model.module(model.eval_data[0][0])
+    assert torch.equal(result.outputs[0], expected)
+    assert not result.outputs[0].requires_grad and model.module.training
+
+
+def test_infer_streams_to_a_hook_without_collecting() -> None:
+    class Stream(Classifier):
+        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+            super().setup(setup_options)
+            self.infer_data = classification_data(n=160)
+
+    streamed: list[int] = []
+    engine = runmodel.Engine()
+    engine.on("runstep", lambda e: streamed.append(len(e.state.output)))
+    result = engine.run(Stream(), mode="infer", collect=False)
+    assert result.outputs is None and streamed == [32] * 5
+
+
+def test_plain_models_run_in_every_mode(tmp_path: Path) -> None:
+    for mode in ("train", "eval", "infer"):
+        model = Counting(batches=3)
+        result = runmodel.Engine().run(model, mode=mode)
+        assert result.steps == 3 and len(model.seen) == 3
+    result = runmodel.Engine().run(Counting(batches=4), mode="infer")
+    assert result.outputs == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    bench = runmodel.Engine().run(Counting(batches=4), mode="benchmark", steps=9, warmup=2)
+    assert bench.timings["measured_steps"] == 7 and bench.timings["samples_per_s"] is None
+    prof = runmodel.Engine().run(Counting(batches=4), mode="profile", steps=6, warmup=1,
+                                 directory=tmp_path)
+    assert Path(prof.files["trace"]).is_file()
+
+
+def test_benchmark_times_measured_steps_after_warmup() -> None:
+    model = Classifier()
+    before = [p.detach().clone() for p in model.module.parameters()]
+    engine = runmodel.Engine()
+    engine.on("runstep", lambda e: None, name="noop")
+    result = engine.run(model, mode="benchmark", steps=20, warmup=4)
+    t = result.timings
+    assert result.mode == "benchmark" and result.steps == 20 and result.ended == "budget"
+    assert t["measured_steps"] == 16 and t["warmup"] == 4 and t["device"] == "cpu"
+    assert 0 < t["step_ms_median"] <= t["step_ms_p90"]
+    assert t["steps_per_s"] > 0
+    # 16 measured batches of 32 samples in the measured window
+    assert t["samples_per_s"] == pytest.approx(t["steps_per_s"] * 32)
+    after = list(model.module.parameters())
+    assert not any(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # trained
+
+
+def test_benchmark_of_infer_steps_uses_eval_data() -> None:
+    model = Classifier()
+    sizes: list[int] = []
+    engine = runmodel.Engine()
+    engine.on("runstep", lambda e: sizes.append(len(e.state.batch[0])))
+    result = engine.run(model, mode="benchmark", measure="infer", steps=8, warmup=2)
+    assert result.timings["measured_steps"] == 6 and sizes == [32, 32] * 4
+
+
+def test_benchmark_defaults_to_fifty_measured_steps() -> None:
+    result = runmodel.Engine().run(Counting(batches=1000), mode="benchmark", warmup=3)
+    assert result.steps == 53 and result.timings["measured_steps"] == 50
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"steps": 5, "warmup": 5}, "more steps"),
+    ({"warmup": -1}, "warmup= must be a whole number"),
+    ({"measure": "eval"}, "measure='eval'"),
+])
+def test_bad_benchmark_options_fail_before_setup(kwargs: dict[str, Any], match: str) -> None:
+    model = Counting()
+    with pytest.raises(ValueError, match=match):
+        runmodel.Engine().run(model, mode="benchmark", **kwargs)
+    assert model.calls == []
+
+
+def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+
+    @engine.on("runstep", name="slow_hook")
+    def slow(engine: runmodel.Engine) -> None:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+
+    engine.on("epoch_end", lambda e: None, name="end_hook")
+    result = engine.run(Classifier(), mode="profile", steps=6, warmup=2, directory=tmp_path)
+    trace = Path(result.files["trace"])
+    assert trace.parent == tmp_path and trace.name.endswith(".pt.trace.json")
+    names = {event.get("name", "") for event in json.loads(trace.read_text())["traceEvents"]}
+    assert {"runmodel/runstep", "runmodel/forward", "runmodel/backward",
+            "runmodel/optimizer_step", "runmodel/runstep/slow_hook"} <= names
+    hooks = {(row["phase"], row["hook"]): row for row in result.timings["hooks"]}
+    assert hooks[("runstep", "slow_hook")]["calls"] == 6
+    assert hooks[("epoch_end", "end_hook")]["calls"] == 2  # 3 batches an epoch, 6 steps
+    assert hooks[("runstep", "slow_hook")]["total_ms"] > 0
