@@ -120,9 +120,8 @@ class Engine:
         if not isinstance(pack, Pack):
             raise TypeError(f"attach() takes Pack instances, got {type(pack).__name__} {pack!r}; "
                             f"for a function use engine.on(phase, fn)")
-        base = (pack.name or type(pack).__name__) if parent is None else (
-            f"{parent}/{pack.name or type(pack).__name__}")
-        key = base
+        name = pack.name or type(pack).__name__
+        key = base = name if parent is None else f"{parent}/{name}"
         for n in itertools.count(2):
             if key not in taken:
                 break
