@@ -18,6 +18,7 @@ from . import __version__
 from .engine import Engine
 from .loader import load_model_class
 from .model import Model, resolve_options
+from .modes import check_timed, timed_steps
 from .phases import MODES
 from .state import RunResult
 
@@ -148,11 +149,14 @@ def _json(result: RunResult) -> str:
 
 def _execute(args: argparse.Namespace) -> int:
     try:
+        if args.command in ("benchmark", "profile"):
+            check_timed(args.command, args.measure, args.warmup,
+                        timed_steps(args.steps, args.warmup))
         model, engine, setup = _load(args)
     except (OSError, ImportError, ValueError, TypeError, SyntaxError, UsageError) as error:
         raise UsageError(str(error)) from error
     if args.command == "describe":
-        print(_describe(args.source, model, engine))
+        print(_describe(args.source, model, engine, setup))
         return EXIT_OK
     if args.command == "run":
         result = engine.run(model, mode=args.mode, steps=args.steps, epochs=args.epochs,
@@ -165,7 +169,7 @@ def _execute(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _describe(source: str, model: Model, engine: Engine) -> str:
+def _describe(source: str, model: Model, engine: Engine, setup: dict[str, Any]) -> str:
     cls = type(model)
     lines = [f"model: {cls.__qualname__} from {source}", f"device: {model.device}"]
     native = model.model()
@@ -173,10 +177,9 @@ def _describe(source: str, model: Model, engine: Engine) -> str:
     if callable(parameters):
         count = sum(p.numel() for p in parameters())
         lines.append(f"module: {type(native).__name__}, {count:,} parameters")
-    for kind in ("init", "setup"):
-        defaults = getattr(cls, f"{kind}_defaults", {})
-        if defaults:
-            lines.append(f"{kind} options: " + ", ".join(f"{k}={v!r}" for k, v in defaults.items()))
+    for kind, options in (("init", model.init_options), ("setup", setup)):
+        if options:
+            lines.append(f"{kind} options: " + ", ".join(f"{k}={v!r}" for k, v in options.items()))
     return "\n".join(lines) + "\n\n" + engine.describe()
 
 

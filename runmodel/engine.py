@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
 from .model import _declared
-from .modes import DEFAULT_WARMUP, FUSED, TIMED_STEPS, ModeRun, build_mode, check_timed
+from .modes import DEFAULT_WARMUP, FUSED, ModeRun, build_mode, check_timed, timed_steps
 from .pack import Pack
 from .phases import MODES, PHASES
 from .state import RunResult, RunStep, State, StopRun
@@ -269,7 +269,7 @@ class Engine:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
         if mode in ("benchmark", "profile"):
-            steps = warmup + TIMED_STEPS - DEFAULT_WARMUP if steps is None else steps
+            steps = timed_steps(steps, warmup)
             check_timed(mode, measure, warmup, steps)
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = _declared(model, "setup", setup_options,

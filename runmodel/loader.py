@@ -17,16 +17,17 @@ from .model import Model
 __all__ = ["load_model", "load_model_class", "load_source"]
 
 _loads = itertools.count()
+_FORMS = "'path/file.py', 'path/file.py:ClassName' or 'package.module:ClassName'"
 
 
 def load_source(source: str) -> tuple[ModuleType, str | None]:
     """Import the module a source string names; return it and the class name, if any."""
     if not isinstance(source, str) or not source.strip():
-        raise ValueError(f"a model source is 'path/file.py', 'path/file.py:ClassName' or "
-                         f"'package.module:ClassName', got {source!r}")
+        raise ValueError(f"a model source is {_FORMS}, got {source!r}")
     location, _, class_name = source.partition(":")
     if ":" in source and not class_name.isidentifier():
-        raise ValueError(f"{source!r}: {class_name!r} after ':' is not a class name")
+        raise ValueError(f"{source!r}: {class_name!r} after ':' is not a class name; a model "
+                         f"source is {_FORMS}")
     if location.endswith(".py") or "/" in location or "\\" in location:
         return _load_file(Path(location), source), class_name or None
     if not class_name:
@@ -72,6 +73,10 @@ def load_model_class(source: str) -> type[Model]:
             what = "is not a runmodel.Model subclass" if found is not None else "is not defined"
             raise ValueError(f"{source!r}: {class_name!r} {what}; Model subclasses there: "
                              f"{names}")
+        if inspect.isabstract(found):
+            missing = ", ".join(sorted(found.__abstractmethods__))
+            raise ValueError(f"{source!r}: {class_name!r} is abstract (it does not define "
+                             f"{missing}); Model subclasses there: {names}")
         return found
     if len(defined) != 1:
         hint = (f"name one, as '{source}:{defined[0].__name__}'" if defined

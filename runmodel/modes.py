@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .hooks import Hook
 
 __all__ = ["DEFAULT_WARMUP", "FUSED", "TIMED_STEPS", "MetricSet", "ModeRun", "build_mode",
-           "check_timed", "evaluate"]
+           "check_timed", "evaluate", "timed_steps"]
 
 Action = Callable[["Engine"], Any]
 
@@ -285,7 +285,12 @@ def check_timed(mode: str, measure: str, warmup: int, steps: int) -> None:
         raise ValueError(f"warmup= must be a whole number >= 0, got {warmup!r}")
     if steps <= warmup:
         raise ValueError(f"{mode} mode needs more steps ({steps}) than warm-up steps "
-                         f"({warmup}); pass steps= larger than warmup=")
+                         f"({warmup}), or nothing is measured")
+
+
+def timed_steps(steps: int | None, warmup: int) -> int:
+    """Benchmark and profile steps: as given, or the warm-up and then 50 measured."""
+    return warmup + TIMED_STEPS - DEFAULT_WARMUP if steps is None else steps
 
 
 class StepTimer:

@@ -1,0 +1,638 @@
+"""The ``runmodel`` command as users run it: real subprocesses, real model files.
+
+Every command starts a fresh Python that imports torch (about 2 s of CPU), so the
+commands of this module start together on a small thread pool when its first test runs;
+each test then checks the result of its own command. The Ctrl-C test runs on its own.
+Model files are written to a temporary directory; the digits example runs from the repo.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import runmodel
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 120  # seconds, for any one command (they take 2 to 10 s)
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
+RUNMODEL = (sys.executable, "-m", "runmodel")
+
+#: Logits = scale * one_hot(y): right by construction, so eval's metrics are known exactly.
+TINY = '''\
+"""A 3-class classifier that is right by construction."""
+
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import runmodel
+
+
+class PlainSGD:
+    """What train mode needs of an optimizer. (Constructing a torch.optim optimizer
+    imports torch._dynamo: a second of CPU for every command of these tests.)"""
+
+    def __init__(self, parameters, lr):
+        self.parameters, self.lr = list(parameters), lr
+
+    def step(self):
+        with torch.no_grad():
+            for p in self.parameters:
+                p -= self.lr * p.grad
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.parameters:
+            p.grad = None
+
+
+class Tiny(runmodel.TorchModel):
+    init_defaults = {"scale": 5.0}
+    setup_defaults = {"lr": 0.1, "batch_size": 16}
+
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        linear = nn.Linear(3, 3)
+        with torch.no_grad():
+            linear.weight.copy_(torch.eye(3) * self.init_options["scale"])
+            linear.bias.zero_()
+        self.module = linear
+
+    def setup(self, setup_options=None):
+        print(f"setup options: lr={setup_options['lr']!r} "
+              f"batch_size={setup_options['batch_size']!r}", file=sys.stderr, flush=True)
+        y = torch.arange(64) % 3
+        x = nn.functional.one_hot(y, 3).float()
+        self.eval_data = self.train_data = DataLoader(
+            TensorDataset(x, y), batch_size=setup_options["batch_size"])
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.optimizer = PlainSGD(self.module.parameters(), lr=setup_options["lr"])
+
+
+def count_steps(engine):
+    pass
+
+
+def configure(engine):
+    engine.on("runstep", count_steps)
+'''
+
+BOOM = '''\
+import runmodel
+
+
+class Boom(runmodel.Model):
+    def step(self, batch):
+        return batch
+
+    def run(self, runstep, steps=None, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    def teardown(self):
+        print("model.teardown ran", flush=True)
+'''
+
+NO_MODEL = '''\
+from runmodel import Model, TorchModel
+
+
+class Helper:
+    pass
+'''
+
+BROKEN = '''\
+import runmodel
+
+class Broken(runmodel.Model):
+    def run(self, runstep, steps=None
+'''
+
+ENDLESS = '''\
+import time
+
+import runmodel
+
+
+class Endless(runmodel.Model):
+    def step(self, batch):
+        time.sleep(0.001)
+
+    def run(self, runstep, steps=None, *args, **kwargs):
+        for epoch in runstep.epochs():
+            i = 0
+            while True:
+                runstep(i)
+                i += 1
+
+    def teardown(self):
+        print("model.teardown ran", flush=True)
+
+
+def configure(engine):
+    engine.on("runstep", lambda e: print("ready", flush=True), once=1)
+    engine.on("exception", lambda e: print("exception:", type(e.state.error).__name__,
+                                           flush=True))
+'''
+
+FILES = {"tiny.py": TINY, "boom.py": BOOM, "nomodel.py": NO_MODEL, "broken.py": BROKEN}
+
+
+@dataclass(frozen=True)
+class Call:
+    args: tuple[str, ...]
+    cwd: Path
+    program: tuple[str, ...] = RUNMODEL
+
+
+def invoke(call: Call) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*call.program, *call.args], cwd=call.cwd, env=ENV, timeout=TIMEOUT,
+                          capture_output=True, text=True, encoding="utf-8")
+
+
+def calls(models: Path) -> dict[str, Call]:
+    """Every command this module checks, by name; ``models`` holds FILES."""
+    def at_root(*args: str) -> Call:
+        return Call(args, ROOT)
+
+    def at_models(*args: str) -> Call:
+        return Call(args, models)
+
+    script = shutil.which("runmodel")
+    found = {
+        "digits": at_root("run", "examples/digits.py", "--epochs", "20"),
+        "help": at_root("--help"),
+        **{f"help-{c}": at_root(c, "--help") for c in ("run", "benchmark", "profile", "describe")},
+        "version": at_root("--version"),
+        **({"script-version": Call(("--version",), ROOT, program=(script,))} if script else {}),
+        "eval": at_models("run", "tiny.py", "--mode", "eval", "--device", "cpu"),
+        "infer": at_models("run", "tiny.py", "--mode", "infer", "--device", "cpu"),
+        "train-json": at_models("run", "tiny.py", "--epochs", "2", "--json", "--set", "lr=0.01",
+                                "--set", "setup.batch_size=32", "--device", "cpu"),
+        "eval-json": at_models("run", "tiny.py", "--mode", "eval", "--json", "--set", "scale=2",
+                               "--device", "cpu"),
+        "infer-json": at_models("run", "tiny.py", "--mode", "infer", "--json",
+                                "--device", "cpu"),
+        "benchmark": at_models("benchmark", "tiny.py", "--steps", "20", "--warmup", "5",
+                               "--json", "--device", "cpu"),
+        "benchmark-infer": at_models("benchmark", "tiny.py", "--steps", "12", "--warmup", "2",
+                                     "--measure", "infer", "--device", "cpu"),
+        "benchmark-no-steps": at_models("benchmark", "tiny.py", "--steps", "5", "--warmup", "5",
+                                        "--device", "cpu"),
+        "profile": at_models("profile", "tiny.py", "--steps", "8", "--warmup", "2",
+                             "--dir", str(models / "trace"), "--device", "cpu"),
+        "describe": at_root("describe", "examples/digits.py", "--device", "cpu"),
+        "describe-hidden": at_root("describe", "examples/digits.py", "--set", "hidden=16",
+                                   "--device", "cpu"),
+        "set-unknown": at_models("run", "tiny.py", "--set", "bogus=1", "--set", "init.other=2",
+                                 "--device", "cpu"),
+        "set-bad-type": at_root("run", "examples/digits.py", "--set", "hidden=big"),
+        "set-bad-setup-type": at_models("run", "tiny.py", "--set", "lr=fast", "--device", "cpu"),
+        "set-no-value": at_models("run", "tiny.py", "--set", "novalue"),
+        "set-bad-scope": at_models("run", "tiny.py", "--set", "model.lr=1"),
+        "missing-file": at_models("run", "missing.py"),
+        "missing-module": at_models("describe", "runmodel_cli_absent_pkg.models:Net"),
+        "no-model": at_models("run", "nomodel.py"),
+        "syntax-error": at_models("run", "broken.py"),
+        "bad-device": at_models("describe", "tiny.py", "--device", "bogus"),
+        "boom": at_models("run", "boom.py"),
+        "boom-debug": at_models("run", "boom.py", "--debug"),
+        "negative-epochs": at_models("run", "tiny.py", "--epochs", "-3"),
+        "bad-mode": at_models("run", "tiny.py", "--mode", "fly"),
+    }
+    return found
+
+
+class Results:
+    def __init__(self, models: Path, futures: dict[str, Future[subprocess.CompletedProcess[str]]]
+                 ) -> None:
+        self.models, self.futures = models, futures
+
+    def __getitem__(self, name: str) -> subprocess.CompletedProcess[str]:
+        return self.futures[name].result(timeout=2 * TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
+    models = tmp_path_factory.mktemp("cli-models")
+    for name, text in FILES.items():
+        (models / name).write_text(text)
+    pool = ThreadPoolExecutor(max_workers=min(4, (os.cpu_count() or 1) + 1))
+    try:
+        yield Results(models, {name: pool.submit(invoke, call)
+                               for name, call in calls(models).items()})
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], command: str) -> str:
+    """A usage error: exit 2, one ``runmodel COMMAND: error: ...`` line, no traceback."""
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    [line] = lines(result.stderr)
+    prefix = f"runmodel {command}: error: "
+    assert line.startswith(prefix), line
+    return line[len(prefix):]
+
+
+# -- help and version ----------------------------------------------------------------------
+
+def test_top_level_help(cli: Results) -> None:
+    result = cli["help"]
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("usage: runmodel [-h] [--version] COMMAND ...\n")
+    for command, text in (("run", "run a model (train by default) and print its result"),
+                          ("benchmark", "time a model's steps (warm-up dropped)"),
+                          ("profile", "profile a model's steps with torch.profiler"),
+                          ("describe", "show a model and the resolved phase and hook table")):
+        assert re.search(rf"^    {command}\s+{re.escape(text)}$", out, re.MULTILINE), command
+    assert "SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName." in out
+    assert result.stderr == ""
+
+
+HELP_OPTIONS = {
+    "run": {"--mode {train,eval,infer,benchmark,profile}", "--epochs EPOCHS", "--steps STEPS",
+            "--json"},
+    "benchmark": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json"},
+    "profile": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json",
+                "--dir DIR"},
+    "describe": set(),
+}
+ALL_OPTIONS = set().union(*HELP_OPTIONS.values())
+
+
+@pytest.mark.parametrize("command", list(HELP_OPTIONS))
+def test_subcommand_help(cli: Results, command: str) -> None:
+    result = cli[f"help-{command}"]
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    usage = out.split("\n\n")[0]
+    assert usage.startswith(f"usage: runmodel {command} [-h] [--device DEVICE] "
+                            f"[--set KEY=VALUE] [--debug]")
+    assert usage.rstrip().endswith("SOURCE")
+    for option in ("--device DEVICE", "--set KEY=VALUE", "--debug", *HELP_OPTIONS[command]):
+        assert option in out, option
+    for option in ALL_OPTIONS - HELP_OPTIONS[command]:
+        assert option not in out, option
+    assert "SOURCE " in out and "the model to load" in out
+
+
+def test_version(cli: Results) -> None:
+    result = cli["version"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"runmodel {runmodel.__version__}\n"
+    assert runmodel.__version__ == "0.1.0"
+
+
+def test_the_installed_console_script(cli: Results) -> None:
+    if shutil.which("runmodel") is None:
+        pytest.skip("the runmodel console script is not on PATH")
+    result = cli["script-version"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"runmodel {runmodel.__version__}\n"
+
+
+# -- run: the digits example --------------------------------------------------------------
+
+PROGRESS = re.compile(r"epoch +(\d+)/20  loss (\d+\.\d{4})  test accuracy (\d+\.\d{2})%  "
+                      r"\(\d+\.\d{2}s\)")
+
+
+def test_run_digits_trains_to_95_percent(cli: Results) -> None:
+    result = cli["digits"]
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    out = lines(result.stdout)
+    assert len(out) == 21, result.stdout
+    progress = [PROGRESS.fullmatch(line) for line in out[:20]]
+    assert all(progress), result.stdout
+    assert [int(m[1]) for m in progress] == list(range(1, 21))
+    losses = [float(m[2]) for m in progress]
+    accuracies = [float(m[3]) for m in progress]
+    assert losses[-1] < losses[0] / 10
+    assert accuracies[-1] >= 95.0, result.stdout
+    assert re.fullmatch(r"train: completed after 460 steps, 20 epochs in \d+\.\d{2}s", out[20])
+
+
+# -- run: eval, infer, --json -------------------------------------------------------------
+
+def eval_loss(scale: float) -> float:
+    """Cross-entropy of the logits ``scale * one_hot(y)``, what Tiny's eval must report."""
+    return math.log(1 + 2 * math.exp(-scale))
+
+
+def test_run_eval_prints_the_metrics(cli: Results) -> None:
+    result = cli["eval"]
+    assert result.returncode == 0, result.stderr
+    out = lines(result.stdout)
+    assert re.fullmatch(r"eval: completed after 4 steps, 1 epochs in \d+\.\d{2}s", out[0])
+    assert out[1:] == [f"  loss: {eval_loss(5):.4f}", "  accuracy: 1.0000"]
+    assert out[1] == "  loss: 0.0134"
+    assert "setup options: lr=0.1 batch_size=16" in lines(result.stderr)
+
+
+def test_run_infer_collects_outputs(cli: Results) -> None:
+    result = cli["infer"]
+    assert result.returncode == 0, result.stderr
+    out = lines(result.stdout)
+    assert re.fullmatch(r"infer: completed after 4 steps, 1 epochs in \d+\.\d{2}s", out[0])
+    assert out[1:] == ["  outputs: 4 batches collected"]
+
+
+JSON_KEYS = {"mode", "ended", "steps", "epochs", "skipped", "seconds", "metrics", "timings",
+             "files", "outputs"}
+
+
+def test_run_json(cli: Results) -> None:
+    result = cli["train-json"]  # with --set lr=0.01 --set setup.batch_size=32
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == JSON_KEYS
+    assert isinstance(data["seconds"], float) and data["seconds"] > 0
+    del data["seconds"]
+    assert data == {"mode": "train", "ended": "completed", "steps": 4, "epochs": 2,
+                    "skipped": 0, "metrics": {}, "timings": {}, "files": {}, "outputs": None}
+
+
+def test_run_eval_json(cli: Results) -> None:
+    result = cli["eval-json"]  # with --set scale=2
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == JSON_KEYS
+    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == ("eval", "completed",
+                                                                            4, 1)
+    assert data["metrics"] == {"loss": pytest.approx(eval_loss(2), rel=1e-5), "accuracy": 1.0}
+    assert data["outputs"] is None
+
+
+def test_run_infer_json(cli: Results) -> None:
+    data = json.loads(cli["infer-json"].stdout)
+    assert set(data) == JSON_KEYS
+    assert (data["mode"], data["ended"], data["steps"], data["outputs"]) == ("infer",
+                                                                             "completed", 4, 4)
+    assert data["metrics"] == {}
+
+
+# -- benchmark and profile ------------------------------------------------------------------
+
+def test_benchmark_json(cli: Results) -> None:
+    result = cli["benchmark"]
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == JSON_KEYS
+    # 4 batches of 16 an epoch: 20 steps end the 5th epoch on the budget
+    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == ("benchmark",
+                                                                            "budget", 20, 5)
+    t = data["timings"]
+    assert (t["measured_steps"], t["warmup"], t["device"]) == (15, 5, "cpu")
+    assert t["steps_per_s"] > 0
+    assert 0 < t["step_ms_median"] <= t["step_ms_p90"]
+    assert t["step_ms_mean"] > 0
+    assert t["samples_per_s"] == pytest.approx(16 * t["steps_per_s"])  # every batch is 16
+    assert t["seconds"] == pytest.approx(15 / t["steps_per_s"])
+
+
+def test_benchmark_infer_summary(cli: Results) -> None:
+    result = cli["benchmark-infer"]  # --measure infer, printed as text
+    assert result.returncode == 0, result.stderr
+    out = lines(result.stdout)
+    assert len(out) == 3, result.stdout
+    assert re.fullmatch(r"benchmark: budget after 12 steps, 3 epochs in \d+\.\d{2}s", out[0])
+    assert re.fullmatch(r"  10 steps measured after 2 warm-up on cpu: \d+\.\d steps/s, "
+                        r"\d+ samples/s", out[1])
+    step = re.fullmatch(r"  step time: median (\d+\.\d{3}) ms, p90 (\d+\.\d{3}) ms, "
+                        r"mean (\d+\.\d{3}) ms", out[2])
+    assert step is not None and float(step[1]) <= float(step[2])
+
+
+def test_benchmark_with_no_measured_steps_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["benchmark-no-steps"], "benchmark")
+    assert "(5)" in message
+
+
+def test_profile_writes_a_trace_and_times_the_hooks(cli: Results) -> None:
+    result = cli["profile"]
+    assert result.returncode == 0, result.stderr
+    directory = cli.models / "trace"
+    traces = sorted(directory.glob("*.pt.trace.json"))
+    assert len(traces) == 1, traces
+    out = lines(result.stdout)
+    assert re.fullmatch(r"profile: budget after 8 steps, 2 epochs in \d+\.\d{2}s", out[0])
+    assert out[1] == "  time in hooks:"
+    row = f"    {'runstep':<15} {'count_steps':<30} {8:>7} calls "
+    assert out[2].startswith(row), out[2]
+    assert re.fullmatch(r" *\d+\.\d{3} ms +\d+\.\d µs/call", out[2][len(row):]), out[2]
+    assert out[3:] == [f"  directory: {directory}", f"  trace: {traces[0]}"]
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    assert isinstance(events, list)
+    names = {e.get("name", "") for e in events}
+    ours = {n for n in names if n.startswith("runmodel/")}
+    assert {"runmodel/runstep", "runmodel/forward", "runmodel/backward",
+            "runmodel/optimizer_step", "runmodel/runstep/count_steps"} <= ours
+
+
+# -- describe and --set ---------------------------------------------------------------------
+
+def digits_hook_lines() -> dict[str, int]:
+    """Where examples/digits.py registers its hooks: the line the function starts on
+    (its decorator's line)."""
+    text = (ROOT / "examples" / "digits.py").read_text().splitlines()
+    found = {}
+    for name in ("start", "keep_loss", "progress"):
+        line = next(i for i, t in enumerate(text, 1) if t.strip().startswith(f"def {name}("))
+        while text[line - 2].strip().startswith("@"):
+            line -= 1
+        found[name] = line
+    return found
+
+
+def test_describe_shows_model_options_and_the_hook_table(cli: Results) -> None:
+    result = cli["describe"]
+    assert result.returncode == 0, result.stderr
+    out = lines(result.stdout)
+    assert out[:6] == ["model: Digits from examples/digits.py", "device: cpu",
+                       "module: Sequential, 9,610 parameters",
+                       "init options: hidden=128, seed=0",
+                       "setup options: lr=0.005, batch_size=64", ""]
+    table = out[6:]
+    assert re.fullmatch(r"phase +# +hook +priority +filter +pack +source", table[0])
+    assert set(table[1]) == {"-", " "}
+    where = digits_hook_lines()
+    for phase, hook in (("epoch_start", "start"), ("runstep", "keep_loss"),
+                        ("epoch_end", "progress")):
+        row = rf"{phase} +1 +{hook} +0 +modes=train +- +examples/digits\.py:{where[hook]}"
+        assert any(re.fullmatch(row, line) for line in table), (row, result.stdout)
+    assert any(re.fullmatch(r"runstep +- +action +built-in", line) for line in table)
+    assert any(re.fullmatch(r"setup +- +\(no hooks\)", line) for line in table)
+    assert [line.split()[0] for line in table[2:]] == [
+        "setup", "epoch_start", "step_start", "runstep", "runstep", "forward", "backward",
+        "optimizer_step", "epoch_end", "exception", "teardown"]
+
+
+def test_set_reaches_init_options(cli: Results) -> None:
+    result = cli["describe-hidden"]
+    assert result.returncode == 0, result.stderr
+    assert "module: Sequential, 1,210 parameters" in lines(result.stdout)  # 64*16+16+16*10+10
+    assert "9,610" not in result.stdout
+
+
+def test_describe_shows_the_init_options_in_effect(cli: Results) -> None:
+    assert "init options: hidden=16, seed=0" in lines(cli["describe-hidden"].stdout)
+
+
+def test_set_reaches_init_options_of_a_run(cli: Results) -> None:
+    result = cli["eval-json"]  # --set scale=2: logits 2 * one_hot(y)
+    assert result.returncode == 0, result.stderr
+    loss = json.loads(result.stdout)["metrics"]["loss"]
+    assert loss == pytest.approx(eval_loss(2), rel=1e-5)
+    assert round(loss, 4) == 0.2395  # not eval_loss(5), the default's 0.0134
+
+
+def test_set_reaches_setup_options(cli: Results) -> None:
+    result = cli["train-json"]  # --set lr=0.01 --set setup.batch_size=32 --epochs 2
+    assert result.returncode == 0, result.stderr
+    assert lines(result.stderr) == ["setup options: lr=0.01 batch_size=32"]
+    assert json.loads(result.stdout)["steps"] == 4  # 64 samples in batches of 32, twice
+
+
+def test_set_unknown_keys_warn_and_the_run_goes_on(cli: Results) -> None:
+    result = cli["set-unknown"]  # --set bogus=1 --set init.other=2
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"train: completed after 4 steps, 1 epochs in \d+\.\d{2}s",
+                        lines(result.stdout)[0])
+    err = result.stderr
+    assert err.count("UserWarning") == 2, err
+    assert "UserWarning: Tiny: unknown setup option 'bogus' ignored" in err
+    assert "UserWarning: Tiny: unknown init option 'other' ignored" in err
+    assert "setup options: lr=0.1 batch_size=16" in lines(err)
+    assert "Traceback" not in err
+
+
+def test_set_with_a_bad_type_is_a_one_line_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["set-bad-type"], "run")  # --set hidden=big
+    assert "init option 'hidden' must be int" in message
+    assert "'big'" in message
+
+
+def test_set_with_a_bad_setup_type_is_a_one_line_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["set-bad-setup-type"], "run")  # --set lr=fast
+    assert "setup option 'lr' must be float" in message
+    assert "'fast'" in message
+
+
+def test_set_without_a_value_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["set-no-value"], "run")
+    assert message == "--set 'novalue': write KEY=VALUE, as in --set lr=0.01"
+
+
+def test_set_with_a_bad_scope_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["set-bad-scope"], "run")
+    assert message == "--set 'model.lr=1': the key is NAME, init.NAME or setup.NAME"
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+def test_a_missing_source_file_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["missing-file"], "run")
+    assert message.startswith("'missing.py': no file 'missing.py'")
+
+
+def test_a_missing_module_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["missing-module"], "describe")
+    assert "cannot import module 'runmodel_cli_absent_pkg.models'" in message
+
+
+def test_a_source_without_a_model_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["no-model"], "run")
+    assert message.startswith("'nomodel.py' defines no runmodel.Model subclasses (none); ")
+
+
+def test_a_source_with_a_syntax_error_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["syntax-error"], "run")
+    assert "broken.py" in message
+
+
+def test_a_bad_device_is_a_usage_error(cli: Results) -> None:
+    message = assert_one_line_error(cli["bad-device"], "describe")
+    assert message.startswith("device 'bogus' is not a device torch knows")
+
+
+def test_an_error_in_the_model_exits_1_with_the_error_and_where(cli: Results) -> None:
+    result = cli["boom"]
+    assert result.returncode == 1
+    assert lines(result.stderr) == [
+        "runmodel run: error: RuntimeError: boom",
+        "  runmodel: raised in model.run (train mode, epoch 0, step 0)",
+        "  (run with --debug for the traceback)"]
+    assert result.stdout == "model.teardown ran\n"
+
+
+def test_debug_shows_the_traceback(cli: Results) -> None:
+    result = cli["boom-debug"]
+    assert result.returncode == 1
+    err = result.stderr
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert 'raise RuntimeError("boom")' in err
+    assert str(cli.models / "boom.py") in err or '"boom.py"' in err
+    assert "\nRuntimeError: boom\n" in err
+    assert "runmodel: raised in model.run (train mode, epoch 0, step 0)" in err
+    assert "--debug for the traceback" not in err
+    assert result.stdout == "model.teardown ran\n"
+
+
+@pytest.mark.parametrize(("name", "error"), [
+    ("negative-epochs", "argument --epochs: -3 is negative"),
+    ("bad-mode", "argument --mode: invalid choice: 'fly'"),
+])
+def test_bad_arguments_are_argparse_errors(cli: Results, name: str, error: str) -> None:
+    result = cli[name]
+    assert result.returncode == 2
+    assert result.stdout == ""
+    err = lines(result.stderr)
+    assert err[0].startswith("usage: runmodel run ")
+    assert err[-1].startswith(f"runmodel run: error: {error}")
+    assert "Traceback" not in result.stderr
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------
+
+def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    proc = subprocess.Popen([*RUNMODEL, "run", "endless.py"], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            encoding="utf-8")
+    watchdog = threading.Timer(TIMEOUT, proc.kill)  # readline() below has no timeout
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert lines(out) == ["exception: KeyboardInterrupt", "model.teardown ran"]
+    assert lines(err) == ["runmodel: interrupted"]
