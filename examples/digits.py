@@ -59,6 +59,9 @@ class Digits(runmodel.TorchModel):
         self.eval_data = DataLoader(test, batch_size=256)
 
 
+runmodel.register_model("digits", Digits)  # so configs can name it (configs/digits.toml)
+
+
 def configure(engine: runmodel.Engine) -> None:
     """A progress line per training epoch: train loss, test accuracy, time."""
     started = [0.0]

@@ -12,14 +12,17 @@ import json
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .config import load_config
 from .engine import Engine
 from .loader import load_model_class
 from .model import Model, resolve_options
 from .modes import check_timed, timed_steps
 from .phases import MODES
+from .runs import PreparedRun, list_runs, prepare, resume_dir, runs_table
 from .state import RunResult
 
 __all__ = ["main"]
@@ -49,11 +52,16 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--debug", action="store_true", help="show full tracebacks")
         return sub
 
-    run = command("run", "run a model (train by default) and print its result")
-    run.add_argument("--mode", choices=MODES, default="train")
+    run = command("run", "run a model, or a config file (.toml/.json), and print its result")
+    run.add_argument("--mode", choices=MODES, help="default: train (or the config's)")
     run.add_argument("--epochs", type=_count, help="number of epochs")
     run.add_argument("--steps", type=_count, help="step budget")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--runs-dir", default="runs", help="where config runs' directories go")
+    run.add_argument("--resume", action="store_true",
+                     help="a config whose run exists: continue it from its newest checkpoint")
+    run.add_argument("--restart", action="store_true",
+                     help="a config whose run exists: move that run aside and start again")
     for name, text in (("benchmark", "time a model's steps (warm-up dropped)"),
                        ("profile", "profile a model's steps with torch.profiler")):
         timed = command(name, text)
@@ -66,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
         if name == "profile":
             timed.add_argument("--dir", help="where the trace goes (default: runs/profile-...)")
     command("describe", "show a model and the resolved phase and hook table")
+    runs = commands.add_parser("runs", help="list config runs: what differs, metrics, status",
+                               description="list config runs: what differs, metrics, status")
+    runs.add_argument("dir", nargs="?", default="runs", help="default: runs")
+    runs.add_argument("--debug", action="store_true", help="show full tracebacks")
+    resume = commands.add_parser("resume", help="continue a config run from its checkpoint",
+                                 description="continue a config run from its newest checkpoint")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--json", action="store_true", help="print the result as JSON")
+    resume.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
 
 
@@ -147,7 +164,39 @@ def _json(result: RunResult) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
+def _is_config(source: str) -> bool:
+    return source.endswith((".toml", ".json"))
+
+
+def _prepare_config(args: argparse.Namespace) -> PreparedRun:
+    """A config run, with --mode/--epochs/--steps/--device as overrides."""
+    overrides = list(args.options)
+    overrides += [f"{key}={getattr(args, key)!r}" for key in ("mode", "epochs", "steps", "device")
+                  if getattr(args, key) is not None]
+    if args.resume and args.restart:
+        raise UsageError("--resume and --restart exclude each other")
+    config = load_config(args.source, overrides)
+    return prepare(config, args.runs_dir, resume=args.resume, restart=args.restart,
+                   base=Path(args.source).resolve().parent)
+
+
 def _execute(args: argparse.Namespace) -> int:
+    if args.command == "runs":
+        print(runs_table(list_runs(args.dir)))
+        return EXIT_OK
+    if args.command == "resume" or (args.command == "run" and _is_config(args.source)):
+        try:
+            prepared = resume_dir(args.run_dir) if args.command == "resume" else (
+                _prepare_config(args))
+        except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError,
+                UsageError) as error:
+            raise UsageError(str(error).strip("'\"")) from error
+        print(f"run directory: {prepared.directory}"
+              + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
+              file=sys.stderr)
+        result = prepared.run()
+        print(_json(result) if args.json else _summary(result))
+        return EXIT_OK
     try:
         if args.command in ("benchmark", "profile"):
             check_timed(args.command, args.measure, args.warmup,
@@ -159,8 +208,8 @@ def _execute(args: argparse.Namespace) -> int:
         print(_describe(args.source, model, engine, setup))
         return EXIT_OK
     if args.command == "run":
-        result = engine.run(model, mode=args.mode, steps=args.steps, epochs=args.epochs,
-                            setup_options=setup or None)
+        result = engine.run(model, mode=args.mode or "train", steps=args.steps,
+                            epochs=args.epochs, setup_options=setup or None)
     else:
         result = engine.run(model, mode=args.command, steps=args.steps,
                             setup_options=setup or None, measure=args.measure,

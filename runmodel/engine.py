@@ -19,11 +19,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .backends import Backend, FineTuneSpec
+from .checkpoint import load_checkpoint
 from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
 from .model import _declared
 from .modes import DEFAULT_WARMUP, FUSED, ModeRun, build_mode, check_timed, timed_steps
 from .pack import Pack
 from .phases import MODES, PHASES
+from .registry import make_backend
 from .state import RunResult, RunStep, State, StopRun
 
 if TYPE_CHECKING:
@@ -254,7 +257,9 @@ class Engine:
     def run(self, model: Model, mode: str = "train", steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None, *,
             measure: str = "train", warmup: int = DEFAULT_WARMUP, collect: bool = True,
-            directory: str | os.PathLike[str] | None = None) -> RunResult:
+            directory: str | os.PathLike[str] | None = None,
+            backend: Backend | str | None = None,
+            resume: str | os.PathLike[str] | None = None) -> RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
 
         Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
@@ -263,6 +268,9 @@ class Engine:
         (``"train"`` or ``"infer"``) that benchmark and profile modes time, after
         ``warmup`` steps (they default to ``warmup + 50`` steps); ``collect=False`` leaves
         infer mode's outputs to hooks; ``directory`` is where files go (profile traces).
+        ``backend`` (a ``Backend`` or a registered name; default plain) prepares model and
+        optimizer after ``model.setup()``; ``resume`` is a checkpoint file or a directory
+        of them to continue from.
         """
         _check_count(steps, "steps")
         _check_count(epochs, "epochs")
@@ -277,10 +285,15 @@ class Engine:
         if self._running:
             raise RuntimeError("this engine is running already; an engine runs one model at "
                                "a time (make another Engine for a nested run)")
+        if not isinstance(backend, Backend):
+            backend = make_backend(backend or "plain")
+        if resume is not None and not Path(resume).exists():
+            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or "
+                                    f"directory")
         s = self.state
         if not self._resuming:
             s.step = s.epoch = s.epoch_step = s.skipped = 0
-        self._resuming = False
+        self._resuming = False  # load_state_dict() before run() carries counters over
         s.mode, s.max_steps, s.max_epochs, s.rank = mode, steps, epochs, _current_rank()
         s.batch = s.output = s.loss = s.error = None
         s.metrics = {}
@@ -294,8 +307,16 @@ class Engine:
         self._build_tables()
         self._running = True
         started = time.perf_counter()
+        backend_handle = None
         try:
             model.setup(setup_options)
+            kind = measure if mode in ("benchmark", "profile") else mode
+            backend.initialize(model, FineTuneSpec.of(_data(model, kind), steps, epochs))
+            if (pack := backend.pack()) is not None:
+                backend_handle = self.attach(pack)
+            if resume is not None:
+                load_checkpoint(self, resume)
+                self._resuming = False  # these counters are this run's, not the next one's
             self._mode = build_mode(  # after setup, which makes what the mode needs
                 mode, model, self._tables, measure=measure, warmup=warmup, collect=collect,
                 directory=None if directory is None else Path(directory), steps=steps)
@@ -315,6 +336,8 @@ class Engine:
             raise
         finally:
             self._teardown(model)
+            if backend_handle is not None:
+                backend_handle.detach()
         return RunResult(mode, self._ended, s.step, s.epoch, s.skipped,
                          time.perf_counter() - started, dict(s.metrics), **extras)
 
@@ -492,6 +515,14 @@ def _index(where: dict[types.CodeType, str], hook: Hook, kind: str) -> None:
     for fn in (hook.fn, hook.when):
         if code := _code(fn):
             where.setdefault(code, text if fn is hook.fn else f"{text}, its when= filter")
+
+
+def _data(model: Model, kind: str) -> Any:
+    data_for = getattr(model, "data_for", None)
+    try:
+        return data_for(kind) if data_for is not None else None
+    except ValueError:
+        return None
 
 
 def _no_action(phase: str, mode: str) -> Callable[[Engine], Any]:

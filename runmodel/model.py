@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from .interface import Interface, Supervised
+
 if TYPE_CHECKING:
     from ignite.metrics import Metric
 
@@ -139,11 +141,13 @@ class TorchModel(Model):
 
     ``module`` lives on ``self.device``: assigning it moves it there. The parts of a step
     are methods a subclass may override: ``compute_output(batch)``, ``target(batch)``,
-    ``compute_loss(output, batch)`` and ``metrics()``. By default a batch is
+    ``compute_loss(output, batch)`` and ``metrics()``; ``interface`` (default
+    ``Supervised()``) may be replaced by another ``Interface``. By default a batch is
     ``(inputs, target)``; batches of tensors, tuples, lists and dicts are moved to the
     device by the default loop.
     """
 
+    interface: Interface = Supervised()
     optimizer: torch.optim.Optimizer | None = None
     loss_fn: Callable[..., torch.Tensor] | None = None
     train_data: Iterable[Any] | None = None

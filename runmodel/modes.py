@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .interface import Interface, Supervised
 from .model import Model, TorchModel
 
 if TYPE_CHECKING:
@@ -96,7 +97,25 @@ def _require(model: TorchModel, mode: str, *names: str) -> None:
                          f"in __init__ (module) or setup() (optimizer, loss_fn, data)")
 
 
+def _custom_interface(model: Model) -> Interface | None:
+    """The model's interface when it is not the supervised one the phases implement."""
+    interface = getattr(model, "interface", None)
+    return None if interface is None or type(interface) is Supervised else interface
+
+
+def _interface_train_step(model: Model, interface: Interface) -> Action:
+    train_step = interface.train_step
+
+    def runstep(engine: Engine) -> None:
+        state = engine.state
+        state.output = result = train_step(model, state.batch)
+        state.loss = result.get("loss") if isinstance(result, dict) else None
+    return runstep
+
+
 def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
+    if (interface := _custom_interface(model)) is not None:
+        return ModeRun("train", {"runstep": _interface_train_step(model, interface)})
     if not isinstance(model, TorchModel):
         return ModeRun("train", {"runstep": _model_step(model)})
     _require(model, "train", "module", "optimizer", "loss_fn")
@@ -219,6 +238,9 @@ def _evaluate(model: Model) -> ModeRun:
     metrics = MetricSet(model.metrics())
     compute_output, target, loss_fn = model.compute_output, model.target, model.loss_fn
     compute_loss = model.compute_loss
+    if (interface := _custom_interface(model)) is not None:
+        def compute_output(batch: Any) -> Any:
+            return interface.inference(model, batch)
 
     def eval_step(engine: Engine) -> None:
         state = engine.state
@@ -243,6 +265,9 @@ def _infer(model: Model, collect: bool) -> ModeRun:
     if isinstance(model, TorchModel):
         _require(model, "infer", "module")
         compute_output = model.compute_output
+        if (interface := _custom_interface(model)) is not None:
+            def compute_output(batch: Any) -> Any:
+                return interface.inference(model, batch)
 
         def infer_step(engine: Engine) -> None:
             state = engine.state

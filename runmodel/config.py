@@ -1,0 +1,255 @@
+"""A run described as data (seeds 001, 002): ``RunConfig``, read from TOML or JSON.
+
+```toml
+imports = ["examples/digits.py"]   # files or modules that register what is named below
+epochs = 20
+seed = 0
+[model]
+type = "digits"
+args = { hidden = 128 }
+[optimizer]
+type = "adam"
+args = { lr = 0.005 }
+[[packs]]
+type = "checkpoint"
+args = { every = "1ep", keep = 2 }
+```
+
+A spec may also be a bare name (``backend = "amp"``). ``--set a.b=c`` overrides any
+value, type-checked; an unknown key is an error with a did-you-mean; a malformed file is
+an error naming the file and line. The canonical form (every field, sorted) is hashed
+into the run's directory name, so equal configs share a directory and different ones
+never do.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .phases import MODES
+from .registry import Spec
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot describe a run: malformed, an unknown key, a wrong type."""
+
+
+_SPEC_FIELDS = ("model", "optimizer", "interface", "backend")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that makes a run, as data."""
+
+    model: Spec
+    optimizer: Spec | None = None
+    interface: Spec | None = None
+    backend: Spec | None = None
+    packs: tuple[Spec, ...] = ()
+    epochs: int | None = None
+    steps: int | None = None
+    seed: int = 0
+    device: str | None = None
+    mode: str = "train"
+    imports: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
+        """Check and build a config from plain data (as read from a file)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: a config is a table/object, got {type(data).__name__}")
+        unknown = [key for key in data if key not in _FIELDS]
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0])}; "
+                              f"valid keys: {', '.join(_FIELDS)}")
+        if "model" not in data:
+            raise ConfigError(f"{source}: 'model' is required (a registered model's name, or "
+                              f"{{type = NAME, args = {{...}}}})")
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            where = f"{source}: {key}"
+            try:
+                if key in _SPEC_FIELDS:
+                    values[key] = None if value is None else Spec.of(value, where)
+                elif key == "packs":
+                    if not isinstance(value, list):
+                        raise ConfigError(f"{where} must be a list of specs, got {value!r}")
+                    values[key] = tuple(Spec.of(v, f"{where}[{i}]") for i, v in enumerate(value))
+                elif key == "imports":
+                    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                        raise ConfigError(f"{where} must be a list of paths or module names")
+                    values[key] = tuple(value)
+                else:
+                    values[key] = _check_scalar(key, value, where)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(str(error)) from None
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical form: every field, specs as ``{"type", "args"}``."""
+        def spec(s: Spec | None) -> dict[str, Any] | None:
+            return None if s is None else {"type": s.type_, "args": s.args}
+        return {"model": spec(self.model), "optimizer": spec(self.optimizer),
+                "interface": spec(self.interface), "backend": spec(self.backend),
+                "packs": [spec(p) for p in self.packs], "epochs": self.epochs,
+                "steps": self.steps, "seed": self.seed, "device": self.device,
+                "mode": self.mode, "imports": list(self.imports)}
+
+    def digest(self) -> str:
+        """A short hash of the canonical form, the same in every process."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                               default=repr)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+    def run_name(self) -> str:
+        """Readable and unique: model, optimizer and their first arguments, the hash."""
+        parts = [_words(self.model)]
+        if self.optimizer is not None:
+            parts.append(_words(self.optimizer))
+        if self.mode != "train":
+            parts.append(self.mode)
+        return "_".join(p for p in parts if p)[:100] + "_" + self.digest()
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"epochs": (int,), "steps": (int,), "seed": (int,),
+                                       "device": (str,), "mode": (str,)}
+_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def _check_scalar(key: str, value: Any, where: str) -> Any:
+    if value is None and key in ("epochs", "steps", "device"):
+        return None
+    types = _TYPES[key]
+    if not isinstance(value, types) or isinstance(value, bool):
+        raise ConfigError(f"{where} must be {' or '.join(t.__name__ for t in types)}, "
+                          f"got {value!r}")
+    if key in ("epochs", "steps") and value < 0:
+        raise ConfigError(f"{where} must be >= 0, got {value}")
+    if key == "mode" and value not in MODES:
+        raise ConfigError(f"{where}: unknown mode {value!r}; valid: {', '.join(MODES)}")
+    return value
+
+
+def _did_you_mean(key: str, choices: Sequence[str] = ()) -> str:
+    close = difflib.get_close_matches(key, choices or _FIELDS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]+")
+
+
+def sanitize(text: str) -> str:
+    """A safe piece of a directory name: letters, digits and ``.=+-``, no leading dots,
+    no ``..``, at most 40 characters."""
+    text = _UNSAFE.sub("-", text)
+    text = re.sub(r"\.{2,}", ".", text).strip(".-")
+    return text[:40] or "x"
+
+
+def _words(spec: Spec) -> str:
+    args = [f"{k}{v}" for k, v in list(spec.args.items())[:2]
+            if isinstance(v, (int, float, str, bool))]
+    return "-".join(sanitize(p) for p in (spec.type_, *args))
+
+
+# -- files and overrides ------------------------------------------------------------------
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw data of a TOML or JSON config file; malformed files name file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config {str(path)!r}: {error.strerror}") from None
+    if path.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: malformed TOML: {error}") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}:{error.lineno}:{error.colno}: malformed JSON: "
+                              f"{error.msg}") from None
+        return data
+    raise ConfigError(f"{path}: a config file ends in .toml or .json")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``data`` with ``a.b=c`` overrides applied; values are Python literals (or strings)
+    and must have the type of the value they replace."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        if not sep or not dotted:
+            raise ConfigError(f"--set {item!r}: write KEY=VALUE, as in --set "
+                              f"optimizer.args.lr=0.01")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        keys = dotted.split(".")
+        if keys[0] not in _FIELDS:
+            raise ConfigError(f"--set {item!r}: unknown key {keys[0]!r}"
+                              f"{_did_you_mean(keys[0])}; valid keys: {', '.join(_FIELDS)}")
+        _set(data, keys, value, item)
+    return data
+
+
+def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
+    spec_depth = 1 if keys[0] in _SPEC_FIELDS else 2 if keys[0] == "packs" else None
+    if spec_depth is None and len(keys) > 1 and keys[0] != "imports":
+        raise ConfigError(f"--set {item!r}: {keys[0]!r} is a plain value, not a table")
+    if spec_depth is not None and len(keys) > spec_depth and (
+            keys[spec_depth] not in ("type", "args")):
+        key = keys[spec_depth]
+        raise ConfigError(f"--set {item!r}: a spec has 'type' and 'args', not {key!r}"
+                          f"{_did_you_mean(key, ('type', 'args'))}")
+    node: Any = data
+    for depth, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(f"--set {item!r}: {key!r} is not an index of the "
+                                  f"{len(node)} entries there")
+            node = node[int(key)]
+            continue
+        if isinstance(node.get(key), str) and keys[0] in _SPEC_FIELDS and depth == 0:
+            node[key] = {"type": node[key], "args": {}}  # a bare name grows into a spec
+        node = node.setdefault(key, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"--set {item!r}: {key!r} holds {node!r}, not a table")
+    last = keys[-1]
+    if isinstance(node, dict) and node.get(last) is not None and value is not None:
+        old = node[last]
+        same = isinstance(value, type(old)) and isinstance(value, bool) == isinstance(old, bool)
+        if not same and not (isinstance(old, float) and isinstance(value, int)
+                             and not isinstance(value, bool)):
+            raise ConfigError(f"--set {item!r}: {'.'.join(keys)} is {type(old).__name__} "
+                              f"({old!r}); {value!r} is {type(value).__name__}")
+    if isinstance(node, list):
+        raise ConfigError(f"--set {item!r}: give an index into {keys[-2]!r}")
+    node[last] = value
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML or JSON config file, apply ``--set`` overrides, check it."""
+    data = apply_overrides(read_config_file(path), overrides)
+    return RunConfig.from_dict(data, source=str(path))

@@ -1,0 +1,71 @@
+"""Scalars to TensorBoard through ``torch.utils.tensorboard``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..hooks import Hook
+from ..pack import Pack
+
+__all__ = ["TensorBoard"]
+
+
+class TensorBoard(Pack):
+    """Log to TensorBoard event files in ``directory``: at each epoch end the loss, every
+    metric in ``state.metrics`` and each optimizer group's learning rate, against the
+    global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
+    each time, never per step)."""
+
+    name = "tensorboard"
+
+    def __init__(self, directory: str | os.PathLike[str], every_steps: int | None = None) -> None:
+        if every_steps is not None and (isinstance(every_steps, bool)
+                                        or not isinstance(every_steps, int) or every_steps < 1):
+            raise ValueError(f"every_steps= must be a whole number >= 1 or None, "
+                             f"got {every_steps!r}")
+        self.directory, self.every_steps = Path(directory), every_steps
+        self.writer: Any = None
+
+    def hooks(self) -> Iterator[Hook]:
+        yield Hook(self.open, "setup", name="tensorboard.open", pack=self)
+        yield Hook(self.log_epoch, "epoch_end", name="tensorboard.epoch", pack=self,
+                   priority=-100)  # after hooks that compute metrics
+        if self.every_steps:
+            yield Hook(self.log_step, "runstep", every=self.every_steps,
+                       name="tensorboard.step", pack=self)
+        yield Hook(self.close, "teardown", name="tensorboard.close", pack=self)
+
+    def open(self, engine: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(self.directory))
+
+    def log_step(self, engine: Any) -> None:
+        loss = engine.state.loss
+        if loss is not None:
+            self.writer.add_scalar(f"{engine.state.mode}/loss_step", float(loss.detach()),
+                                   engine.state.step + 1)
+
+    def log_epoch(self, engine: Any) -> None:
+        s = engine.state
+        step, mode = s.step, s.mode
+        if isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1:
+            self.writer.add_scalar(f"{mode}/loss", s.loss.detach().item(), step)
+        for name, value in s.metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{mode}/{name}", value, step)
+        optimizer = getattr(engine.model, "optimizer", None)
+        for i, group in enumerate(getattr(optimizer, "param_groups", ()) if mode == "train"
+                                  else ()):
+            self.writer.add_scalar(f"lr/group{i}", group["lr"], step)
+        self.writer.flush()
+
+    def close(self, engine: Any) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

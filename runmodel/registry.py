@@ -1,0 +1,256 @@
+"""Registries: names for models, interfaces, backends, packs, optimizers and losses.
+
+``register_model("digits", factory)`` (or ``@register_model("digits")``) makes
+``make_model(Spec("digits", {...}))`` build it; a second registration of a name is an
+error naming both places. ``make_*`` check that the factory returned the right kind of
+thing. Built-ins (torch optimizers, common losses, runmodel's backends and packs) are
+registered on first use.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Registry",
+    "Spec",
+    "make_backend",
+    "make_interface",
+    "make_loss",
+    "make_model",
+    "make_optimizer",
+    "make_pack",
+    "register_backend",
+    "register_interface",
+    "register_loss",
+    "register_model",
+    "register_optimizer",
+    "register_pack",
+    "registries",
+]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A registered thing named as data: its registry name and the arguments it takes."""
+
+    type_: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: Spec | str | dict[str, Any], what: str) -> Spec:
+        """A spec from a ``Spec``, a bare name, or ``{"type": name, "args": {...}}``."""
+        if isinstance(value, Spec):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, dict) and isinstance(value.get("type"), str):
+            extra = set(value) - {"type", "args"}
+            if extra:
+                raise ValueError(f"{what}: unknown key(s) {sorted(extra)}; a spec has 'type' "
+                                 f"and 'args'")
+            args = value.get("args") or {}
+            if not isinstance(args, dict):
+                raise TypeError(f"{what}: 'args' must be a table/dict, got {args!r}")
+            return cls(value["type"], dict(args))
+        raise TypeError(f"{what}: give a registered name or {{type = NAME, args = {{...}}}}, "
+                        f"got {value!r}")
+
+
+def _place(obj: object) -> str:
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        file = inspect.getsourcefile(target)  # type: ignore[arg-type]
+        line = inspect.getsourcelines(target)[1]  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return getattr(target, "__qualname__", repr(target))
+    return f"{getattr(target, '__qualname__', target)} ({file}:{line})"
+
+
+class Registry:
+    """Names to factories for one kind of thing."""
+
+    def __init__(self, kind: str, check: Callable[[Any], bool], expected: str) -> None:
+        self.kind, self.check, self.expected = kind, check, expected
+        self._factories: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str, factory: Callable[..., Any] | None = None) -> Any:
+        """Register ``factory`` as ``name``; without ``factory``, a decorator."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        _load_builtins()  # so that taking a built-in's name fails here, not later
+        if factory is None:
+            def decorate(factory: Callable[..., Any]) -> Callable[..., Any]:
+                self.register(name, factory)
+                return factory
+            return decorate
+        if not callable(factory):
+            raise TypeError(f"register_{self.kind}({name!r}, ...) needs a callable factory, "
+                            f"got {factory!r}")
+        old = self._factories.get(name)
+        if old is not None and _place(old) == _place(factory) and old is not factory:
+            self._factories[name] = factory  # the same code loaded again (a re-imported file)
+            return factory
+        if old is not None:
+            raise ValueError(f"{self.kind} {name!r} is registered already, by "
+                             f"{_place(old)}; now again by "
+                             f"{_place(factory)}. Choose another name")
+        self._factories[name] = factory
+        return factory
+
+    def names(self) -> list[str]:
+        _load_builtins()
+        return sorted(self._factories)
+
+    def get(self, name: str) -> Callable[..., Any]:
+        _load_builtins()
+        if name not in self._factories:
+            close = difflib.get_close_matches(name, list(self._factories), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"no {self.kind} registered as {name!r}.{hint} Registered: "
+                           f"{', '.join(sorted(self._factories)) or 'none'}")
+        return self._factories[name]
+
+    def make(self, spec: Spec | str | dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """Call the factory ``spec`` names with ``*args``, ``**kwargs`` and its args."""
+        spec = Spec.of(spec, self.kind)
+        factory = self.get(spec.type_)
+        try:
+            made = factory(*args, **kwargs, **spec.args)
+        except TypeError as error:
+            raise TypeError(f"{self.kind} {spec.type_!r} ({_place(factory)}) could not be made "
+                            f"with args {spec.args}: {error}") from error
+        if not self.check(made):
+            raise TypeError(f"{self.kind} {spec.type_!r}: its factory {_place(factory)} "
+                            f"returned {type(made).__name__} {made!r}, not {self.expected}")
+        return made
+
+    def __contains__(self, name: object) -> bool:
+        _load_builtins()
+        return name in self._factories
+
+
+def _is_model(obj: object) -> bool:
+    from .model import Model
+    return isinstance(obj, Model)
+
+
+def _is_interface(obj: object) -> bool:
+    from .interface import Interface
+    return isinstance(obj, Interface)
+
+
+def _is_backend(obj: object) -> bool:
+    from .backends import Backend
+    return isinstance(obj, Backend)
+
+
+def _is_pack(obj: object) -> bool:
+    from .pack import Pack
+    return isinstance(obj, Pack)
+
+
+def _is_optimizer(obj: object) -> bool:
+    import torch
+    return isinstance(obj, torch.optim.Optimizer)
+
+
+registries: dict[str, Registry] = {
+    "model": Registry("model", _is_model, "a runmodel.Model"),
+    "interface": Registry("interface", _is_interface, "a runmodel.Interface"),
+    "backend": Registry("backend", _is_backend, "a runmodel.Backend"),
+    "pack": Registry("pack", _is_pack, "a runmodel.Pack"),
+    "optimizer": Registry("optimizer", _is_optimizer, "a torch.optim.Optimizer"),
+    "loss": Registry("loss", callable, "a callable loss"),
+}
+
+register_model = registries["model"].register
+register_interface = registries["interface"].register
+register_backend = registries["backend"].register
+register_pack = registries["pack"].register
+register_optimizer = registries["optimizer"].register
+register_loss = registries["loss"].register
+
+
+def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
+               device: str | None = None) -> Any:
+    """Build a registered model. A ``Model`` subclass registered as a factory is called as
+    ``cls(device=, init_options=args)``; any other factory (seed 001) as
+    ``factory(name=, device=, **args)``."""
+    from .model import Model
+
+    spec = Spec.of(spec, "model")
+    factory = registries["model"].get(spec.type_)
+    if inspect.isclass(factory) and issubclass(factory, Model):
+        return registries["model"].make(Spec(spec.type_), device=device, init_options=spec.args)
+    return registries["model"].make(spec, name=name or spec.type_, device=device)
+
+
+def make_interface(spec: Spec | str | dict[str, Any]) -> Any:
+    return registries["interface"].make(spec)
+
+
+def make_backend(spec: Spec | str | dict[str, Any]) -> Any:
+    return registries["backend"].make(spec)
+
+
+def make_pack(spec: Spec | str | dict[str, Any], **context: Any) -> Any:
+    """Build a registered pack; ``context`` (e.g. ``directory=`` for a run's directory)
+    fills arguments the spec leaves out."""
+    spec = Spec.of(spec, "pack")
+    factory = registries["pack"].get(spec.type_)
+    accepted = _accepted(factory)
+    extra = {k: v for k, v in context.items() if k not in spec.args and (
+        accepted is None or k in accepted)}
+    return registries["pack"].make(spec, **extra)
+
+
+def make_optimizer(spec: Spec | str | dict[str, Any], parameters: Iterable[Any]) -> Any:
+    return registries["optimizer"].make(spec, parameters)
+
+
+def make_loss(spec: Spec | str | dict[str, Any]) -> Any:
+    return registries["loss"].make(spec)
+
+
+def _accepted(factory: Callable[..., Any]) -> set[str] | None:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+_loaded = False
+
+
+def _load_builtins() -> None:
+    """Register torch's optimizers and losses and runmodel's own backends, interfaces
+    and packs, once, on first use (so importing runmodel stays cheap)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import torch
+    from torch import nn
+
+    for name, cls in (("sgd", torch.optim.SGD), ("adam", torch.optim.Adam),
+                      ("adamw", torch.optim.AdamW), ("rmsprop", torch.optim.RMSprop),
+                      ("adagrad", torch.optim.Adagrad)):
+        register_optimizer(name, cls)
+    for name, cls in (("cross_entropy", nn.CrossEntropyLoss), ("mse", nn.MSELoss),
+                      ("l1", nn.L1Loss), ("smooth_l1", nn.SmoothL1Loss), ("nll", nn.NLLLoss),
+                      ("bce", nn.BCELoss), ("bce_with_logits", nn.BCEWithLogitsLoss),
+                      ("huber", nn.HuberLoss)):
+        register_loss(name, cls)
+    from . import backends, interface, packs
+
+    interface.register_builtins(register_interface)
+    backends.register_builtins(register_backend)
+    packs.register_builtins(register_pack)

@@ -1,0 +1,303 @@
+"""Run directories: every config run lands in a folder derived from its config.
+
+    runs/digits-hidden128_adam-lr0.005_3f9a2c1b40/
+        config.json      the canonical config (its hash is in the folder's name)
+        status.json      running / finished / failed / interrupted, times, pid, error
+        metrics.json     the final result: metrics, steps, epochs, how it ended
+        run.log          one line per epoch and at the start and end
+        model.pt         the trained weights (the interface's save)
+        checkpoint/      checkpoints, if the config has a checkpoint pack
+        tensorboard/     event files, if the config has a tensorboard pack
+
+The same config always resolves to the same folder; running it again there resumes or
+restarts only when asked, and never overwrites a run silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import checkpoints_in
+from .config import RunConfig
+from .engine import Engine
+from .hooks import Hook
+from .loader import load_source
+from .pack import Pack
+from .registry import make_backend, make_interface, make_model, make_pack
+from .state import RunResult
+
+__all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
+           "run_dir_for", "runs_table"]
+
+
+class RunExists(FileExistsError):
+    """The config's run directory holds a run already; resume or restart it explicitly."""
+
+
+def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
+    return Path(root) / config.run_name()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def read_status(directory: Path) -> dict[str, Any]:
+    """The run's status; a run marked running whose process is gone was interrupted."""
+    status = _read_json(directory / "status.json")
+    if status.get("status") == "running" and status.get("host") == socket.gethostname():
+        try:
+            os.kill(int(status.get("pid", 0)), 0)
+        except (ProcessLookupError, ValueError):
+            status["status"] = "interrupted"
+        except PermissionError:
+            pass
+    return status
+
+
+class RunLog(Pack):
+    """Appends a line to ``run.log`` at the start, each epoch end and the end of a run."""
+
+    name = "run_log"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def hooks(self) -> Iterator[Hook]:
+        yield Hook(self.setup, "setup", name="run_log.start", pack=self)
+        yield Hook(self.epoch_end, "epoch_end", name="run_log.epoch", pack=self, priority=-50)
+        yield Hook(self.teardown, "teardown", name="run_log.end", pack=self)
+
+    def write(self, text: str) -> None:
+        with open(self.path, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+    def setup(self, engine: Any) -> None:
+        s = engine.state
+        self.write(f"start {s.mode} at epoch {s.epoch}, step {s.step}")
+
+    def epoch_end(self, engine: Any) -> None:
+        s = engine.state
+        loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
+            s.loss.numel() == 1) else ""
+        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
+        self.write(f"epoch {s.epoch} step {s.step}{loss}{metrics}")
+
+    def teardown(self, engine: Any) -> None:
+        error = engine.state.error
+        self.write(f"end at epoch {engine.state.epoch}, step {engine.state.step}"
+                   + (f": {type(error).__name__}: {error}" if error is not None else ""))
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def _import(config: RunConfig, base: Path) -> None:
+    for item in config.imports:
+        path = base / item if item.endswith(".py") and not os.path.isabs(item) else item
+        load_source(str(path))
+
+
+@dataclass
+class PreparedRun:
+    """A config checked and built, its directory claimed: ``run()`` starts it."""
+
+    config: RunConfig
+    directory: Path
+    model: Any
+    backend: Any
+    engine: Engine
+    checkpoint: Path | None
+    base: Path
+
+    def run(self) -> RunResult:
+        """Run it, recording status, metrics and the trained model in its directory."""
+        config, run_dir = self.config, self.directory
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(run_dir / "config.json", config.to_dict())
+        status = {"status": "running", "started": time.time(), "pid": os.getpid(),
+                  "host": socket.gethostname(), "digest": config.digest(),
+                  "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or "")}
+        _write_json(run_dir / "status.json", status)
+        try:
+            result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
+                                     epochs=config.epochs, backend=self.backend,
+                                     resume=self.checkpoint)
+            if config.mode == "train":
+                self._after_training(result)
+        except BaseException as error:
+            status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
+                          else "failed", ended=time.time(),
+                          error=f"{type(error).__name__}: {error}")
+            _write_json(run_dir / "status.json", status)
+            raise
+        _write_json(run_dir / "metrics.json", {
+            "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
+            "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
+        status.update(status="finished", ended=time.time())
+        _write_json(run_dir / "status.json", status)
+        return result
+
+
+    def _after_training(self, result: RunResult) -> None:
+        """Save the trained model and, if it has eval data, record its eval metrics."""
+        model, interface = self.model, getattr(self.model, "interface", None)
+        if interface is None:
+            return
+        with contextlib.suppress(NotImplementedError):
+            interface.save(model, self.directory)
+        eval_data = getattr(model, "eval_data", None)
+        if eval_data is not None:
+            with contextlib.suppress(NotImplementedError):
+                evaluated = interface.evaluate(model, eval_data)
+                result.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
+
+
+def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
+            directory: str | os.PathLike[str] | None = None, resume: bool = False,
+            restart: bool = False, base: str | os.PathLike[str] = ".",
+            engine: Engine | None = None) -> PreparedRun:
+    """Check and build everything ``config`` names, then claim its run directory
+    (``directory``, or derived under ``root``); nothing is written before that works.
+
+    If the directory holds a run already, ``resume=True`` continues it from its newest
+    checkpoint and ``restart=True`` moves it aside (``NAME.old-TIME``) and starts anew;
+    otherwise ``RunExists`` says so. ``base`` is where relative ``imports`` are found.
+    """
+    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
+    _seed(config.seed)
+    _import(config, Path(base))
+    model = make_model(config.model, device=config.device)
+    if config.interface is not None:
+        model.interface = make_interface(config.interface)
+    backend = make_backend(config.backend or "plain")
+    if config.optimizer is not None:
+        backend.optimizer = config.optimizer
+    engine = engine or Engine()
+    engine.attach(RunLog(run_dir / "run.log"))
+    for spec in config.packs:
+        engine.attach(make_pack(spec, directory=run_dir / spec.type_))
+    checkpoint = None
+    if (run_dir / "config.json").exists():
+        if restart:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.old-{stamp}"))
+        elif resume:
+            found = checkpoints_in(run_dir)
+            if not found:
+                raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (give the "
+                                        f"config a checkpoint pack); start it again with "
+                                        f"--restart")
+            checkpoint = found[0].parent
+        else:
+            status = read_status(run_dir).get("status", "unknown")
+            raise RunExists(f"{run_dir} holds a run of this config already (status: {status}); "
+                            f"continue it with `runmodel resume {run_dir}` (or --resume), or "
+                            f"start again with --restart (the old run is kept beside it)")
+    elif resume:
+        raise FileNotFoundError(f"no run to resume at {run_dir}")
+    return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
+
+
+def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options: Any
+            ) -> tuple[RunResult, Path]:
+    """``prepare(config, root, **options).run()``; returns the result and the directory."""
+    prepared = prepare(config, root, **options)
+    return prepared.run(), prepared.directory
+
+
+def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None) -> PreparedRun:
+    """Prepare the run in ``directory`` to continue from its newest checkpoint."""
+    directory = Path(directory)
+    data = _read_json(directory / "config.json")
+    if not data:
+        raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
+    base = read_status(directory).get("base", ".")
+    return prepare(RunConfig.from_dict(data, source=str(directory / "config.json")),
+                   directory=directory, resume=True, base=base, engine=engine)
+
+
+@dataclass
+class RunInfo:
+    """A run directory as ``runmodel runs`` shows it."""
+
+    path: Path
+    config: dict[str, Any]
+    status: str
+    metrics: dict[str, Any]
+    steps: int | None
+
+
+def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
+    """Every run directory under ``root`` (folders with a ``config.json``), by start time."""
+    found = []
+    for config_file in sorted(Path(root).glob("*/config.json")):
+        directory = config_file.parent
+        status = read_status(directory)
+        result = _read_json(directory / "metrics.json")
+        found.append(RunInfo(directory, _read_json(config_file), status.get("status", "unknown"),
+                             result.get("metrics", {}), result.get("steps")))
+    found.sort(key=lambda run: _read_json(run.path / "status.json").get("started", 0))
+    return found
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: json.dumps(data) if isinstance(data, list) else data}
+
+
+def runs_table(runs: list[RunInfo]) -> str:
+    """A table of runs: name, status, the config values that differ, final metrics."""
+    if not runs:
+        return "no runs"
+    flats = [_flatten(run.config) for run in runs]
+    keys = sorted({k for flat in flats for k in flat})
+    differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
+    metric_names = sorted({m for run in runs for m in run.metrics})
+    header = ["run", "status", *differing, "steps", *metric_names]
+    rows = [header]
+    for run, flat in zip(runs, flats, strict=True):
+        rows.append([run.path.name, run.status, *(str(flat.get(k, "-")) for k in differing),
+                     str(run.steps if run.steps is not None else "-"),
+                     *(_fmt(run.metrics.get(m)) for m in metric_names)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
