@@ -261,10 +261,13 @@ def test_top_level_help(cli: Results) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("usage: runmodel [-h] [--version] COMMAND ...\n")
-    for command, text in (("run", "run a model (train by default) and print its result"),
+    for command, text in (("run", "run a model, or a config file (.toml/.json), and print "
+                                  "its result"),
                           ("benchmark", "time a model's steps (warm-up dropped)"),
                           ("profile", "profile a model's steps with torch.profiler"),
-                          ("describe", "show a model and the resolved phase and hook table")):
+                          ("describe", "show a model and the resolved phase and hook table"),
+                          ("runs", "list config runs: what differs, metrics, status"),
+                          ("resume", "continue a config run from its checkpoint")):
         assert re.search(rf"^    {command}\s+{re.escape(text)}$", out, re.MULTILINE), command
     assert "SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName." in out
     assert result.stderr == ""
@@ -272,7 +275,7 @@ def test_top_level_help(cli: Results) -> None:
 
 HELP_OPTIONS = {
     "run": {"--mode {train,eval,infer,benchmark,profile}", "--epochs EPOCHS", "--steps STEPS",
-            "--json"},
+            "--json", "--runs-dir RUNS_DIR", "--resume", "--restart"},
     "benchmark": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json"},
     "profile": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json",
                 "--dir DIR"},
