@@ -194,7 +194,7 @@ def dispatch_table(steps: int, repeats: int) -> list[str]:
             for k in range(n):
                 engine.on("runstep", lambda engine: None, name=f"noop{k}")
             model = Noop(steps)
-            engine.run(model, mode="infer")
+            engine.run(model, mode="infer", collect=False)
             gaps = [b - a for a, b in zip(model.stamps, model.stamps[1:], strict=False)]
             per_step[n].append(statistics.median(gaps))
     empty = _empty_phase_ns()
@@ -213,7 +213,7 @@ def dispatch_table(steps: int, repeats: int) -> list[str]:
 
 def _empty_phase_ns() -> float:
     engine = runmodel.Engine()
-    engine.run(Noop(1), mode="infer")  # builds the dispatch tables
+    engine.run(Noop(1), mode="infer", collect=False)  # builds the dispatch tables
     tables = engine._tables
     loop = "for hook in tables.runstep:\n    hook(engine)"
     baseline = "pass"
