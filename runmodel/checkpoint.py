@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .model import unwrap
+
 if TYPE_CHECKING:
     from .engine import Engine
 
@@ -27,8 +29,7 @@ PATTERN = "ckpt-*.pt"
 
 
 def _module(model: Any) -> torch.nn.Module | None:
-    module = getattr(model, "module", None)
-    return getattr(module, "_orig_mod", module)  # torch.compile wraps it
+    return unwrap(getattr(model, "module", None))
 
 
 def _rng_state() -> dict[str, Any]:

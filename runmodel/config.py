@@ -79,7 +79,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"{source}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0])}; "
                               f"valid keys: {', '.join(_FIELDS)}")
-        if "model" not in data:
+        if data.get("model") is None:
             raise ConfigError(f"{source}: 'model' is required (a registered model's name, or "
                               f"{{type = NAME, args = {{...}}}})")
         values: dict[str, Any] = {}
@@ -105,7 +105,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The canonical form: every field, specs as ``{"type", "args"}``."""
         def spec(s: Spec | None) -> dict[str, Any] | None:
-            return None if s is None else {"type": s.type_, "args": s.args}
+            return None if s is None else {"type": s.type_, "args": copy.deepcopy(s.args)}
         return {"model": spec(self.model), "optimizer": spec(self.optimizer),
                 "interface": spec(self.interface), "backend": spec(self.backend),
                 "packs": [spec(p) for p in self.packs], "epochs": self.epochs,
@@ -164,7 +164,7 @@ def sanitize(text: str) -> str:
 
 
 def _words(spec: Spec) -> str:
-    args = [f"{k}{v}" for k, v in list(spec.args.items())[:2]
+    args = [f"{k}{v}" for k, v in sorted(spec.args.items())[:2]  # sorted: order-free names
             if isinstance(v, (int, float, str, bool))]
     return "-".join(sanitize(p) for p in (spec.type_, *args))
 
@@ -175,9 +175,12 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw data of a TOML or JSON config file; malformed files name file and line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read config {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte "
+                          f"{error.start})") from None
     if path.suffix == ".toml":
         try:
             return tomllib.loads(text)
@@ -224,29 +227,40 @@ def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
         raise ConfigError(f"--set {item!r}: a spec has 'type' and 'args', not {key!r}"
                           f"{_did_you_mean(key, ('type', 'args'))}")
     node: Any = data
-    for depth, key in enumerate(keys[:-1]):
+    for depth, key in enumerate(keys):
+        last = depth == len(keys) - 1
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
                 raise ConfigError(f"--set {item!r}: {key!r} is not an index of the "
                                   f"{len(node)} entries there")
-            node = node[int(key)]
-            continue
-        if isinstance(node.get(key), str) and keys[0] in _SPEC_FIELDS and depth == 0:
-            node[key] = {"type": node[key], "args": {}}  # a bare name grows into a spec
-        node = node.setdefault(key, {})
-        if not isinstance(node, (dict, list)):
-            raise ConfigError(f"--set {item!r}: {key!r} holds {node!r}, not a table")
-    last = keys[-1]
-    if isinstance(node, dict) and node.get(last) is not None and value is not None:
-        old = node[last]
-        same = isinstance(value, type(old)) and isinstance(value, bool) == isinstance(old, bool)
-        if not same and not (isinstance(old, float) and isinstance(value, int)
-                             and not isinstance(value, bool)):
+            index: Any = int(key)
+        elif isinstance(node, dict):
+            index = key
+        else:
+            raise ConfigError(f"--set {item!r}: {keys[depth - 1]!r} holds {node!r}, "
+                              f"not a table")
+        if last:
+            break
+        if depth + 1 == spec_depth and isinstance(_get(node, index), str):
+            node[index] = {"type": node[index], "args": {}}  # a bare name grows into a spec
+        if isinstance(node, dict) and not isinstance(node.get(index), (dict, list)):
+            if node.get(index) is not None:
+                raise ConfigError(f"--set {item!r}: {key!r} holds {node[index]!r}, not a table")
+            node[index] = {}
+        node = node[index]
+    old = _get(node, index)
+    if old is not None and value is not None:
+        if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # 1 over 0.5 is 1.0: the same config, the same hash
+        elif not (isinstance(value, type(old)) and isinstance(value, bool) == isinstance(
+                old, bool)):
             raise ConfigError(f"--set {item!r}: {'.'.join(keys)} is {type(old).__name__} "
                               f"({old!r}); {value!r} is {type(value).__name__}")
-    if isinstance(node, list):
-        raise ConfigError(f"--set {item!r}: give an index into {keys[-2]!r}")
-    node[last] = value
+    node[index] = value
+
+
+def _get(node: Any, index: Any) -> Any:
+    return node[index] if isinstance(node, list) else node.get(index)
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:

@@ -419,6 +419,7 @@ class Engine:
         self._fire("epoch_start")
 
     def _end_epoch(self, completed: bool) -> None:
+        self.state.epoch_complete = completed
         self._fire("epoch_end")
         if completed:
             self.state.epoch += 1

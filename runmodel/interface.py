@@ -67,7 +67,9 @@ class Supervised(Interface):
     def save(self, model: Any, directory: str | Path) -> Path:
         path = Path(directory) / "model.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.module.state_dict(), path)
+        from .model import unwrap
+
+        torch.save(unwrap(model.module).state_dict(), path)
         return path
 
 

@@ -17,7 +17,13 @@ if TYPE_CHECKING:
 
     from .state import RunStep
 
-__all__ = ["Model", "TorchModel", "resolve_options", "torch_device"]
+__all__ = ["Model", "TorchModel", "resolve_options", "torch_device", "unwrap"]
+
+
+def unwrap(module: nn.Module | None) -> nn.Module | None:
+    """The module itself when ``torch.compile`` wrapped it (its state dict's keys are the
+    original module's)."""
+    return getattr(module, "_orig_mod", module)
 
 
 def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,

@@ -53,7 +53,8 @@ class Spec:
             if extra:
                 raise ValueError(f"{what}: unknown key(s) {sorted(extra)}; a spec has 'type' "
                                  f"and 'args'")
-            args = value.get("args") or {}
+            args = value.get("args", {})
+            args = {} if args is None else args
             if not isinstance(args, dict):
                 raise TypeError(f"{what}: 'args' must be a table/dict, got {args!r}")
             return cls(value["type"], dict(args))
@@ -62,13 +63,17 @@ class Spec:
 
 
 def _place(obj: object) -> str:
+    """Where ``obj`` was defined: its name and file:line (or, without a source file, its
+    name and identity, so that two such objects are never the same place)."""
     target = inspect.unwrap(obj) if callable(obj) else obj
+    name = getattr(target, "__qualname__", type(target).__name__)
+    code = getattr(target, "__code__", None)
+    if code is not None and not code.co_filename.startswith("<"):
+        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
     try:
-        file = inspect.getsourcefile(target)  # type: ignore[arg-type]
-        line = inspect.getsourcelines(target)[1]  # type: ignore[arg-type]
+        return f"{name} ({inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]})"
     except (TypeError, OSError):
-        return getattr(target, "__qualname__", repr(target))
-    return f"{getattr(target, '__qualname__', target)} ({file}:{line})"
+        return f"{name} (defined without a source file, id {id(target):#x})"
 
 
 class Registry:
@@ -115,12 +120,15 @@ class Registry:
                            f"{', '.join(sorted(self._factories)) or 'none'}")
         return self._factories[name]
 
-    def make(self, spec: Spec | str | dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """Call the factory ``spec`` names with ``*args``, ``**kwargs`` and its args."""
+    def make(self, spec: Spec | str | dict[str, Any], *args: Any, args_as: str | None = None,
+             **kwargs: Any) -> Any:
+        """Call the factory ``spec`` names with ``*args``, ``**kwargs`` and the spec's args
+        (as keywords, or as the one keyword ``args_as``)."""
         spec = Spec.of(spec, self.kind)
         factory = self.get(spec.type_)
+        given = {args_as: spec.args} if args_as is not None else spec.args
         try:
-            made = factory(*args, **kwargs, **spec.args)
+            made = factory(*args, **kwargs, **given)
         except TypeError as error:
             raise TypeError(f"{self.kind} {spec.type_!r} ({_place(factory)}) could not be made "
                             f"with args {spec.args}: {error}") from error
@@ -186,7 +194,7 @@ def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
     spec = Spec.of(spec, "model")
     factory = registries["model"].get(spec.type_)
     if inspect.isclass(factory) and issubclass(factory, Model):
-        return registries["model"].make(Spec(spec.type_), device=device, init_options=spec.args)
+        return registries["model"].make(spec, device=device, args_as="init_options")
     return registries["model"].make(spec, name=name or spec.type_, device=device)
 
 

@@ -201,15 +201,16 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     backend = make_backend(config.backend or "plain")
     if config.optimizer is not None:
         backend.optimizer = config.optimizer
-    engine = engine or Engine()
-    engine.attach(RunLog(run_dir / "run.log"))
-    for spec in config.packs:
-        engine.attach(make_pack(spec, directory=run_dir / spec.type_))
+    packs = [RunLog(run_dir / "run.log")]
+    packs += [make_pack(spec, directory=run_dir / spec.type_) for spec in config.packs]
     checkpoint = None
     if (run_dir / "config.json").exists():
+        status = read_status(run_dir)
+        if status.get("status") == "running" and (resume or restart):
+            raise RunExists(f"{run_dir} is running now (pid {status.get('pid')} on "
+                            f"{status.get('host')}); wait for it, or stop it first")
         if restart:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            run_dir.rename(run_dir.with_name(f"{run_dir.name}.old-{stamp}"))
+            _move_aside(run_dir)
         elif resume:
             found = checkpoints_in(run_dir)
             if not found:
@@ -218,13 +219,25 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                                         f"--restart")
             checkpoint = found[0].parent
         else:
-            status = read_status(run_dir).get("status", "unknown")
-            raise RunExists(f"{run_dir} holds a run of this config already (status: {status}); "
+            raise RunExists(f"{run_dir} holds a run of this config already (status: "
+                            f"{status.get('status', 'unknown')}); "
                             f"continue it with `runmodel resume {run_dir}` (or --resume), or "
                             f"start again with --restart (the old run is kept beside it)")
     elif resume:
         raise FileNotFoundError(f"no run to resume at {run_dir}")
+    engine = engine or Engine()
+    engine.attach(*packs)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
+
+
+def _move_aside(run_dir: Path) -> Path:
+    """Rename a run directory to ``NAME.old-TIME`` (``-2``, ``-3``... if taken)."""
+    base = f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+    target, n = run_dir.with_name(base), 2
+    while target.exists():
+        target, n = run_dir.with_name(f"{base}-{n}"), n + 1
+    run_dir.rename(target)
+    return target
 
 
 def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options: Any

@@ -22,14 +22,17 @@ class State:
     counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
     """
 
-    __slots__ = ("batch", "epoch", "epoch_step", "error", "loss", "max_epochs", "max_steps",
-                 "metrics", "mode", "output", "rank", "skipped", "step")
+    __slots__ = ("batch", "epoch", "epoch_complete", "epoch_step", "error", "loss", "max_epochs",
+                 "max_steps", "metrics", "mode", "output", "rank", "skipped", "step")
 
     def __init__(self) -> None:
         self.mode = "train"
         self.epoch = self.step = self.epoch_step = self.skipped = self.rank = 0
         self.max_steps: int | None = None
         self.max_epochs: int | None = None
+        # in epoch_end: whether the epoch's loop finished (False when the budget or stop()
+        # cut it short)
+        self.epoch_complete = False
         self.batch: Any = None
         self.output: Any = None
         self.loss: Any = None

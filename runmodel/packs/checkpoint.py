@@ -21,6 +21,7 @@ class Checkpoint(Pack):
     ``keep`` (older ones are deleted only once the new one is on disk).
 
     Checkpoints at epoch ends resume exactly where the run left off; one taken mid-epoch
+    (by ``"Nst"``, or at the end of an epoch that the step budget or ``stop()`` cut short)
     restores weights, optimizer and counters, and the model's loop starts that epoch's
     data again.
     """
@@ -43,18 +44,27 @@ class Checkpoint(Pack):
 
     def save(self, engine: Any) -> Path:
         s = engine.state
-        in_epoch_end = self.every.unit == "ep"
-        # where a resumed run starts: after this epoch, or after this step
-        counters = ({"epoch": s.epoch + 1, "epoch_step": 0} if in_epoch_end
-                    else {"step": s.step + 1, "epoch_step": s.epoch_step + 1})
+        if self.every.unit != "ep":  # after this step
+            counters = {"step": s.step + 1, "epoch_step": s.epoch_step + 1}
+        elif s.epoch_complete:  # after this epoch
+            counters = {"epoch": s.epoch + 1, "epoch_step": 0}
+        else:  # an epoch cut short by the budget or stop(): where it stopped
+            counters = {}
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
-        path = save_checkpoint(engine, self.directory / f"ckpt-{epoch:05d}-{step:010d}.pt",
-                               counters)
-        if path.name in self.saved:
-            self.saved.remove(path.name)
-        self.saved.append(path.name)
-        while self.keep is not None and len(self.saved) > self.keep:
-            (self.directory / self.saved.pop(0)).unlink(missing_ok=True)
+        name = f"ckpt-{epoch:05d}-{step:010d}.pt"
+        previous = self.saved
+        # the list saved inside the checkpoint already holds the checkpoint itself, so a
+        # run resumed from it prunes it in its turn
+        kept = [n for n in previous if n != name] + [name]
+        self.saved = kept[-self.keep:] if self.keep is not None else kept
+        try:
+            path = save_checkpoint(engine, self.directory / name, counters)
+        except BaseException:
+            self.saved = previous
+            raise
+        for old in previous:  # only once the new one is on disk
+            if old not in self.saved:
+                (self.directory / old).unlink(missing_ok=True)
         return path
 
     def state_dict(self) -> dict[str, Any]:

@@ -16,8 +16,9 @@ __all__ = ["TensorBoard"]
 
 
 class TensorBoard(Pack):
-    """Log to TensorBoard event files in ``directory``: at each epoch end the loss, every
-    metric in ``state.metrics`` and each optimizer group's learning rate, against the
+    """Log to TensorBoard event files in ``directory``: at each epoch end the loss (the
+    ``loss`` metric if there is one, else the last step's), every metric in
+    ``state.metrics`` and each optimizer group's learning rate, against the
     global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
     each time, never per step)."""
 
@@ -54,7 +55,7 @@ class TensorBoard(Pack):
     def log_epoch(self, engine: Any) -> None:
         s = engine.state
         step, mode = s.step, s.mode
-        if isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1:
+        if "loss" not in s.metrics and isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1:
             self.writer.add_scalar(f"{mode}/loss", s.loss.detach().item(), step)
         for name, value in s.metrics.items():
             if isinstance(value, (int, float)):

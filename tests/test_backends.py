@@ -1,0 +1,364 @@
+"""Backends: plain, a configured optimizer, the fine-tune spec, custom backends, amp on
+the CPU (bfloat16 autocast) and compile (the eager backend), by object and by name."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import runmodel
+from runmodel.backends import AMP, Backend, Compile, FineTuneSpec, Plain
+from runmodel.packs import Checkpoint
+from runmodel.registry import Spec
+
+
+def make_data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.25
+    return [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+
+
+class Tiny(runmodel.TorchModel):
+    """A linear regression; its own optimizer is Adam(lr=0.05)."""
+
+    def __init__(self, data: Any = None) -> None:
+        super().__init__("cpu")
+        torch.manual_seed(0)
+        self.module = nn.Linear(4, 1)
+        self.data = data
+        self.calls: list[str] = []
+
+    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+        self.calls.append("model.setup")
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=0.05)
+        self.loss_fn = nn.MSELoss()
+        self.train_data = make_data() if self.data is None else self.data
+
+
+def params(model: Tiny) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.module.parameters()]
+
+
+def assert_equal_params(a: Tiny, b: Tiny) -> None:
+    for p, q in zip(params(a), params(b), strict=True):
+        assert torch.equal(p, q)
+
+
+def sgd_loop(epochs: int, lr: float) -> nn.Linear:
+    torch.manual_seed(0)
+    module = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    for _ in range(epochs):
+        for x, y in make_data():
+            nn.MSELoss()(module(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return module
+
+
+# -- plain and a configured optimizer -------------------------------------------------------
+
+@pytest.mark.parametrize("backend", [None, "plain", Plain(), Spec("plain")],
+                         ids=["default", "name", "object", "spec"])
+def test_plain_changes_nothing(backend: Any) -> None:
+    reference = Tiny()
+    runmodel.Engine().run(reference, epochs=2)
+    model, optimizers = Tiny(), []
+    engine = runmodel.Engine()
+    engine.on("setup", lambda e: optimizers.append(e.model.optimizer))
+    engine.on("runstep", lambda e: optimizers.append(e.model.optimizer))
+    engine.run(model, epochs=2, backend=backend)
+    assert type(model.module) is nn.Linear
+    assert all(o is model.optimizer for o in optimizers) and len(optimizers) == 9
+    assert isinstance(model.optimizer, torch.optim.Adam)
+    assert_equal_params(model, reference)
+
+
+def check_sgd_replaces_adam(backend: Backend) -> None:
+    model, seen = Tiny(), []
+    engine = runmodel.Engine()
+    engine.on("setup", lambda e: seen.append(("setup", type(e.model.optimizer).__name__,
+                                                e.model.optimizer.param_groups[0]["lr"])))
+    engine.on("step_start", lambda e: seen.append(("step", id(e.model.optimizer))))
+    engine.run(model, epochs=2, backend=backend)
+    assert isinstance(model.optimizer, torch.optim.SGD)
+    assert model.optimizer.param_groups[0]["lr"] == 0.1
+    assert seen[0] == ("setup", "SGD", 0.1)
+    assert seen[1:] == [("step", id(model.optimizer))] * 8
+    # the replacement steps the module's own parameters: a plain SGD loop, exactly
+    reference = sgd_loop(2, lr=0.1)
+    for p, q in zip(model.module.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("spec", [Spec("sgd", {"lr": 0.1}), {"type": "sgd", "args": {"lr": 0.1}}],
+                         ids=["Spec", "dict"])
+def test_an_optimizer_spec_replaces_the_models_optimizer(spec: Any) -> None:
+    check_sgd_replaces_adam(Plain(optimizer=spec))
+
+
+def test_an_optimizer_set_on_the_backend_replaces_the_models_optimizer() -> None:
+    backend = runmodel.make_backend("plain")
+    backend.optimizer = Spec("sgd", {"lr": 0.1})
+    check_sgd_replaces_adam(backend)
+
+
+def test_an_optimizer_spec_needs_a_module() -> None:
+    class NoModule(runmodel.Model):
+        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
+                **kwargs: Any) -> None:
+            runstep(0)
+
+    with pytest.raises(ValueError, match=r"optimizer spec \('sgd'\) needs NoModule\.module"):
+        runmodel.Engine().run(NoModule(), backend=Plain(optimizer="sgd"))
+
+
+def test_an_unknown_optimizer_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match=r"no optimizer registered as 'sdg'\. Did you mean "
+                                       r"'sgd'\?"):
+        runmodel.Engine().run(Tiny(), epochs=1, backend=Plain(optimizer="sdg"))
+
+
+# -- the fine-tune spec ----------------------------------------------------------------------
+
+def generator() -> Iterator[int]:
+    yield from range(3)
+
+
+@pytest.mark.parametrize(("data", "steps", "epochs", "expected"), [
+    ([1, 2, 3, 4], None, 3, FineTuneSpec(3, 12, 4, None)),
+    ([1, 2, 3, 4], 5, 3, FineTuneSpec(3, 5, 4, None)),
+    ([1, 2, 3, 4], 7, None, FineTuneSpec(None, 7, 4, None)),
+    ([1, 2, 3, 4], None, None, FineTuneSpec(None, None, 4, None)),
+    (DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3), None, 2,
+     FineTuneSpec(2, 8, 4, 3)),
+    (DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3, drop_last=True), None, 2,
+     FineTuneSpec(2, 6, 3, 3)),
+    (generator(), None, 2, FineTuneSpec(2, None, None, None)),
+    (generator(), 6, 2, FineTuneSpec(2, 6, None, None)),
+    (None, None, 1, FineTuneSpec(1, None, None, None)),
+], ids=["list-epochs", "list-steps-win", "list-steps", "list-nothing", "loader",
+        "loader-drop-last", "generator", "generator-steps", "none"])
+def test_fine_tune_spec_of(data: Any, steps: int | None, epochs: int | None,
+                           expected: FineTuneSpec) -> None:
+    assert FineTuneSpec.of(data, steps, epochs) == expected
+
+
+class Recording(Backend):
+    """Records the spec it is given and when, and brings a pack of its own."""
+
+    def __init__(self, log: list[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.log = log
+        self.specs: list[FineTuneSpec] = []
+        self.had_optimizer: list[bool] = []
+
+    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+        self.log.append("backend.initialize")
+        self.specs.append(spec)
+        self.had_optimizer.append(getattr(model, "optimizer", None) is not None)
+        super().initialize(model, spec)
+
+    def pack(self) -> runmodel.Pack:
+        log = self.log
+
+        class Counter(runmodel.Pack):
+            name = "recording"
+
+            def epoch_end(self, engine: runmodel.Engine) -> None:
+                log.append("backend pack epoch_end")
+
+        return Counter()
+
+
+def loader_model() -> Tiny:
+    x, y = torch.cat([b[0] for b in make_data()]), torch.cat([b[1] for b in make_data()])
+    return Tiny(DataLoader(TensorDataset(x, y), batch_size=16))
+
+
+@pytest.mark.parametrize(("steps", "epochs", "expected"), [
+    (None, 3, FineTuneSpec(3, 6, 2, 16)),
+    (3, None, FineTuneSpec(None, 3, 2, 16)),
+    (5, 2, FineTuneSpec(2, 5, 2, 16)),
+])
+def test_a_custom_backend_gets_the_spec_after_model_setup(
+        steps: int | None, epochs: int | None, expected: FineTuneSpec) -> None:
+    model = loader_model()
+    log = model.calls
+    backend = Recording(log)
+    engine = runmodel.Engine()
+    engine.on("setup", lambda e: log.append("setup hook"))
+    engine.on("step_start", lambda e: log.append("step"), once=1)
+    ends: list[int] = []
+    engine.on("epoch_end", lambda e: ends.append(e.state.epoch))
+    engine.run(model, steps=steps, epochs=epochs, backend=backend)
+    assert backend.specs == [expected]
+    assert backend.had_optimizer == [True]
+    assert log[:4] == ["model.setup", "backend.initialize", "setup hook", "step"]
+    assert log.count("backend pack epoch_end") == len(ends) > 0
+    assert "recording" not in engine.describe()  # its pack is gone after the run
+
+
+def test_a_backend_in_eval_mode_gets_the_eval_datas_spec() -> None:
+    class Eval(Tiny):
+        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+            super().setup(setup_options)
+            self.eval_data = DataLoader(TensorDataset(torch.zeros(20, 4), torch.zeros(20, 1)),
+                                        batch_size=8)
+
+    backend = Recording([])
+    runmodel.Engine().run(Eval(), mode="eval", backend=backend)
+    assert backend.specs == [FineTuneSpec(None, None, 3, 8)]
+
+
+def test_backend_by_name_and_unknown_names() -> None:
+    model = Tiny()
+    result = runmodel.Engine().run(model, epochs=1, backend="plain")
+    assert result.steps == 4
+    with pytest.raises(KeyError, match=r"no backend registered as 'plian'\. Did you mean "
+                                       r"'plain'\?"):
+        runmodel.Engine().run(Tiny(), epochs=1, backend="plian")
+    with pytest.raises(KeyError, match=r"Registered: amp, compile, plain"):
+        runmodel.Engine().run(Tiny(), epochs=1, backend="tpu")
+
+
+def test_a_registered_custom_backend_by_name() -> None:
+    name = f"recording-{uuid.uuid4().hex[:8]}"
+    made: list[Recording] = []
+
+    def factory(**options: Any) -> Recording:
+        made.append(Recording([], **options))
+        return made[-1]
+
+    runmodel.register_backend(name, factory)
+    runmodel.Engine().run(Tiny(), epochs=2, backend=name)
+    [backend] = made
+    assert backend.specs == [FineTuneSpec(2, 8, 4, None)]
+
+
+# -- amp -------------------------------------------------------------------------------------
+
+def test_amp_autocasts_forward_to_bfloat16_on_the_cpu() -> None:
+    model, seen, losses, tables = Tiny(), [], [], []
+    engine = runmodel.Engine()
+    engine.on("forward", lambda e: seen.append((e.state.output.dtype, e.state.loss.dtype)))
+    engine.on("epoch_end", lambda e: losses.append(e.state.loss.item()))
+    engine.on("setup", lambda e: tables.append(e.describe()))
+    engine.run(model, epochs=10, backend=AMP())
+    assert seen == [(torch.bfloat16, torch.float32)] * 40
+    assert all(p.dtype == torch.float32 for p in model.module.parameters())
+    assert losses[-1] < losses[0] / 4 and losses == sorted(losses, reverse=True)
+    # the backend's pack is attached for the run only
+    [table] = tables
+    assert "override amp.autocast_forward" in table
+    assert "autocast" not in engine.describe()
+
+
+def test_amp_by_name_and_a_plain_run_differ() -> None:
+    amp, plain, outputs = Tiny(), Tiny(), []
+    engine = runmodel.Engine()
+    engine.on("forward", lambda e: outputs.append(e.state.output.dtype), once=1)
+    engine.run(amp, epochs=1, backend="amp")
+    runmodel.Engine().run(plain, epochs=1)
+    assert outputs == [torch.bfloat16]
+    assert not torch.equal(amp.module.weight, plain.module.weight)
+    assert torch.allclose(amp.module.weight, plain.module.weight, atol=0.05)
+
+
+def test_amp_float16_on_the_cpu_autocasts_without_a_scaler() -> None:
+    seen: list[torch.dtype] = []
+    engine = runmodel.Engine()
+    engine.on("forward", lambda e: seen.append(e.state.output.dtype), once=1)
+    engine.on("setup", lambda e: seen.append("scaled_backward" in e.describe()))
+    engine.run(Tiny(), epochs=1, backend=AMP(dtype="float16"))
+    assert seen == [False, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32", "bf16"])
+def test_amp_rejects_other_dtypes(dtype: str) -> None:
+    with pytest.raises(ValueError, match=rf"AMP dtype must be 'bfloat16' or 'float16', got "
+                                         rf"'{dtype}'"):
+        AMP(dtype=dtype)
+
+
+def test_amp_pack_is_detached_after_a_failed_run() -> None:
+    engine = runmodel.Engine()
+
+    def boom(engine: runmodel.Engine) -> None:
+        raise RuntimeError("boom")
+
+    handle = engine.on("runstep", boom, once=2)
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.run(Tiny(), epochs=1, backend="amp")
+    assert "autocast" not in engine.describe()
+    handle.detach()
+    engine.run(Tiny(), epochs=1, backend="amp")  # attaches again without a name clash
+
+
+# -- compile ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One compiled (eager) training run with a Checkpoint pack: 2 epochs."""
+    directory = tmp_path_factory.mktemp("compiled")
+    model, types = Tiny(), []
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(directory / "checkpoint"))
+    engine.on("setup", lambda e: types.append(type(e.model.module)))
+    result = engine.run(model, epochs=2, backend=Compile(backend="eager"))
+    return {"model": model, "types": types, "result": result, "directory": directory}
+
+
+def test_compile_wraps_the_module_and_trains_like_plain(compiled: dict[str, Any]) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    assert compiled["types"] == [OptimizedModule]
+    model = compiled["model"]
+    assert isinstance(model.module, OptimizedModule)
+    assert type(model.module._orig_mod) is nn.Linear
+    assert compiled["result"].steps == 8
+    plain = Tiny()
+    runmodel.Engine().run(plain, epochs=2)
+    for p, q in zip(model.module._orig_mod.parameters(), plain.module.parameters(),
+                    strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
+        compiled: dict[str, Any]) -> None:
+    checkpoint = compiled["directory"] / "checkpoint" / "ckpt-00002-0000000008.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert sorted(state["model"]) == ["bias", "weight"]
+    plain, straight = Tiny(), Tiny()
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(compiled["directory"] / "plain"))
+    result = engine.run(plain, epochs=4, resume=checkpoint)
+    runmodel.Engine().run(straight, epochs=4)
+    assert type(plain.module) is nn.Linear and result.steps == 16
+    assert_equal_params(plain, straight)
+
+
+def test_a_compiled_models_saved_weights_load_into_a_plain_module(
+        compiled: dict[str, Any], tmp_path: Path) -> None:
+    path = runmodel.Supervised().save(compiled["model"], tmp_path)
+    state = torch.load(path, weights_only=True)
+    assert sorted(state) == ["bias", "weight"]
+    nn.Linear(4, 1).load_state_dict(state)
+
+
+def test_compile_needs_a_module() -> None:
+    class NoModule(runmodel.Model):
+        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
+                **kwargs: Any) -> None:
+            runstep(0)
+
+    with pytest.raises(ValueError, match=r"the compile backend needs NoModule\.module"):
+        runmodel.Engine().run(NoModule(), backend=Compile(backend="eager"))
