@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import Backend, FineTuneSpec
 from .checkpoint import load_checkpoint
-from .hooks import Hook, HookHandle, HookOrderError, _code, _describe_fn, resolve_order
+from .describe import describe_table, short_path
+from .hooks import Hook, HookHandle, HookOrderError, resolve_order
 from .model import _declared
 from .modes import DEFAULT_WARMUP, FUSED, ModeRun, build_mode, check_timed, timed_steps
-from .pack import Pack
+from .pack import Pack, flatten_packs
 from .phases import MODES, PHASES
 from .registry import make_backend
 from .state import RunResult, RunStep, State, StopRun
+from .validate import code_of, describe_fn
 
 if TYPE_CHECKING:
     from .model import Model
@@ -103,10 +105,7 @@ class Engine:
 
     def attach(self, *packs: Pack) -> HookHandle:
         """Attach packs (and the packs they hold) as one unit; the handle detaches it."""
-        flat: list[tuple[str, Pack]] = []
-        taken = set(self._packs)
-        for pack in packs:
-            self._flatten(pack, None, flat, taken)
+        flat = flatten_packs(packs, taken=set(self._packs))
         seen = {id(p) for p in self._packs.values()}
         for key, pack in flat:
             if id(pack) in seen:
@@ -117,22 +116,6 @@ class Engine:
         handle = self._add(hooks, packs=tuple(p for _, p in flat))
         self._packs.update(flat)
         return handle
-
-    def _flatten(self, pack: Pack, parent: str | None, out: list[tuple[str, Pack]],
-                 taken: set[str]) -> None:
-        if not isinstance(pack, Pack):
-            raise TypeError(f"attach() takes Pack instances, got {type(pack).__name__} {pack!r}; "
-                            f"for a function use engine.on(phase, fn)")
-        name = pack.name or type(pack).__name__
-        key = base = name if parent is None else f"{parent}/{name}"
-        for n in itertools.count(2):
-            if key not in taken:
-                break
-            key = f"{base}#{n}"
-        taken.add(key)
-        out.append((key, pack))
-        for child in pack.children():
-            self._flatten(child, key, out, taken)
 
     def _register(self, phase: str, fn: Callable[..., Any] | None, *, override: bool,
                   options: dict[str, Any]) -> Any:
@@ -183,23 +166,8 @@ class Engine:
 
     def describe(self) -> str:
         """The resolved table: phase, position, hook, priority, filter, pack, source."""
-        rows = [("phase", "#", "hook", "priority", "filter", "pack", "source")]
-        packs = {id(p): k for k, p in self._packs.items()}
-        for phase, spec in PHASES.items():
-            overrides, hooks = self._overrides.get(phase, ()), self._hooks[phase]
-            for n, h in enumerate(overrides, 1):
-                rows.append(_row(phase, f"o{n}", f"override {h.name}", h, packs))
-            if spec.has_action:
-                rows.append((phase, "-", "action" + (" (wrapped)" if overrides else ""), "", "",
-                             "", "built-in"))
-            elif not hooks:
-                rows.append((phase, "-", "(no hooks)", "", "", "", ""))
-            rows.extend(_row(phase, str(n), h.name, h, packs) for n, h in enumerate(hooks, 1))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                 for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return describe_table(self._hooks, self._overrides,
+                              {id(p): k for k, p in self._packs.items()})
 
     def state_dict(self) -> dict[str, Any]:
         """The run's counters and every attached pack's state, keyed by pack path."""
@@ -303,7 +271,7 @@ class Engine:
         self.model, self._mode, self._ended = model, ModeRun(mode, {}), "completed"
         self._prepare_hooks()
         self._where = {c: f"model.{m}" for m in ("setup", "run", "teardown")
-                       if (c := _code(getattr(model, m, None)))}
+                       if (c := code_of(getattr(model, m, None)))}
         self._build_tables()
         self._running = True
         started = time.perf_counter()
@@ -442,10 +410,10 @@ class Engine:
         inner_bare = not any(self._hooks[p] or self._overrides[p] for p in _INNER_PHASES)
         for phase, overrides in self._overrides.items():
             chain = actions.get(phase) or _no_action(phase, self.state.mode)
-            if code := _code(chain):
+            if code := code_of(chain):
                 where[code] = f"phase {phase!r} (built-in action)"
             if phase == "runstep" and FUSED in actions:
-                if code := _code(actions[FUSED]):
+                if code := code_of(actions[FUSED]):
                     where[code] = ("phase 'runstep' (built-in action, running forward, backward "
                                    "and optimizer_step in one call while they have no hooks)")
                 if inner_bare:
@@ -481,7 +449,7 @@ class Engine:
             try:
                 hook(self)
             except Exception as failure:
-                note = f"runmodel: {phase} hook {_describe_fn(hook)} also raised {failure!r}"
+                note = f"runmodel: {phase} hook {describe_fn(hook)} also raised {failure!r}"
                 if error is not None:
                     error.add_note(note)
                 elif first is None:
@@ -505,16 +473,10 @@ class Engine:
             raise failure
 
 
-def _row(phase: str, position: str, label: str, hook: Hook,
-         packs: dict[int, str]) -> tuple[str, ...]:
-    return (phase, position, label, f"{hook.priority:g}", hook.filter_text(),
-            packs.get(id(hook.pack), "-"), _short_path(hook.source))
-
-
 def _index(where: dict[types.CodeType, str], hook: Hook, kind: str) -> None:
-    text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({_short_path(hook.source)})"
+    text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({short_path(hook.source)})"
     for fn in (hook.fn, hook.when):
-        if code := _code(fn):
+        if code := code_of(fn):
             where.setdefault(code, text if fn is hook.fn else f"{text}, its when= filter")
 
 
@@ -535,11 +497,3 @@ def _no_action(phase: str, mode: str) -> Callable[[Engine], Any]:
 def _check_count(value: int | None, name: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name}= must be a whole number >= 0 or None, got {value!r}")
-
-
-def _short_path(source: str) -> str:
-    try:
-        rel = os.path.relpath(source)
-    except ValueError:
-        return source
-    return source if rel.startswith("..") else rel

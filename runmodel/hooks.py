@@ -7,16 +7,23 @@ prepared when hooks change or a run starts, so dispatch is a loop over a tuple.
 
 from __future__ import annotations
 
-import difflib
 import heapq
-import inspect
 import math
 from collections.abc import Callable, Iterable
-from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from .filters import make_counter, parse_duration
-from .phases import MODES, PHASES
+from .phases import PHASES
+from .validate import (
+    ARGS,
+    check_phase,
+    check_signature,
+    describe_fn,
+    modes_of,
+    names_of,
+    ranks_of,
+    source_of,
+)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -26,95 +33,6 @@ __all__ = ["Hook", "HookHandle", "HookOrderError", "resolve_order"]
 
 class HookOrderError(ValueError):
     """The before/after constraints of a phase form a cycle."""
-
-
-# -- one registration ------------------------------------------------------------------
-
-def _check_phase(phase: object, *, override: bool) -> str:
-    if not isinstance(phase, str) or phase not in PHASES:
-        valid = [p for p, spec in PHASES.items() if spec.has_action or not override]
-        close = difflib.get_close_matches(str(phase), valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown phase {phase!r}.{hint} Valid phases: {', '.join(valid)}")
-    if override and not PHASES[phase].has_action:
-        with_action = [p for p, spec in PHASES.items() if spec.has_action]
-        raise ValueError(f"phase {phase!r} has no action to override; phases with an "
-                         f"action: {', '.join(with_action)}. Use engine.on({phase!r}) for a hook")
-    return phase
-
-
-def _check_signature(fn: Callable[..., Any], args: tuple[str, ...], what: str) -> None:
-    """``fn`` must accept exactly the positional ``args`` it will be called with."""
-    if not callable(fn):
-        raise TypeError(f"{what} must be callable, got {type(fn).__name__} {fn!r}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature; trust them
-        return
-    try:
-        sig.bind(*args)
-    except TypeError:
-        raise TypeError(f"{what} {_describe_fn(fn)} has signature {sig}, but it is called "
-                        f"as fn({', '.join(args)})") from None
-
-
-def _items(value: object, option: str, wanted: str) -> tuple[Any, ...]:
-    if isinstance(value, (str, int)):
-        return (value,)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return tuple(value)
-    raise TypeError(f"{option}= takes {wanted}, got {value!r}")
-
-
-def _names(value: str | Iterable[str] | None, option: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    items = _items(value, option, "a hook name or a list of names")
-    if not items or not all(isinstance(v, str) and v for v in items):
-        raise TypeError(f"{option}= takes a hook name or a list of names, got {value!r}")
-    return items
-
-
-def _modes(value: str | Iterable[str] | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    modes = frozenset(_items(value, "modes", f"a mode or a set of modes ({', '.join(MODES)})"))
-    unknown = sorted(m for m in modes if m not in MODES)
-    if unknown or not modes:
-        raise ValueError(f"modes={value!r}: unknown mode(s) {unknown}; valid: {', '.join(MODES)}")
-    return modes
-
-
-def _ranks(value: int | Iterable[int] | None) -> frozenset[int] | None:
-    if value is None:
-        return None
-    ranks = _items(value, "rank", "a process rank (an int >= 0) or a list of them")
-    if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
-                            for r in ranks):
-        raise ValueError(f"rank={value!r}: give a process rank (an int >= 0) or a list of them")
-    return frozenset(ranks)
-
-
-def _describe_fn(fn: object) -> str:
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    return name.rpartition("<locals>.")[2]  # "main.<locals>.report" reads as "report"
-
-
-def _code(fn: object) -> CodeType | None:
-    """The code object that runs when ``fn`` is called, where there is one."""
-    target = inspect.unwrap(getattr(fn, "__func__", fn))
-    code = getattr(target, "__code__", None)
-    if code is None and callable(target):
-        code = getattr(type(target).__call__, "__code__", None)
-    return code
-
-
-def _source(fn: Callable[..., Any]) -> str:
-    code = _code(fn)
-    return "?" if code is None else f"{code.co_filename}:{code.co_firstlineno}"
-
-
-_ARGS = {False: ("engine",), True: ("engine", "default")}
 
 
 class Hook:
@@ -129,9 +47,9 @@ class Hook:
                  once: bool | int | str | None = None, when: Callable[[Engine], bool] | None = None,
                  modes: str | Iterable[str] | None = None, rank: int | Iterable[int] | None = None,
                  name: str | None = None, pack: Pack | None = None) -> None:
-        self.phase = _check_phase(phase, override=override)
+        self.phase = check_phase(phase, override=override)
         self.override = override
-        _check_signature(fn, _ARGS[override], "an override" if override else "a hook")
+        check_signature(fn, ARGS[override], "an override" if override else "a hook")
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority= must be a number (higher runs first), got {priority!r}")
         if not math.isfinite(priority):
@@ -142,18 +60,18 @@ class Hook:
             raise ValueError("every= and once= exclude each other: every= fires repeatedly, "
                              "once= fires a single time; give one of them")
         if when is not None:
-            _check_signature(when, ("engine",), "when=")
+            check_signature(when, ("engine",), "when=")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name= must be a non-empty string, got {name!r}")
         scope = PHASES[phase].scope
         self.fn, self.pack, self.priority, self.when = fn, pack, priority, when
-        self.name = name or _describe_fn(fn)
-        self.before, self.after = _names(before, "before"), _names(after, "after")
+        self.name = name or describe_fn(fn)
+        self.before, self.after = names_of(before, "before"), names_of(after, "after")
         self.every = None if every is None else parse_duration(every, option="every", scope=scope)
         self.once = None if once is None else parse_duration(
             1 if once is True else once, option="once", scope=scope)
-        self.modes, self.ranks = _modes(modes), _ranks(rank)
-        self.source = _source(fn)
+        self.modes, self.ranks = modes_of(modes), ranks_of(rank)
+        self.source = source_of(fn)
         self.seq = 0
         self.compiled: Callable[..., Any] | None = None
 
@@ -195,7 +113,7 @@ class Hook:
     def filter_text(self) -> str:
         parts = [f"every={self.every}" if self.every else "",
                  f"once={self.once}" if self.once else "",
-                 f"when={_describe_fn(self.when)}" if self.when else "",
+                 f"when={describe_fn(self.when)}" if self.when else "",
                  f"modes={','.join(sorted(self.modes))}" if self.modes else "",
                  f"rank={','.join(map(str, sorted(self.ranks)))}" if self.ranks else ""]
         return " ".join(p for p in parts if p) or "-"

@@ -3,13 +3,15 @@ a pack's methods as hooks or overrides."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .hooks import _ARGS, Hook, _check_phase, _check_signature
+from .hooks import Hook
 from .phases import PHASES
+from .validate import ARGS, check_phase, check_signature
 
-__all__ = ["Pack", "hook", "override"]
+__all__ = ["Pack", "flatten_packs", "hook", "override"]
 
 _MARK = "__runmodel_hooks__"
 
@@ -17,9 +19,9 @@ _MARK = "__runmodel_hooks__"
 def _mark(phase: str | None, override: bool, options: dict[str, Any]) -> Callable[[Any], Any]:
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         target = phase or getattr(fn, "__name__", None)
-        _check_phase(target, override=override)
+        check_phase(target, override=override)
         # Check the method and every option now, not when the pack is attached.
-        _check_signature(fn, ("self", *_ARGS[override]), "a pack method")
+        check_signature(fn, ("self", *ARGS[override]), "a pack method")
         Hook(lambda *args: None, target, override=override, **options)
         fn.__dict__.setdefault(_MARK, []).append((target, override, options))
         return fn
@@ -84,3 +86,29 @@ class Pack:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
+
+
+def flatten_packs(packs: Iterable[Pack], taken: set[str]) -> list[tuple[str, Pack]]:
+    """Packs and the packs they hold, depth first, each with its key: its name (``name``
+    or the class name) under its parent's (``Outer/Inner``), ``#2``... where ``taken``
+    or an earlier pack has it already."""
+    flat: list[tuple[str, Pack]] = []
+
+    def visit(pack: Pack, parent: str | None) -> None:
+        if not isinstance(pack, Pack):
+            raise TypeError(f"attach() takes Pack instances, got {type(pack).__name__} "
+                            f"{pack!r}; for a function use engine.on(phase, fn)")
+        name = pack.name or type(pack).__name__
+        key = base = name if parent is None else f"{parent}/{name}"
+        for n in itertools.count(2):
+            if key not in taken:
+                break
+            key = f"{base}#{n}"
+        taken.add(key)
+        flat.append((key, pack))
+        for child in pack.children():
+            visit(child, key)
+
+    for pack in packs:
+        visit(pack, None)
+    return flat
