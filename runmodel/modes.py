@@ -231,16 +231,22 @@ def evaluate(model: TorchModel, data: Iterable[Any] | None = None) -> dict[str, 
     return metrics.compute()
 
 
+def _output_fn(model: TorchModel) -> Callable[[Any], Any]:
+    """What computes an eval or infer step's output: the model's ``compute_output``, or
+    its interface's ``inference`` when it has its own interface."""
+    interface = _custom_interface(model)
+    if interface is None:
+        return model.compute_output
+    return lambda batch: interface.inference(model, batch)
+
+
 def _evaluate(model: Model) -> ModeRun:
     if not isinstance(model, TorchModel):
         return ModeRun("eval", {"runstep": _model_step(model)}, context=lambda: _inference(model))
     _require(model, "eval", "module")
     metrics = MetricSet(model.metrics())
-    compute_output, target, loss_fn = model.compute_output, model.target, model.loss_fn
+    compute_output, target, loss_fn = _output_fn(model), model.target, model.loss_fn
     compute_loss = model.compute_loss
-    if (interface := _custom_interface(model)) is not None:
-        def compute_output(batch: Any) -> Any:
-            return interface.inference(model, batch)
 
     def eval_step(engine: Engine) -> None:
         state = engine.state
@@ -264,10 +270,7 @@ def _evaluate(model: Model) -> ModeRun:
 def _infer(model: Model, collect: bool) -> ModeRun:
     if isinstance(model, TorchModel):
         _require(model, "infer", "module")
-        compute_output = model.compute_output
-        if (interface := _custom_interface(model)) is not None:
-            def compute_output(batch: Any) -> Any:
-                return interface.inference(model, batch)
+        compute_output = _output_fn(model)
 
         def infer_step(engine: Engine) -> None:
             state = engine.state
