@@ -6,8 +6,9 @@
         metrics.json     the final result: metrics, steps, epochs, how it ended
         run.log          one line per epoch and at the start and end
         model.pt         the trained weights (the interface's save)
-        checkpoint/      checkpoints, if the config has a checkpoint pack
-        tensorboard/     event files, if the config has a tensorboard pack
+        checkpoint/      checkpoints (every epoch, the newest 2, unless the config's
+                         checkpoint pack says otherwise)
+        tensorboard/     event files
 
 The same config always resolves to the same folder; running it again there resumes or
 restarts only when asked, and never overwrites a run silently.
@@ -34,11 +35,15 @@ from .engine import Engine
 from .hooks import Hook
 from .loader import load_source
 from .pack import Pack
-from .registry import make_backend, make_interface, make_model, make_pack
+from .registry import Spec, make_backend, make_interface, make_model, make_pack
 from .state import RunResult
 
 __all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
            "run_dir_for", "runs_table"]
+
+
+#: Packs every config run has (with their defaults) unless its config lists them itself.
+DEFAULT_PACKS = ("checkpoint", "tensorboard")
 
 
 class RunExists(FileExistsError):
@@ -202,7 +207,12 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     if config.optimizer is not None:
         backend.optimizer = config.optimizer
     packs = [RunLog(run_dir / "run.log")]
-    packs += [make_pack(spec, directory=run_dir / spec.type_) for spec in config.packs]
+    named = {spec.type_ for spec in config.packs}
+    # every run directory holds checkpoints and TensorBoard events; a config that lists
+    # these packs sets their options
+    defaults = [Spec(name) for name in DEFAULT_PACKS if name not in named]
+    packs += [make_pack(spec, directory=run_dir / spec.type_)
+              for spec in (*config.packs, *defaults)]
     checkpoint = None
     if (run_dir / "config.json").exists():
         status = read_status(run_dir)

@@ -249,11 +249,17 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert events.startswith("events.out.tfevents.")
 
 
-def test_a_config_without_packs_has_no_pack_directories(project: Project) -> None:
+def test_a_config_without_packs_still_checkpoints_and_logs(project: Project) -> None:
     result, directory = execute(project.load(packs=()), project.root, base=project.dir)
     assert result.steps == 12
-    assert sorted(os.listdir(directory)) == ["config.json", "metrics.json", "model.pt",
-                                             "run.log", "status.json"]
+    assert sorted(os.listdir(directory)) == ["checkpoint", "config.json", "metrics.json",
+                                             "model.pt", "run.log", "status.json",
+                                             "tensorboard"]
+    # the defaults: every epoch, the newest 2
+    assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000008.pt",
+                                                            "ckpt-00003-0000000012.pt"]
+    [events] = os.listdir(directory / "tensorboard")
+    assert events.startswith("events.out.tfevents.")
 
 
 # -- one directory per config ------------------------------------------------------------------
@@ -380,6 +386,8 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
         execute(config, project.root, base=project.dir, resume=True)
     assert not project.root.exists()
     _, directory = execute(config, project.root, base=project.dir)
+    for path in (directory / "checkpoint").iterdir():  # as if it died before the first one
+        path.unlink()
     before = snapshot(directory)
     with pytest.raises(FileNotFoundError, match="has no checkpoint to resume from"):
         execute(config, project.root, base=project.dir, resume=True)
