@@ -28,6 +28,10 @@ FORMAT = 1
 PATTERN = "ckpt-*.pt"
 
 
+class _Foreign(ValueError):
+    """A file that loads, but holds no runmodel checkpoint."""
+
+
 def _module(model: Any) -> torch.nn.Module | None:
     return unwrap(getattr(model, "module", None))
 
@@ -113,21 +117,22 @@ def load_checkpoint(engine: Engine, path: str | os.PathLike[str]) -> Path:
     for candidate in candidates:
         try:
             state = torch.load(candidate, map_location="cpu", weights_only=True)
-        except Exception as error:
+            if not isinstance(state, dict) or state.get("format") != FORMAT:
+                raise _Foreign(f"no runmodel checkpoint (format {FORMAT}) inside")
+        except Exception as error:  # a torn or foreign file: try the next one
             if path.is_file():
-                raise ValueError(f"{str(candidate)!r} is not a readable checkpoint: {error}"
+                what = "a runmodel" if isinstance(error, _Foreign) else "a readable"
+                raise ValueError(f"{str(candidate)!r} is not {what} checkpoint: {error}"
                                  ) from error
             warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
                           stacklevel=2)
             continue
-        _apply(engine, state, candidate)
+        _apply(engine, state)
         return candidate
     raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
 
 
-def _apply(engine: Engine, state: dict[str, Any], source: Path) -> None:
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{str(source)!r} is not a runmodel checkpoint (format {FORMAT})")
+def _apply(engine: Engine, state: dict[str, Any]) -> None:
     model = engine.model
     module = _module(model)
     if state["model"] is not None:

@@ -75,7 +75,8 @@ class Engine:
         self._seq = itertools.count()
         self._tables = _Tables()
         self._mode = ModeRun("train", {})
-        self._where: dict[types.CodeType, str] = {}
+        # code object -> where it runs: a label, or (label, function) per hook sharing it
+        self._where: dict[types.CodeType, Any] = {}
         self._running = self._resuming = False
         self._reset_controls()
 
@@ -199,9 +200,11 @@ class Engine:
     def end_epoch(self) -> None:
         """End the current epoch once the current step is done: the model's remaining
         runstep calls in it do nothing. Without ``runstep.epochs()`` it ends the run."""
+        if not self._epoch_open:
+            return  # no epoch to end (a setup hook, say)
         if not self._explicit_epochs:
             self.stop()
-        elif self._epoch_open:
+        else:
             self._epoch_ending = True
             self._guard = -1
 
@@ -270,8 +273,10 @@ class Engine:
         self._max_epochs = epochs if epochs is not None else (1 if steps is None else float("inf"))
         self.model, self._mode, self._ended = model, ModeRun(mode, {}), "completed"
         self._prepare_hooks()
-        self._where = {c: f"model.{m}" for m in ("setup", "run", "teardown")
-                       if (c := code_of(getattr(model, m, None)))}
+        places = {f"model.{m}": getattr(model, m, None) for m in ("setup", "run", "teardown")}
+        places.update({"backend.initialize": backend.initialize,
+                       "loading the checkpoint": load_checkpoint, "building the mode": build_mode})
+        self._where = {c: name for name, fn in places.items() if (c := code_of(fn))}
         self._build_tables()
         self._running = True
         started = time.perf_counter()
@@ -303,9 +308,11 @@ class Engine:
             self._failed(error)
             raise
         finally:
-            self._teardown(model)
-            if backend_handle is not None:
-                backend_handle.detach()
+            try:
+                self._teardown(model)
+            finally:
+                if backend_handle is not None:  # even when a teardown hook raised
+                    backend_handle.detach()
         return RunResult(mode, self._ended, s.step, s.epoch, s.skipped,
                          time.perf_counter() - started, dict(s.metrics), **extras)
 
@@ -354,6 +361,8 @@ class Engine:
         if self._epoch_ending:
             return False
         if not self._epoch_open and not self._explicit_epochs:
+            if self.state.epoch >= self._max_epochs:  # epochs=0, or a resume past the end
+                raise StopRun
             self._begin_epoch()  # a loop without runstep.epochs() is one implicit epoch
         elif self._epoch_open:
             self._guard = self._budget
@@ -372,8 +381,9 @@ class Engine:
                 self._end_epoch(completed=False)
                 break
             yield s.epoch
+            ended_early = self._epoch_ending
             self._end_epoch(completed=True)
-            if s.step == steps_before and self._max_epochs == float("inf"):
+            if s.step == steps_before and self._max_epochs == float("inf") and not ended_early:
                 raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
                                    f"run would never end; give the model data, or epochs=")
         if self._stopping:
@@ -430,7 +440,14 @@ class Engine:
         """Name the innermost hook, action or model method the error passed through."""
         tb, found = error.__traceback__, "engine"
         while tb is not None:
-            found = self._where.get(tb.tb_frame.f_code, found)
+            frame = tb.tb_frame
+            entry = self._where.get(frame.f_code)
+            if isinstance(entry, str):
+                found = entry
+            elif entry:  # hooks sharing code: a pack method's self tells them apart
+                owner = frame.f_locals.get("self")
+                mine = [text for text, fn in entry if getattr(fn, "__self__", None) is owner]
+                found = mine[0] if len(mine) == 1 else " or ".join(text for text, _ in entry)
             tb = tb.tb_next
         return found
 
@@ -473,11 +490,13 @@ class Engine:
             raise failure
 
 
-def _index(where: dict[types.CodeType, str], hook: Hook, kind: str) -> None:
+def _index(where: dict[types.CodeType, Any], hook: Hook, kind: str) -> None:
     text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({short_path(hook.source)})"
-    for fn in (hook.fn, hook.when):
-        if code := code_of(fn):
-            where.setdefault(code, text if fn is hook.fn else f"{text}, its when= filter")
+    for fn, label in ((hook.fn, text), (hook.when, f"{text}, its when= filter")):
+        if (code := code_of(fn)) is not None:
+            entry = where.setdefault(code, [])
+            if isinstance(entry, list) and (label, fn) not in entry:
+                entry.append((label, fn))
 
 
 def _data(model: Model, kind: str) -> Any:

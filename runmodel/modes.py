@@ -119,10 +119,11 @@ def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
     if not isinstance(model, TorchModel):
         return ModeRun("train", {"runstep": _model_step(model)})
     _require(model, "train", "module", "optimizer", "loss_fn")
-    compute_output, compute_loss, optimizer = (
-        model.compute_output, model.compute_loss, model.optimizer)
+    compute_output, compute_loss = model.compute_output, model.compute_loss
     module, loss_fn = model.module, model.loss_fn
     module.train()
+    # The optimizer is read at each step (a hook may replace it; checkpoints save the
+    # model's); module and loss function are taken here, after setup and the backend.
 
     def forward(engine: Engine) -> None:
         state = engine.state
@@ -133,6 +134,7 @@ def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
         engine.state.loss.backward()
 
     def optimizer_step(engine: Engine) -> None:
+        optimizer = model.optimizer
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -155,6 +157,7 @@ def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
         state.output = output = compute_output(state.batch)
         state.loss = loss = compute_loss(output, state.batch)
         loss.backward()
+        optimizer = model.optimizer
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -165,6 +168,7 @@ def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
         state.output = output = module(batch[0])
         state.loss = loss = loss_fn(output, batch[1])
         loss.backward()
+        optimizer = model.optimizer
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -172,9 +176,9 @@ def _train(model: Model, tables: Any, fused: bool) -> ModeRun:
                                   "backward": backward, "optimizer_step": optimizer_step}
     if fused:
         own = type(model)
-        default_parts = (own.compute_output is TorchModel.compute_output
-                         and own.compute_loss is TorchModel.compute_loss
-                         and own.target is TorchModel.target)
+        parts = ("compute_output", "compute_loss", "target")
+        default_parts = (all(getattr(own, p) is getattr(TorchModel, p) for p in parts)
+                         and not any(p in vars(model) for p in parts))  # none set on it
         actions[FUSED] = fused_default_step if default_parts else fused_step
     return ModeRun("train", actions)
 
@@ -337,7 +341,7 @@ class StepTimer:
             self.events = [(torch.cuda.Event(enable_timing=True),
                             torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
         self.times = [0] * steps
-        self.began = self.window_start = 0
+        self.began = self.window_start = self.window_end = 0
 
     def start(self, engine: Engine) -> None:
         if self.n == self.warmup:
@@ -356,16 +360,19 @@ class StepTimer:
             self.times[n] = time.perf_counter_ns() - self.began
         if n >= self.warmup:
             self.samples += batch_size(engine.state.batch) or 0
+            self.window_end = time.perf_counter_ns()  # the window ends with the last step
         self.n = n + 1
 
     def finish(self, engine: Engine) -> dict[str, Any]:
         self.sync()
-        wall = (time.perf_counter_ns() - self.window_start) / 1e9
         measured = self.n - self.warmup
         if measured <= 0:
             return {"timings": {"warmup": self.warmup, "measured_steps": 0}}
+        wall = (self.window_end - self.window_start) / 1e9
         if self.cuda:
             ms = [a.elapsed_time(b) for a, b in self.events[self.warmup:self.n]]
+            # on the device's clock: from the first measured step's start to the last's end
+            wall = self.events[self.warmup][0].elapsed_time(self.events[self.n - 1][1]) / 1e3
         else:
             ms = [t / 1e6 for t in self.times[self.warmup:self.n]]
         ms.sort()

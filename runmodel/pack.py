@@ -54,23 +54,23 @@ class Pack:
     name: str | None = None
 
     def hooks(self) -> Iterator[Hook]:
-        """This pack's own hooks (not its children's), in definition order."""
-        seen: set[str] = set()
+        """This pack's own hooks (not its children's), in definition order; a subclass's
+        definition of a name (and its options) replaces its bases'."""
         label = self.name or type(self).__name__
+        names: dict[str, None] = {}  # first definition, bases first: the order
         for cls in reversed(type(self).__mro__):
-            for attr, value in vars(cls).items():
-                if attr in seen or attr.startswith("__"):
-                    continue
-                marks = getattr(value, _MARK, None)
-                if marks is None and attr in PHASES and callable(value):
-                    marks = [(attr, False, {})]
-                if not marks:
-                    continue
-                seen.add(attr)
-                method = getattr(self, attr)
-                for phase, is_override, options in marks:
-                    options = {"name": f"{label}.{attr}", **options}
-                    yield Hook(method, phase, override=is_override, pack=self, **options)
+            names.update(dict.fromkeys(a for a in vars(cls) if not a.startswith("__")))
+        for attr in names:
+            value = next(vars(c)[attr] for c in type(self).__mro__ if attr in vars(c))
+            marks = getattr(value, _MARK, None)
+            if marks is None and attr in PHASES and callable(value):
+                marks = [(attr, False, {})]
+            if not marks:
+                continue
+            method = getattr(self, attr)
+            for phase, is_override, options in marks:
+                options = {"name": f"{label}.{attr}", **options}
+                yield Hook(method, phase, override=is_override, pack=self, **options)
 
     def children(self) -> list[Pack]:
         """Packs this one holds: attributes that are packs, or lists/tuples of packs."""

@@ -35,7 +35,7 @@ from .engine import Engine
 from .hooks import Hook
 from .loader import load_source
 from .pack import Pack
-from .registry import Spec, make_backend, make_interface, make_model, make_pack
+from .registry import Spec, make_backend, make_interface, make_model, make_optimizer, make_pack
 from .state import RunResult
 
 __all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
@@ -70,7 +70,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 def read_status(directory: Path) -> dict[str, Any]:
     """The run's status; a run marked running whose process is gone was interrupted."""
     status = _read_json(directory / "status.json")
-    if status.get("status") == "running" and status.get("host") == socket.gethostname():
+    if (status.get("status") == "running" and status.get("host") == socket.gethostname()
+            and status.get("pid")):  # pid 0 would ask about our own process group
         try:
             os.kill(int(status.get("pid", 0)), 0)
         except (ProcessLookupError, ValueError):
@@ -191,7 +192,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             restart: bool = False, base: str | os.PathLike[str] = ".",
             engine: Engine | None = None) -> PreparedRun:
     """Check and build everything ``config`` names, then claim its run directory
-    (``directory``, or derived under ``root``); nothing is written before that works.
+    (``directory``, or derived under ``root``; a new run creates it, so two runs of one
+    config cannot both start there); nothing is written before that works.
 
     If the directory holds a run already, ``resume=True`` continues it from its newest
     checkpoint and ``restart=True`` moves it aside (``NAME.old-TIME``) and starts anew;
@@ -205,6 +207,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         model.interface = make_interface(config.interface)
     backend = make_backend(config.backend or "plain")
     if config.optimizer is not None:
+        # a bad name or bad arguments show now, not at the start of the run
+        make_optimizer(config.optimizer, [torch.nn.Parameter(torch.zeros(1))])
         backend.optimizer = config.optimizer
     packs = [RunLog(run_dir / "run.log")]
     named = {spec.type_ for spec in config.packs}
@@ -235,6 +239,12 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                             f"start again with --restart (the old run is kept beside it)")
     elif resume:
         raise FileNotFoundError(f"no run to resume at {run_dir}")
+    if checkpoint is None:  # a new run: claim the directory, or find it taken
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
+                            f"may be starting; if not, remove the empty directory") from None
     engine = engine or Engine()
     engine.attach(*packs)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))

@@ -362,3 +362,26 @@ def test_compile_needs_a_module() -> None:
 
     with pytest.raises(ValueError, match=r"the compile backend needs NoModule\.module"):
         runmodel.Engine().run(NoModule(), backend=Compile(backend="eager"))
+
+
+# -- regressions found in review ------------------------------------------------------------
+
+def test_the_backend_pack_is_detached_even_when_a_teardown_hook_raises() -> None:
+    engine = runmodel.Engine()
+    failing = engine.on("teardown", lambda e: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.run(Tiny(), epochs=1, backend="amp")
+    assert "amp" not in engine.describe()
+    failing.detach()
+    seen: list[int] = []
+    engine.on("setup", lambda e: seen.append(e.describe().count("override amp.autocast")))
+    engine.run(Tiny(), epochs=1, backend="amp")
+    assert seen == [1]  # one autocast override, not two
+
+
+def test_compile_backend_twice_on_one_model() -> None:
+    model = Tiny()
+    for _ in range(2):
+        runmodel.Engine().run(model, epochs=1, backend=Compile(backend="eager"))
+        assert type(model.module).__name__ == "OptimizedModule"
+        assert isinstance(model.module._orig_mod, nn.Linear)  # not compiled twice over

@@ -482,3 +482,13 @@ def test_checkpoints_in_finds_a_run_directorys_checkpoint_folder(tmp_path: Path)
     assert [p.name for p in checkpoints_in(tmp_path)] == [
         "ckpt-00002-0000000008.pt", "ckpt-00001-0000000004.pt"]
     assert checkpoints_in(tmp_path / "empty") == []
+
+
+def test_a_foreign_newest_file_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    train_with_checkpoints(tmp_path, epochs=2, keep=None)
+    newest = sorted(tmp_path.glob("ckpt-*.pt"))[-1]
+    torch.save({"weights": torch.zeros(2)}, newest)  # loads, but is not a checkpoint
+    engine = runmodel.Engine()
+    with pytest.warns(UserWarning, match="no runmodel checkpoint"):
+        result = engine.run(Tiny(), epochs=2, resume=tmp_path)
+    assert (result.steps, result.epochs) == (8, 2)  # resumed after epoch 1, ran epoch 2

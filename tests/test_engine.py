@@ -427,3 +427,60 @@ def test_memory_stays_flat_over_200k_steps_with_10_hooks(engine: runmodel.Engine
     assert result.steps == 200_000 and len(marks) == 10
     growth = [marks[n] - marks[20_000] for n in sorted(marks)]
     assert max(growth) < 16 * 1024, growth  # a few stray ints and frames, no history
+
+
+# -- regressions found in review ------------------------------------------------------------
+
+
+def test_an_implicit_epoch_respects_the_epochs_limit(engine: runmodel.Engine) -> None:
+    model = Counting(batches=5, use_epochs=False)
+    result = engine.run(model, epochs=0)
+    assert (result.steps, len(model.seen)) == (0, 0)
+    engine.load_state_dict({"counters": {"step": 5, "epoch": 1}})  # a finished epoch
+    model = Counting(batches=5, use_epochs=False)
+    result = engine.run(model, epochs=1)
+    assert (result.steps, result.epochs, len(model.seen)) == (5, 1, 0)
+
+
+def test_end_epoch_from_epoch_start_with_a_step_budget(engine: runmodel.Engine) -> None:
+    engine.on("epoch_start", lambda e: e.end_epoch(), when=lambda e: e.state.epoch == 1)
+    model = Counting(batches=3)
+    result = engine.run(model, steps=6)
+    assert [b for b in model.seen if b[0] == 1] == []  # epoch 1 skipped, not an error
+    assert result.steps == 6 and result.epochs == 3
+
+
+def test_end_epoch_with_no_epoch_open_does_nothing(engine: runmodel.Engine) -> None:
+    engine.on("setup", lambda e: e.end_epoch())
+    result = engine.run(Counting(batches=2), epochs=2)
+    assert (result.steps, result.epochs, result.ended) == (4, 2, "completed")
+
+
+def test_error_notes_tell_hooks_sharing_code_apart(engine: runmodel.Engine) -> None:
+    def make(fail: bool) -> Any:
+        def hook(engine: runmodel.Engine) -> None:
+            if fail:
+                raise ValueError("from the second")
+        return hook
+
+    engine.on("epoch_start", make(False), name="quiet")
+    engine.on("runstep", make(True), name="loud")
+    with pytest.raises(ValueError) as info:
+        engine.run(Counting(batches=1))
+    note = "\n".join(info.value.__notes__)
+    assert "hook 'loud'" in note  # named, even if alongside the other candidate
+
+    class Boom(runmodel.Pack):
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def runstep(self, engine: runmodel.Engine) -> None:
+            if self.fail:
+                raise ValueError("this one")
+
+    other = runmodel.Engine()
+    other.attach(Boom(False), Boom(True))
+    with pytest.raises(ValueError) as info:
+        other.run(Counting(batches=1))
+    note = "\n".join(info.value.__notes__)
+    assert "hook 'Boom.runstep'" in note and " or " not in note  # self tells them apart

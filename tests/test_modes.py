@@ -211,3 +211,12 @@ def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
     assert hooks[("runstep", "slow_hook")]["calls"] == 6
     assert hooks[("epoch_end", "end_hook")]["calls"] == 2  # 3 batches an epoch, 6 steps
     assert hooks[("runstep", "slow_hook")]["total_ms"] > 0
+
+
+def test_the_benchmark_window_ends_with_the_last_measured_step() -> None:
+    import time as clock
+
+    engine = runmodel.Engine()
+    engine.on("epoch_end", lambda e: clock.sleep(0.3))  # after the last step
+    result = engine.run(Counting(batches=100), mode="benchmark", steps=20, warmup=2)
+    assert result.timings["seconds"] < 0.25

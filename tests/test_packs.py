@@ -193,3 +193,21 @@ def test_undecorated_phase_method_with_wrong_signature_fails_at_attach(
     with pytest.raises(TypeError, match=r"called as fn\(engine\)"):
         engine.attach(Wrong())
     assert engine.describe().count("Wrong") == 0
+
+
+def test_a_subclass_sets_the_options_of_an_inherited_hook(engine: runmodel.Engine) -> None:
+    log: list[str] = []
+
+    class Base(runmodel.Pack):
+        def epoch_end(self, engine: runmodel.Engine) -> None:
+            log.append(f"end{engine.state.epoch}")
+
+    class Child(Base):
+        @runmodel.hook(every=2, priority=5)
+        def epoch_end(self, engine: runmodel.Engine) -> None:
+            super().epoch_end(engine)
+
+    engine.attach(Child())
+    engine.run(Counting(batches=1), epochs=4)
+    assert log == ["end1", "end3"]
+    assert "every=2" in engine.describe()

@@ -190,7 +190,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     directory = prepared.directory
     assert directory == project.root / config.run_name() == run_dir_for(config, project.root)
     assert re.fullmatch(rf"{project.name}_sgd-lr0\.1_{config.digest()}", directory.name)
-    assert not project.root.exists()  # nothing is written before run()
+    # prepare() only claims the directory: created, empty, nothing written yet
+    assert directory.is_dir() and list(directory.iterdir()) == []
     started = time.time()
     result = prepared.run()
     assert (result.steps, result.epochs, result.ended) == (12, 3, "completed")
@@ -592,3 +593,24 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
         "1.weight": (128, 64), "1.bias": (128,), "3.weight": (10, 128), "3.bias": (10,)}
     last = torch.load(directory / "checkpoint" / "ckpt-00003-0000000069.pt", weights_only=True)
     assert all(torch.equal(saved[k], last["model"][k]) for k in saved)
+
+
+def test_prepare_claims_the_directory(project: Project) -> None:
+    config = project.load(packs=())
+    first = prepare(config, project.root, base=project.dir)
+    with pytest.raises(RunExists, match="holds no run"):
+        prepare(config, project.root, base=project.dir)
+    first.run()
+    assert read_status(first.directory)["status"] == "finished"
+
+
+def test_a_bad_optimizer_is_found_before_anything_is_written(project: Project) -> None:
+    path = project.config()
+    path.write_text(path.read_text().replace('type = "sgd"', 'type = "sgdd"'))
+    with pytest.raises(KeyError, match="Did you mean 'sgd'"):
+        prepare(load_config(path), project.root, base=project.dir)
+    path.write_text(path.read_text().replace('type = "sgdd"', 'type = "sgd"').replace(
+        "lr = 0.1", "lr = 0.1, nesterovv = true"))
+    with pytest.raises(TypeError, match="nesterovv"):
+        prepare(load_config(path), project.root, base=project.dir)
+    assert not project.root.exists()

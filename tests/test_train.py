@@ -201,3 +201,28 @@ def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool, wher
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
         engine.run(WrongShape())
     assert where in "\n".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize("phased", [False, True])
+def test_an_optimizer_replaced_mid_run_is_the_one_that_steps(phased: bool) -> None:
+    engine = runmodel.Engine()
+    if phased:
+        engine.on("backward", lambda e: None)
+
+    @engine.on("epoch_end", once=1)
+    def freeze(engine: runmodel.Engine) -> None:  # lr 0 from the second epoch on
+        engine.model.optimizer = torch.optim.SGD(engine.model.module.parameters(), lr=0.0)
+
+    snapshots: list[torch.Tensor] = []
+    engine.on("epoch_end", lambda e: snapshots.append(params(e.model.module).clone()))
+    engine.run(Regression(), epochs=3)
+    assert torch.equal(snapshots[0], snapshots[1]) and torch.equal(snapshots[1], snapshots[2])
+    assert torch.equal(snapshots[0], params(plain_loop(1)))  # the first epoch trained
+
+
+def test_parts_set_on_the_instance_are_used_by_the_fast_step() -> None:
+    model = Regression()
+    model.compute_loss = lambda output, batch: (output * 0).sum()  # type: ignore[method-assign]
+    before = params(model.module).clone()
+    runmodel.Engine().run(model, epochs=1)
+    assert torch.equal(params(model.module), before)  # a zero loss moves nothing

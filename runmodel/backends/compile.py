@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..model import unwrap
 from .base import Backend, FineTuneSpec
 
 __all__ = ["Compile"]
@@ -26,4 +27,5 @@ class Compile(Backend):
         super().initialize(model, spec)
         if getattr(model, "module", None) is None:
             raise ValueError(f"the compile backend needs {type(model).__name__}.module")
-        model.module = torch.compile(model.module, **self.compile_options)
+        # the original module: a model compiled by an earlier run is compiled afresh
+        model.module = torch.compile(unwrap(model.module), **self.compile_options)
