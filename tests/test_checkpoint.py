@@ -489,6 +489,7 @@ def test_a_foreign_newest_file_falls_back_to_the_previous_checkpoint(tmp_path: P
     newest = sorted(tmp_path.glob("ckpt-*.pt"))[-1]
     torch.save({"weights": torch.zeros(2)}, newest)  # loads, but is not a checkpoint
     engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path / "resumed"))
     with pytest.warns(UserWarning, match="no runmodel checkpoint"):
         result = engine.run(Tiny(), epochs=2, resume=tmp_path)
     assert (result.steps, result.epochs) == (8, 2)  # resumed after epoch 1, ran epoch 2
