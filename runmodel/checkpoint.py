@@ -70,6 +70,8 @@ def save_checkpoint(engine: Engine, path: str | os.PathLike[str],
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     engine_state = engine.state_dict()
+    for key, pack_state in engine_state["packs"].items():
+        _check_loadable(pack_state, f"pack {key!r} state_dict()")
     if counters is not None:
         engine_state["counters"] = {**engine_state["counters"], **counters}
     model = engine.model
@@ -96,6 +98,25 @@ def save_checkpoint(engine: Engine, path: str | os.PathLike[str],
     finally:
         os.close(directory)
     return path
+
+
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def _check_loadable(value: Any, where: str) -> None:
+    """Refuse, when saving, what ``torch.load(weights_only=True)`` would refuse when
+    resuming: only dicts, lists, tuples, numbers, strings, None and tensors."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_loadable(key, where)
+            _check_loadable(item, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_loadable(item, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(f"{where} holds {type(value).__name__} {value!r}, which a checkpoint "
+                        f"cannot load back safely; keep dicts, lists, tuples, numbers, strings "
+                        f"and tensors (e.g. str(path) for a path)")
 
 
 def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:

@@ -493,3 +493,18 @@ def test_a_foreign_newest_file_falls_back_to_the_previous_checkpoint(tmp_path: P
     with pytest.warns(UserWarning, match="no runmodel checkpoint"):
         result = engine.run(Tiny(), epochs=2, resume=tmp_path)
     assert (result.steps, result.epochs) == (8, 2)  # resumed after epoch 1, ran epoch 2
+
+
+def test_pack_state_that_cannot_load_back_is_refused_when_saving(tmp_path: Path) -> None:
+    class PathState(runmodel.Pack):
+        name = "paths"
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"where": [tmp_path]}  # a Path: weights_only would refuse it on resume
+
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path / "ckpt"), PathState())
+    with pytest.raises(TypeError, match=r"pack 'paths' state_dict\(\)\['where'\]\[0\] holds "
+                                        r"PosixPath"):
+        engine.run(Tiny(), epochs=1)
+    assert not list((tmp_path / "ckpt").glob("*"))  # nothing half-written
