@@ -13,7 +13,6 @@ import itertools
 import os
 import sys
 import time
-import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -21,15 +20,24 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import Backend, FineTuneSpec
 from .checkpoint import load_checkpoint
-from .describe import describe_table, short_path
+from .describe import describe_table
 from .hooks import Hook, HookHandle, HookOrderError, resolve_order
 from .model import _declared
-from .modes import DEFAULT_WARMUP, FUSED, ModeRun, build_mode, check_timed, timed_steps
+from .modes import (
+    DEFAULT_WARMUP,
+    FUSED,
+    ModeRun,
+    build_mode,
+    check_timed,
+    step_kind,
+    timed_steps,
+)
 from .pack import Pack, flatten_packs
 from .phases import MODES, PHASES
 from .registry import make_backend
 from .state import RunResult, RunStep, State, StopRun
-from .validate import code_of, describe_fn
+from .validate import describe_fn
+from .where import Where
 
 if TYPE_CHECKING:
     from .model import Model
@@ -75,8 +83,7 @@ class Engine:
         self._seq = itertools.count()
         self._tables = _Tables()
         self._mode = ModeRun("train", {})
-        # code object -> where it runs: a label, or (label, function) per hook sharing it
-        self._where: dict[types.CodeType, Any] = {}
+        self._where = Where()
         self._running = self._resuming = False
         self._reset_controls()
 
@@ -120,8 +127,8 @@ class Engine:
 
     def _register(self, phase: str, fn: Callable[..., Any] | None, *, override: bool,
                   options: dict[str, Any]) -> Any:
-        Hook((lambda e, d=None: None), phase, override=override, **options)  # check now
         if fn is None:
+            Hook((lambda e, d=None: None), phase, override=override, **options)  # check now
             return lambda f: self._add([Hook(f, phase, override=override, **options)], fn=f)
         return self._add([Hook(fn, phase, override=override, **options)], fn=fn)
 
@@ -273,18 +280,20 @@ class Engine:
         self._max_epochs = epochs if epochs is not None else (1 if steps is None else float("inf"))
         self.model, self._mode, self._ended = model, ModeRun(mode, {}), "completed"
         self._prepare_hooks()
+        self._where = Where()
         places = {f"model.{m}": getattr(model, m, None) for m in ("setup", "run", "teardown")}
         places.update({"backend.initialize": backend.initialize,
                        "loading the checkpoint": load_checkpoint, "building the mode": build_mode})
-        self._where = {c: name for name, fn in places.items() if (c := code_of(fn))}
+        for name, fn in places.items():
+            self._where.add(name, fn)
         self._build_tables()
         self._running = True
         started = time.perf_counter()
         backend_handle = None
         try:
             model.setup(setup_options)
-            kind = measure if mode in ("benchmark", "profile") else mode
-            backend.initialize(model, FineTuneSpec.of(_data(model, kind), steps, epochs))
+            data = _data(model, step_kind(mode, measure))
+            backend.initialize(model, FineTuneSpec.of(data, steps, epochs))
             if (pack := backend.pack()) is not None:
                 backend_handle = self.attach(pack)
             if resume is not None:
@@ -350,7 +359,7 @@ class Engine:
         step: Any = runstep
         step.epochs, step.engine, step.mode, step.kind, step.steps = (
             self._epochs, self, state.mode, self._mode.kind, state.max_steps)
-        self._where[runstep.__code__] = "runstep (engine)"
+        self._where.add("runstep (engine)", runstep)
         return step
 
     def _before_step(self) -> bool:
@@ -415,47 +424,30 @@ class Engine:
             # the mode's built-ins (metrics, timers) bracket the user's hooks
             setattr(t, phase, (*mode.before.get(phase, ()), *compiled, *mode.after.get(phase, ())))
             for h in hooks:
-                _index(where, h, "hook")
+                where.add_hook(h, "hook")
         actions = mode.actions
         inner_bare = not any(self._hooks[p] or self._overrides[p] for p in _INNER_PHASES)
         for phase, overrides in self._overrides.items():
             chain = actions.get(phase) or _no_action(phase, self.state.mode)
-            if code := code_of(chain):
-                where[code] = f"phase {phase!r} (built-in action)"
+            where.add(f"phase {phase!r} (built-in action)", chain)
             if phase == "runstep" and FUSED in actions:
-                if code := code_of(actions[FUSED]):
-                    where[code] = ("phase 'runstep' (built-in action, running forward, backward "
-                                   "and optimizer_step in one call while they have no hooks)")
+                where.add("phase 'runstep' (built-in action, running forward, backward and "
+                          "optimizer_step in one call while they have no hooks)", actions[FUSED])
                 if inner_bare:
                     chain = actions[FUSED]
             for h in reversed(overrides):
-                _index(where, h, "override")
+                where.add_hook(h, "override")
                 if h.compiled is not None:
                     chain = _link(h.compiled, chain)
             setattr(t, f"{phase}_action", chain)
 
     # -- errors and teardown -------------------------------------------------------------
 
-    def _locate(self, error: BaseException) -> str:
-        """Name the innermost hook, action or model method the error passed through."""
-        tb, found = error.__traceback__, "engine"
-        while tb is not None:
-            frame = tb.tb_frame
-            entry = self._where.get(frame.f_code)
-            if isinstance(entry, str):
-                found = entry
-            elif entry:  # hooks sharing code: a pack method's self tells them apart
-                owner = frame.f_locals.get("self")
-                mine = [text for text, fn in entry if getattr(fn, "__self__", None) is owner]
-                found = mine[0] if len(mine) == 1 else " or ".join(text for text, _ in entry)
-            tb = tb.tb_next
-        return found
-
     def _failed(self, error: BaseException) -> None:
         s = self.state
         s.error = error
         self._ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        error.add_note(f"runmodel: raised in {self._locate(error)} ({s.mode} mode, epoch "
+        error.add_note(f"runmodel: raised in {self._where.locate(error)} ({s.mode} mode, epoch "
                        f"{s.epoch}, step {s.step})")
         self._fire_guarded("exception", error)
 
@@ -488,15 +480,6 @@ class Engine:
             self._running = False
         if failure is not None and error is None:
             raise failure
-
-
-def _index(where: dict[types.CodeType, Any], hook: Hook, kind: str) -> None:
-    text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({short_path(hook.source)})"
-    for fn, label in ((hook.fn, text), (hook.when, f"{text}, its when= filter")):
-        if (code := code_of(fn)) is not None:
-            entry = where.setdefault(code, [])
-            if isinstance(entry, list) and (label, fn) not in entry:
-                entry.append((label, fn))
 
 
 def _data(model: Model, kind: str) -> Any:

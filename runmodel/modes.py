@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .hooks import Hook
 
 __all__ = ["DEFAULT_WARMUP", "FUSED", "TIMED_STEPS", "MetricSet", "ModeRun", "build_mode",
-           "check_timed", "evaluate", "timed_steps"]
+           "check_timed", "evaluate", "step_kind", "timed_steps"]
 
 Action = Callable[["Engine"], Any]
 
@@ -64,7 +64,7 @@ def build_mode(mode: str, model: Model, tables: Any, *, measure: str = "train",
                warmup: int = DEFAULT_WARMUP, collect: bool = True,
                directory: Path | None = None, steps: int | None = None) -> ModeRun:
     """The ``mode`` for ``model``; checked before the first step."""
-    kind = measure if mode in ("benchmark", "profile") else mode
+    kind = step_kind(mode, measure)
     if kind == "train":
         run = _train(model, tables, fused=mode != "profile")
     elif kind == "eval":
@@ -76,6 +76,12 @@ def build_mode(mode: str, model: Model, tables: Any, *, measure: str = "train",
     elif mode == "profile":
         _profile(run, model, warmup, steps or 0, directory)
     return run
+
+
+def step_kind(mode: str, measure: str) -> str:
+    """The step a mode runs: ``train``, ``eval`` or ``infer`` (benchmark and profile run
+    the ``measure`` step)."""
+    return measure if mode in ("benchmark", "profile") else mode
 
 
 # -- train ------------------------------------------------------------------------------
