@@ -194,7 +194,7 @@ def dispatch_table(steps: int, repeats: int) -> list[str]:
             for k in range(n):
                 engine.on("runstep", lambda engine: None, name=f"noop{k}")
             model = Noop(steps)
-            engine.run(model, mode="infer", collect=False)
+            engine.run(model, runmodel.Infer(collect=False))
             gaps = [b - a for a, b in zip(model.stamps, model.stamps[1:], strict=False)]
             per_step[n].append(statistics.median(gaps))
     empty = _empty_phase_ns()

@@ -1,49 +1,59 @@
-"""runmodel: a hook-driven engine for running PyTorch models."""
+"""runmodel: a hook-driven engine for running PyTorch models.
 
-from .backends import Backend, FineTuneSpec
-from .config import RunConfig, load_config
-from .engine import Engine
-from .filters import Duration
-from .hooks import HookHandle, HookOrderError
-from .interface import Interface, Supervised
-from .loader import load_model
-from .model import Model, TorchModel
-from .modes import evaluate
-from .pack import Pack, hook, override
-from .phases import MODES, PHASES, Phase
-from .registry import (
-    Spec,
-    make_backend,
-    make_interface,
-    make_loss,
-    make_model,
-    make_optimizer,
-    make_pack,
-    register_backend,
-    register_interface,
-    register_loss,
-    register_model,
-    register_optimizer,
-    register_pack,
-)
-from .runs import execute
-from .state import RunResult, RunStep, State, StopRun
+The public names below are imported on first use, so that ``import runmodel`` (and
+``runmodel --help``) stays fast; torch is imported when a name that needs it is.
+"""
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("runmodel")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+#: Each public name and the module that defines it.
+_EXPORTS = {
+    "Engine": "engine",
+    **dict.fromkeys(("Duration", "Hook", "HookHandle", "HookOptions", "HookOrderError", "MODES",
+                     "PHASES", "Pack", "Phase", "RunResult", "RunStep", "State", "StopRun",
+                     "hook", "override", "FineTuneSpec"), "core"),
+    **dict.fromkeys(("Interface", "Model", "Supervised", "TorchModel", "evaluate",
+                     "load_model"), "models"),
+    **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), "modes"),
+    "Backend": "backends",
+    **dict.fromkeys(("Spec", "make_backend", "make_interface", "make_loss", "make_model",
+                     "make_optimizer", "make_pack", "register_backend", "register_interface",
+                     "register_loss", "register_model", "register_optimizer", "register_pack"),
+                    "config.registry"),
+    **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
+    "execute": "config.rundir",
+}
+_SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
+                "modes", "packs")
 
 __all__ = [
     "MODES",
     "PHASES",
     "Backend",
+    "Benchmark",
     "Duration",
     "Engine",
+    "Eval",
     "FineTuneSpec",
+    "Hook",
     "HookHandle",
+    "HookOptions",
     "HookOrderError",
+    "Infer",
     "Interface",
     "Model",
     "Pack",
     "Phase",
+    "Profile",
     "RunConfig",
     "RunResult",
     "RunStep",
@@ -52,6 +62,7 @@ __all__ = [
     "StopRun",
     "Supervised",
     "TorchModel",
+    "Train",
     "evaluate",
     "execute",
     "hook",
@@ -71,3 +82,59 @@ __all__ = [
     "register_optimizer",
     "register_pack",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"runmodel.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # once: the next access is a plain attribute
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"runmodel.{name}")
+    raise AttributeError(f"module 'runmodel' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBPACKAGES})
+
+
+if TYPE_CHECKING:
+    from .backends import Backend
+    from .config.registry import (
+        Spec,
+        make_backend,
+        make_interface,
+        make_loss,
+        make_model,
+        make_optimizer,
+        make_pack,
+        register_backend,
+        register_interface,
+        register_loss,
+        register_model,
+        register_optimizer,
+        register_pack,
+    )
+    from .config.runconfig import RunConfig, load_config
+    from .config.rundir import execute
+    from .core import (
+        MODES,
+        PHASES,
+        Duration,
+        FineTuneSpec,
+        Hook,
+        HookHandle,
+        HookOptions,
+        HookOrderError,
+        Pack,
+        Phase,
+        RunResult,
+        RunStep,
+        State,
+        StopRun,
+        hook,
+        override,
+    )
+    from .engine import Engine
+    from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
+    from .modes import Benchmark, Eval, Infer, Profile, Train

@@ -1,10 +1,11 @@
-"""Checkpoint files: what a run needs to go on, written atomically, read without code.
+"""Checkpoint files: plain values (dicts, lists, numbers, strings, tensors) written
+atomically and read without running code.
 
-A checkpoint holds the engine's state (counters and every attached pack's state), the
-model's weights, the optimizer's state and the random number generators' states. It is
-written to a temporary file, flushed and fsynced, then renamed over its name, so a crash
-leaves either the old file or the new one, never half of one; it is read with
-``torch.load(weights_only=True)``, so a checkpoint never runs code.
+A checkpoint holds what ``engine.snapshot()`` returns: the engine's counters and every
+attached pack's state, the model's state (weights, optimizer) and the random number
+generators' states. It is written to a temporary file, flushed and fsynced, then renamed
+over its name, so a crash leaves either the old file or the new one, never half of one;
+it is read with ``torch.load(weights_only=True)``, so a checkpoint never runs code.
 """
 
 from __future__ import annotations
@@ -13,18 +14,14 @@ import os
 import random
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .model import unwrap
+__all__ = ["FORMAT", "PATTERN", "FormatError", "checkpoints_in", "load", "read", "rng_state",
+           "save", "set_rng_state"]
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["checkpoints_in", "load_checkpoint", "save_checkpoint"]
-
-FORMAT = 1
+FORMAT = 2
 PATTERN = "ckpt-*.pt"
 
 
@@ -32,11 +29,13 @@ class _Foreign(ValueError):
     """A file that loads, but holds no runmodel checkpoint."""
 
 
-def _module(model: Any) -> torch.nn.Module | None:
-    return unwrap(getattr(model, "module", None))
+class FormatError(ValueError):
+    """A checkpoint written by a newer runmodel, in a format this one cannot read."""
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's (CPU and every CUDA device's) random
+    number generators."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -50,7 +49,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state()`` returned."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -63,30 +63,17 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         numpy.random.set_state((name, keys.numpy(), pos, has_gauss, cached))
 
 
-def save_checkpoint(engine: Engine, path: str | os.PathLike[str],
-                    counters: dict[str, int] | None = None) -> Path:
-    """Write the run's state to ``path`` atomically. ``counters`` replaces the engine's
-    counters (a hook saving mid-phase passes where a resumed run should start)."""
+def save(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
+    """Write ``snapshot`` to ``path`` atomically, refusing anything that ``read`` could
+    not load back."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    engine_state = engine.state_dict()
-    for key, pack_state in engine_state["packs"].items():
+    for key, pack_state in snapshot.get("engine", {}).get("packs", {}).items():
         _check_loadable(pack_state, f"pack {key!r} state_dict()")
-    if counters is not None:
-        engine_state["counters"] = {**engine_state["counters"], **counters}
-    model = engine.model
-    module = _module(model)
-    state = {"format": FORMAT, "engine": engine_state, "rng": _rng_state(),
-             "model": module.state_dict() if module is not None else (
-                 model.state_dict() if hasattr(model, "state_dict") else None),
-             "optimizer": None}
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(temporary, "wb") as file:
-            torch.save(state, file)
+            torch.save({"format": FORMAT, **snapshot}, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -127,9 +114,23 @@ def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
     return found[::-1]  # names sort by epoch, then step
 
 
-def load_checkpoint(engine: Engine, path: str | os.PathLike[str]) -> Path:
-    """Restore the run state saved at ``path``: a checkpoint file, or a directory, whose
-    newest readable checkpoint is used (an unreadable one is skipped with a warning)."""
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The snapshot in the checkpoint file ``path``."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not isinstance(state.get("format"), int):
+        raise _Foreign("it holds no runmodel checkpoint")
+    if state["format"] == 1:  # weights and optimizer were kept beside the engine's state
+        state["model"] = {"module": state["model"], "optimizer": state.pop("optimizer")}
+    elif state["format"] != FORMAT:
+        raise FormatError(f"{str(path)!r} was written in checkpoint format {state['format']} "
+                          f"by a newer runmodel; this one reads formats 1 to {FORMAT}: "
+                          f"upgrade runmodel to resume it")
+    return state
+
+
+def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint at ``path``: a checkpoint file, or a directory, whose newest
+    readable checkpoint is used (an unreadable one is skipped with a warning)."""
     path = Path(path)
     candidates = [path] if path.is_file() else checkpoints_in(path)
     if not candidates:
@@ -137,9 +138,9 @@ def load_checkpoint(engine: Engine, path: str | os.PathLike[str]) -> Path:
                                 f"file, or a directory holding {PATTERN} files)")
     for candidate in candidates:
         try:
-            state = torch.load(candidate, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or state.get("format") != FORMAT:
-                raise _Foreign(f"no runmodel checkpoint (format {FORMAT}) inside")
+            return candidate, read(candidate)
+        except FormatError:
+            raise  # not torn: skipping it would resume from an older state
         except Exception as error:  # a torn or foreign file: try the next one
             if path.is_file():
                 what = "a runmodel" if isinstance(error, _Foreign) else "a readable"
@@ -147,22 +148,4 @@ def load_checkpoint(engine: Engine, path: str | os.PathLike[str]) -> Path:
                                  ) from error
             warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
                           stacklevel=2)
-            continue
-        _apply(engine, state)
-        return candidate
     raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
-
-
-def _apply(engine: Engine, state: dict[str, Any]) -> None:
-    model = engine.model
-    module = _module(model)
-    if state["model"] is not None:
-        if module is not None:
-            module.load_state_dict(state["model"])
-        elif hasattr(model, "load_state_dict"):
-            model.load_state_dict(state["model"])
-    optimizer = getattr(model, "optimizer", None)
-    if state["optimizer"] is not None and optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    engine.load_state_dict(state["engine"])
-    _set_rng_state(state["rng"])

@@ -13,17 +13,16 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import load_config
-from .engine import Engine
-from .loader import load_model_class
-from .model import Model, resolve_options
-from .modes import check_timed, timed_steps
-from .phases import MODES
-from .runs import PreparedRun, list_runs, prepare, resume_dir, runs_table
-from .state import RunResult
+from .core.phases import MODES
+
+if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
+    from .config.rundir import PreparedRun
+    from .core import RunResult
+    from .engine import Engine
+    from .models import Model
 
 __all__ = ["main"]
 
@@ -118,6 +117,9 @@ def _options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], di
 
 
 def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
+    from .engine import Engine
+    from .models import load_model_class, resolve_options
+
     cls = load_model_class(args.source)
     init, setup = _options(args.options, cls)
     model = cls(device=args.device, init_options=init or None)
@@ -170,6 +172,9 @@ def _is_config(source: str) -> bool:
 
 def _prepare_config(args: argparse.Namespace) -> PreparedRun:
     """A config run, with --mode/--epochs/--steps/--device as overrides."""
+    from .config.runconfig import load_config
+    from .config.rundir import prepare
+
     overrides = list(args.options)
     overrides += [f"{key}={getattr(args, key)!r}" for key in ("mode", "epochs", "steps", "device")
                   if getattr(args, key) is not None]
@@ -181,6 +186,9 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
 
 
 def _execute(args: argparse.Namespace) -> int:
+    from .config.rundir import list_runs, resume_dir, runs_table
+    from .modes import Benchmark, Profile
+
     if args.command == "runs":
         print(runs_table(list_runs(args.dir)))
         return EXIT_OK
@@ -198,22 +206,22 @@ def _execute(args: argparse.Namespace) -> int:
         print(_json(result) if args.json else _summary(result))
         return EXIT_OK
     try:
+        if args.command == "benchmark":
+            mode: Any = Benchmark(measure=args.measure, warmup=args.warmup)
+        elif args.command == "profile":
+            mode = Profile(measure=args.measure, warmup=args.warmup, directory=args.dir)
+        else:
+            mode = getattr(args, "mode", None) or "train"
         if args.command in ("benchmark", "profile"):
-            check_timed(args.command, args.measure, args.warmup,
-                        timed_steps(args.steps, args.warmup))
+            mode.budget(args.steps)  # too few steps is bad input: say so before loading
         model, engine, setup = _load(args)
     except (OSError, ImportError, ValueError, TypeError, SyntaxError, UsageError) as error:
         raise UsageError(str(error)) from error
     if args.command == "describe":
         print(_describe(args.source, model, engine, setup))
         return EXIT_OK
-    if args.command == "run":
-        result = engine.run(model, mode=args.mode or "train", steps=args.steps,
-                            epochs=args.epochs, setup_options=setup or None)
-    else:
-        result = engine.run(model, mode=args.command, steps=args.steps,
-                            setup_options=setup or None, measure=args.measure,
-                            warmup=args.warmup, directory=getattr(args, "dir", None))
+    result = engine.run(model, mode, steps=args.steps, epochs=getattr(args, "epochs", None),
+                        setup_options=setup or None)
     print(_json(result) if args.json else _summary(result))
     return EXIT_OK
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import runmodel
-from runmodel.phases import PHASES
+from runmodel.core.phases import PHASES
 
 
 class Counting(runmodel.Model):

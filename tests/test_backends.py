@@ -3,6 +3,7 @@ the CPU (bfloat16 autocast) and compile (the eager backend), by object and by na
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
 from runmodel.backends import AMP, Backend, Compile, FineTuneSpec, Plain
+from runmodel.config.registry import Spec, optimizer_factory
 from runmodel.packs import Checkpoint
-from runmodel.registry import Spec
 
 
 def make_data() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -102,29 +103,39 @@ def check_sgd_replaces_adam(backend: Backend) -> None:
 @pytest.mark.parametrize("spec", [Spec("sgd", {"lr": 0.1}), {"type": "sgd", "args": {"lr": 0.1}}],
                          ids=["Spec", "dict"])
 def test_an_optimizer_spec_replaces_the_models_optimizer(spec: Any) -> None:
-    check_sgd_replaces_adam(Plain(optimizer=spec))
+    check_sgd_replaces_adam(runmodel.make_backend({"type": "plain", "args": {"optimizer": spec}}))
+
+
+def test_an_optimizer_factory_replaces_the_models_optimizer() -> None:
+    check_sgd_replaces_adam(Plain(optimizer=functools.partial(torch.optim.SGD, lr=0.1)))
 
 
 def test_an_optimizer_set_on_the_backend_replaces_the_models_optimizer() -> None:
     backend = runmodel.make_backend("plain")
-    backend.optimizer = Spec("sgd", {"lr": 0.1})
+    backend.optimizer = optimizer_factory(Spec("sgd", {"lr": 0.1}))
     check_sgd_replaces_adam(backend)
 
 
-def test_an_optimizer_spec_needs_a_module() -> None:
+def test_an_optimizer_that_is_no_factory_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"optimizer= takes a factory .* got 'sgd'; a config "
+                                        r"names optimizers"):
+        Plain(optimizer="sgd")  # type: ignore[arg-type]
+
+
+def test_a_backends_optimizer_needs_a_module() -> None:
     class NoModule(runmodel.Model):
         def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
                 **kwargs: Any) -> None:
             runstep(0)
 
-    with pytest.raises(ValueError, match=r"optimizer spec \('sgd'\) needs NoModule\.module"):
-        runmodel.Engine().run(NoModule(), backend=Plain(optimizer="sgd"))
+    with pytest.raises(ValueError, match=r"an optimizer for the backend needs NoModule\.module"):
+        runmodel.Engine().run(NoModule(), backend=Plain(optimizer=torch.optim.SGD))
 
 
-def test_an_unknown_optimizer_is_a_key_error() -> None:
+def test_an_unknown_optimizer_is_a_key_error_when_the_backend_is_made() -> None:
     with pytest.raises(KeyError, match=r"no optimizer registered as 'sdg'\. Did you mean "
                                        r"'sgd'\?"):
-        runmodel.Engine().run(Tiny(), epochs=1, backend=Plain(optimizer="sdg"))
+        runmodel.make_backend({"type": "plain", "args": {"optimizer": "sdg"}})
 
 
 # -- the fine-tune spec ----------------------------------------------------------------------
@@ -196,7 +207,7 @@ def test_a_custom_backend_gets_the_spec_after_model_setup(
     backend = Recording(log)
     engine = runmodel.Engine()
     engine.on("setup", lambda e: log.append("setup hook"))
-    engine.on("step_start", lambda e: log.append("step"), once=1)
+    engine.on("step_start", lambda e: log.append("step"), once=True)
     ends: list[int] = []
     engine.on("epoch_end", lambda e: ends.append(e.state.epoch))
     engine.run(model, steps=steps, epochs=epochs, backend=backend)
@@ -265,7 +276,7 @@ def test_amp_autocasts_forward_to_bfloat16_on_the_cpu() -> None:
 def test_amp_by_name_and_a_plain_run_differ() -> None:
     amp, plain, outputs = Tiny(), Tiny(), []
     engine = runmodel.Engine()
-    engine.on("forward", lambda e: outputs.append(e.state.output.dtype), once=1)
+    engine.on("forward", lambda e: outputs.append(e.state.output.dtype), once=True)
     engine.run(amp, epochs=1, backend="amp")
     runmodel.Engine().run(plain, epochs=1)
     assert outputs == [torch.bfloat16]
@@ -276,7 +287,7 @@ def test_amp_by_name_and_a_plain_run_differ() -> None:
 def test_amp_float16_on_the_cpu_autocasts_without_a_scaler() -> None:
     seen: list[torch.dtype] = []
     engine = runmodel.Engine()
-    engine.on("forward", lambda e: seen.append(e.state.output.dtype), once=1)
+    engine.on("forward", lambda e: seen.append(e.state.output.dtype), once=True)
     engine.on("setup", lambda e: seen.append("scaled_backward" in e.describe()))
     engine.run(Tiny(), epochs=1, backend=AMP(dtype="float16"))
     assert seen == [False, torch.float16]
@@ -295,7 +306,7 @@ def test_amp_pack_is_detached_after_a_failed_run() -> None:
     def boom(engine: runmodel.Engine) -> None:
         raise RuntimeError("boom")
 
-    handle = engine.on("runstep", boom, once=2)
+    handle = engine.on("runstep", boom, once=1)  # at step 1
     with pytest.raises(RuntimeError, match="boom"):
         engine.run(Tiny(), epochs=1, backend="amp")
     assert "autocast" not in engine.describe()
@@ -336,7 +347,7 @@ def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
         compiled: dict[str, Any]) -> None:
     checkpoint = compiled["directory"] / "checkpoint" / "ckpt-00002-0000000008.pt"
     state = torch.load(checkpoint, weights_only=True)
-    assert sorted(state["model"]) == ["bias", "weight"]
+    assert sorted(state["model"]["module"]) == ["bias", "weight"]
     plain, straight = Tiny(), Tiny()
     engine = runmodel.Engine()
     engine.attach(Checkpoint(compiled["directory"] / "plain"))

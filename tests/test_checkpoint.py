@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 import runmodel
-from runmodel.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from runmodel import checkpoint
+from runmodel.checkpoint import checkpoints_in
 from runmodel.packs import Checkpoint
 
 BATCHES = 4  # per epoch
@@ -82,6 +83,8 @@ def attach_filters(engine: runmodel.Engine, log: list[tuple[str, int, int]]) -> 
     engine.on("runstep", record("runstep every=1ep"), every="1ep")
     engine.on("epoch_end", record("epoch_end every=6st"), every="6st")
     engine.on("step_start", record("step_start once=10"), once=10)
+    engine.on("epoch_start", record("epoch_start once=2"), once=2)
+    engine.on("runstep", record("runstep once=3ep"), once="3ep")
 
 
 def straight(epochs: int = 4) -> tuple[Tiny, runmodel.RunResult, list[tuple[str, int, int]]]:
@@ -147,8 +150,8 @@ def test_every_three_steps_saves_after_each_third_step(tmp_path: Path) -> None:
     # the weights are those after the 3rd optimizer step
     three = Tiny()
     runmodel.Engine().run(three, steps=3)
-    assert_same(first["model"], three.module.state_dict(), "model")
-    assert_same(first["optimizer"], three.optimizer.state_dict(), "optimizer")
+    assert_same(first["model"]["module"], three.module.state_dict(), "model")
+    assert_same(first["model"]["optimizer"], three.optimizer.state_dict(), "optimizer")
 
 
 def test_a_mid_epoch_checkpoint_continues_the_counters(tmp_path: Path) -> None:
@@ -197,13 +200,14 @@ def test_a_checkpoint_holds_counters_weights_optimizer_and_rng(tmp_path: Path) -
     model, _, _ = train_with_checkpoints(tmp_path, epochs=2, keep=None)
     torch_rng, python_rng = torch.get_rng_state(), random.getstate()
     state = torch.load(tmp_path / "ckpt-00002-0000000008.pt", weights_only=True)
-    assert sorted(state) == ["engine", "format", "model", "optimizer", "rng"]
-    assert state["format"] == 1
+    assert sorted(state) == ["engine", "format", "model", "rng"]
+    assert sorted(state["model"]) == ["module", "optimizer"]
+    assert state["format"] == 2
     assert state["engine"]["counters"] == {"step": 8, "epoch": 2, "epoch_step": 0, "skipped": 0}
     assert "checkpoint" in state["engine"]["packs"]
-    assert list(state["model"]) == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert_same(state["model"], model.module.state_dict(), "model")
-    optimizer = state["optimizer"]
+    assert list(state["model"]["module"]) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert_same(state["model"]["module"], model.module.state_dict(), "model")
+    optimizer = state["model"]["optimizer"]
     assert sorted(optimizer["state"]) == [0, 1, 2, 3]
     assert int(optimizer["state"][0]["step"]) == 8
     assert_same(optimizer, model.optimizer.state_dict(), "optimizer")
@@ -236,7 +240,9 @@ def test_resume_from_a_directory_is_exact(tmp_path: Path) -> None:
     assert_same(model.optimizer.state_dict(), reference.optimizer.state_dict(), "optimizer")
     # every= and once= filters fire where they fire in one straight run
     assert first_log + log == reference_log
-    assert ("step_start once=10", 2, 9) in log
+    # at step 10 and at epoch 2 or 3, counted from 0 like state.step and state.epoch
+    assert {("step_start once=10", 2, 10), ("epoch_start once=2", 2, 8),
+            ("runstep once=3ep", 3, 12)} <= set(log)
 
 
 def test_resume_from_a_specific_file(tmp_path: Path) -> None:
@@ -385,15 +391,15 @@ def test_a_save_that_fails_midway_keeps_the_old_file(tmp_path: Path,
 
     monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(engine, path)
+        checkpoint.save(path, engine.snapshot())
     assert path.read_bytes() == before
     assert files(tmp_path) == ["ckpt-00001-0000000004.pt"]
     monkeypatch.undo()
-    assert save_checkpoint(engine, path) == path
+    assert checkpoint.save(path, engine.snapshot()) == path
     assert files(tmp_path) == ["ckpt-00001-0000000004.pt"]
     assert path.read_bytes() != before  # the model trained on, so the state differs ...
     state = torch.load(path, weights_only=True)
-    assert_same(state["model"], model.module.state_dict(), "model")  # ... and is current
+    assert_same(state["model"]["module"], model.module.state_dict(), "model")  # ... current
 
 
 MARKER_NAME = "pickle-ran-code"
@@ -455,7 +461,7 @@ def test_a_file_that_is_not_a_runmodel_checkpoint_is_refused(tmp_path: Path) -> 
     model = Tiny()
     engine.run(model, steps=1)
     with pytest.raises(ValueError, match="is not a runmodel checkpoint"):
-        load_checkpoint(engine, path)
+        engine.restore(checkpoint.load(path)[1])
 
 
 # -- resume= errors -----------------------------------------------------------------------------

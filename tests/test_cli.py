@@ -144,7 +144,7 @@ class Endless(runmodel.Model):
 
 
 def configure(engine):
-    engine.on("runstep", lambda e: print("ready", flush=True), once=1)
+    engine.on("runstep", lambda e: print("ready", flush=True), once=True)
     engine.on("exception", lambda e: print("exception:", type(e.state.error).__name__,
                                            flush=True))
 '''

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runmodel import RunConfig, load_config
-from runmodel.config import ConfigError, apply_overrides
-from runmodel.registry import Spec
-from runmodel.runs import run_dir_for
+from runmodel.config.registry import Spec
+from runmodel.config.runconfig import ConfigError, apply_overrides
+from runmodel.config.rundir import run_dir_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("model", "optimizer", "interface", "backend", "packs", "epochs", "steps", "seed",
@@ -613,7 +613,7 @@ def test_an_int_set_over_a_float_hashes_like_the_float(tmp_path: Path) -> None:
 
 HASH_SCRIPT = """\
 import sys
-from runmodel.config import load_config
+from runmodel.config.runconfig import load_config
 config = load_config(sys.argv[1], sys.argv[2:])
 print(config.digest(), config.run_name())
 """

@@ -185,7 +185,7 @@ def test_stop_at_epoch_start_pairs_the_epoch_end(engine: runmodel.Engine) -> Non
 
 
 def test_stop_with_implicit_epoch(engine: runmodel.Engine) -> None:
-    engine.on("runstep", lambda e: e.stop(), once=3)
+    engine.on("runstep", lambda e: e.stop(), once=2)
     result = engine.run(Counting(batches=10, use_epochs=False))
     assert (result.ended, result.steps) == ("stopped", 3)
 
@@ -200,7 +200,7 @@ def test_end_epoch_drops_the_rest_of_the_epoch(engine: runmodel.Engine) -> None:
 
 
 def test_end_epoch_without_epochs_ends_the_run(engine: runmodel.Engine) -> None:
-    engine.on("runstep", lambda e: e.end_epoch(), once=2)
+    engine.on("runstep", lambda e: e.end_epoch(), once=1)
     model = Counting(batches=5, use_epochs=False)
     assert engine.run(model).steps == 2
 
@@ -293,7 +293,7 @@ def test_error_in_the_model_names_where(engine: runmodel.Engine, where: str,
 def test_keyboard_interrupt_tears_down_and_propagates(engine: runmodel.Engine) -> None:
     model = Counting(batches=10)
     seen: list[Any] = []
-    engine.on("runstep", lambda e: (_ for _ in ()).throw(KeyboardInterrupt), once=2)
+    engine.on("runstep", lambda e: (_ for _ in ()).throw(KeyboardInterrupt), once=1)
     engine.on("exception", lambda e: seen.append(type(e.state.error)))
     with pytest.raises(KeyboardInterrupt):
         engine.run(model)

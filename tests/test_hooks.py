@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runmodel
-import runmodel.filters
-import runmodel.hooks
-from runmodel.phases import MODES, PHASES
+import runmodel.core.filters
+from runmodel.core.phases import MODES, PHASES
 
 ACTION_PHASES = [p for p, spec in PHASES.items() if spec.has_action]
 
@@ -467,15 +466,19 @@ def test_once_true_fires_on_the_first_event_of_each_run() -> None:
     assert log == ["setup", 0, "setup", 0]
 
 
+# positions are the run's own counters, from 0: "at epoch 2" is state.epoch == 2
 @pytest.mark.parametrize(("phase", "once", "expected"), [
-    ("runstep", 3, [(0, 2)]),
-    ("runstep", "6st", [(1, 5)]),
-    ("runstep", "2ep", [(1, 4)]),
+    ("runstep", 0, [(0, 0)]),
+    ("runstep", 3, [(0, 3)]),
+    ("runstep", "6st", [(1, 6)]),
+    ("runstep", "2ep", [(2, 8)]),  # the first step of epoch 2
     ("runstep", 100, []),
-    ("epoch_end", 2, [(1, 8)]),
-    ("epoch_end", "3ep", [(2, 12)]),
-    ("epoch_end", "5st", [(1, 8)]),
-    ("epoch_start", "2ep", [(1, 4)]),
+    ("epoch_start", 0, [(0, 0)]),
+    ("epoch_end", 2, [(2, 12)]),
+    ("epoch_end", "1ep", [(1, 8)]),
+    ("epoch_end", "3ep", []),  # epochs 0, 1 and 2 run
+    ("epoch_end", "5st", [(1, 8)]),  # the epoch in which step 5 ran
+    ("epoch_start", "2ep", [(2, 8)]),
 ])
 def test_once_at_a_point(phase: str, once: int | str, expected: list[Any]) -> None:
     assert fired(phase, at_recorder, once=once) == expected
@@ -554,7 +557,7 @@ def test_rank_is_read_at_each_run(monkeypatch: pytest.MonkeyPatch, engine: runmo
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of runmodel.filters; steps move it forward."""
+    """Stands in for the ``time`` module of runmodel.core.filters; steps move it forward."""
 
     def __init__(self, tick: float) -> None:
         self.now, self.tick = 1000.0, tick
@@ -571,7 +574,7 @@ class FakeClock:
 def test_every_wall_clock_duration(monkeypatch: pytest.MonkeyPatch, every: str,
                                    tick: float) -> None:
     clock = FakeClock(tick)
-    monkeypatch.setattr(runmodel.filters, "time", clock)
+    monkeypatch.setattr(runmodel.core.filters, "time", clock)
     engine, log = runmodel.Engine(), []
     engine.on("runstep", step_recorder(log), every=every)
     engine.run(Loop(batches=4, on_step=clock.advance), epochs=3)
@@ -581,7 +584,7 @@ def test_every_wall_clock_duration(monkeypatch: pytest.MonkeyPatch, every: str,
 
 def test_once_wall_clock_duration(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(25)
-    monkeypatch.setattr(runmodel.filters, "time", clock)
+    monkeypatch.setattr(runmodel.core.filters, "time", clock)
     engine, log = runmodel.Engine(), []
     engine.on("runstep", step_recorder(log), once="1min")
     engine.run(Loop(batches=4, on_step=clock.advance), epochs=3)
@@ -783,8 +786,8 @@ def test_unparseable_duration(engine: runmodel.Engine, option: str, value: str) 
 def test_fractional_epochs_and_zero_durations(engine: runmodel.Engine) -> None:
     with pytest.raises(ValueError, match=r"every='1\.5ep': epochs and steps are whole numbers"):
         engine.on("runstep", nop, every="1.5ep")
-    with pytest.raises(ValueError, match=r"once='0st' must be more than zero"):
-        engine.on("runstep", nop, once="0st")
+    with pytest.raises(ValueError, match=r"once='0s' must be more than zero"):
+        engine.on("runstep", nop, once="0s")
     with pytest.raises(ValueError, match=r"every='0s' must be more than zero"):
         engine.on("runstep", nop, every="0s")
 
@@ -801,9 +804,9 @@ def test_every_wrong_type(engine: runmodel.Engine, every: Any) -> None:
         engine.on("runstep", nop, every=every)
 
 
-def test_once_zero_is_rejected(engine: runmodel.Engine) -> None:
-    with pytest.raises(ValueError, match="once="):
-        engine.on("runstep", nop, once=0)
+def test_a_negative_position_is_rejected(engine: runmodel.Engine) -> None:
+    with pytest.raises(ValueError, match="once= must be at least 0, got -1"):
+        engine.on("runstep", nop, once=-1)
 
 
 def test_every_with_once_zero(engine: runmodel.Engine) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import runmodel
-from runmodel.loader import load_model_class
+from runmodel.models.loader import load_model_class
 
 _unique = itertools.count()
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import runmodel
-from runmodel.model import resolve_options, torch_device
+from runmodel.models import resolve_options, torch_device
 
 
 class Options(runmodel.TorchModel):

@@ -132,7 +132,7 @@ def test_infer_streams_to_a_hook_without_collecting() -> None:
     streamed: list[int] = []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: streamed.append(len(e.state.output)))
-    result = engine.run(Stream(), mode="infer", collect=False)
+    result = engine.run(Stream(), runmodel.Infer(collect=False))
     assert result.outputs is None and streamed == [32] * 5
 
 
@@ -143,10 +143,10 @@ def test_plain_models_run_in_every_mode(tmp_path: Path) -> None:
         assert result.steps == 3 and len(model.seen) == 3
     result = runmodel.Engine().run(Counting(batches=4), mode="infer")
     assert result.outputs == [(0, 0), (0, 1), (0, 2), (0, 3)]
-    bench = runmodel.Engine().run(Counting(batches=4), mode="benchmark", steps=9, warmup=2)
+    bench = runmodel.Engine().run(Counting(batches=4), runmodel.Benchmark(warmup=2), steps=9)
     assert bench.timings["measured_steps"] == 7 and bench.timings["samples_per_s"] is None
-    prof = runmodel.Engine().run(Counting(batches=4), mode="profile", steps=6, warmup=1,
-                                 directory=tmp_path)
+    profile = runmodel.Profile(warmup=1, directory=tmp_path)
+    prof = runmodel.Engine().run(Counting(batches=4), profile, steps=6)
     assert Path(prof.files["trace"]).is_file()
 
 
@@ -155,7 +155,7 @@ def test_benchmark_times_measured_steps_after_warmup() -> None:
     before = [p.detach().clone() for p in model.module.parameters()]
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: None, name="noop")
-    result = engine.run(model, mode="benchmark", steps=20, warmup=4)
+    result = engine.run(model, runmodel.Benchmark(warmup=4), steps=20)
     t = result.timings
     assert result.mode == "benchmark" and result.steps == 20 and result.ended == "budget"
     assert t["measured_steps"] == 16 and t["warmup"] == 4 and t["device"] == "cpu"
@@ -172,25 +172,40 @@ def test_benchmark_of_infer_steps_uses_eval_data() -> None:
     sizes: list[int] = []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: sizes.append(len(e.state.batch[0])))
-    result = engine.run(model, mode="benchmark", measure="infer", steps=8, warmup=2)
+    result = engine.run(model, runmodel.Benchmark(measure="infer", warmup=2), steps=8)
     assert result.timings["measured_steps"] == 6 and sizes == [32, 32] * 4
 
 
 def test_benchmark_defaults_to_fifty_measured_steps() -> None:
-    result = runmodel.Engine().run(Counting(batches=1000), mode="benchmark", warmup=3)
+    result = runmodel.Engine().run(Counting(batches=1000), runmodel.Benchmark(warmup=3))
     assert result.steps == 53 and result.timings["measured_steps"] == 50
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"steps": 5, "warmup": 5}, "more steps"),
-    ({"warmup": -1}, "warmup= must be a whole number"),
-    ({"measure": "eval"}, "measure='eval'"),
-])
-def test_bad_benchmark_options_fail_before_setup(kwargs: dict[str, Any], match: str) -> None:
+def test_too_few_benchmark_steps_fail_before_setup() -> None:
     model = Counting()
-    with pytest.raises(ValueError, match=match):
-        runmodel.Engine().run(model, mode="benchmark", **kwargs)
+    with pytest.raises(ValueError, match=r"benchmark mode needs more steps \(5\) than warm-up "
+                                         r"steps \(5\)"):
+        runmodel.Engine().run(model, runmodel.Benchmark(warmup=5), steps=5)
     assert model.calls == []
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"warmup": -1}, "warmup= must be a whole number"),
+    ({"warmup": True}, "warmup= must be a whole number"),
+    ({"measure": "eval"}, "measure='eval': benchmark mode measures a 'train' or 'infer' step"),
+])
+def test_bad_benchmark_options_fail_when_the_mode_is_made(options: dict[str, Any],
+                                                         match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        runmodel.Benchmark(**options)
+
+
+def test_a_mode_name_is_the_mode_with_its_defaults() -> None:
+    result = runmodel.Engine().run(Counting(batches=100), "benchmark")
+    assert result.steps == 55 and result.timings["warmup"] == 5
+    with pytest.raises(ValueError, match=r"unknown mode 'bench'; valid modes: train, eval, "
+                                         r"infer, benchmark, profile"):
+        runmodel.Engine().run(Counting(), "bench")
 
 
 def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
@@ -201,7 +216,7 @@ def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
         torch.ones(64, 64) @ torch.ones(64, 64)
 
     engine.on("epoch_end", lambda e: None, name="end_hook")
-    result = engine.run(Classifier(), mode="profile", steps=6, warmup=2, directory=tmp_path)
+    result = engine.run(Classifier(), runmodel.Profile(warmup=2, directory=tmp_path), steps=6)
     trace = Path(result.files["trace"])
     assert trace.parent == tmp_path and trace.name.endswith(".pt.trace.json")
     names = {event.get("name", "") for event in json.loads(trace.read_text())["traceEvents"]}
@@ -218,5 +233,5 @@ def test_the_benchmark_window_ends_with_the_last_measured_step() -> None:
 
     engine = runmodel.Engine()
     engine.on("epoch_end", lambda e: clock.sleep(0.3))  # after the last step
-    result = engine.run(Counting(batches=100), mode="benchmark", steps=20, warmup=2)
+    result = engine.run(Counting(batches=100), runmodel.Benchmark(warmup=2), steps=20)
     assert result.timings["seconds"] < 0.25

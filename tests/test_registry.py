@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import runmodel
-from runmodel import registry
 from runmodel.backends import AMP, Compile, Plain
-from runmodel.loader import load_source
+from runmodel.config import registry
+from runmodel.config.registry import Spec
+from runmodel.models.loader import load_source
 from runmodel.packs import Checkpoint, TensorBoard
-from runmodel.registry import Spec
 
 HERE = str(Path(__file__).resolve())
 
@@ -271,7 +271,7 @@ def test_different_sourceless_factories_with_one_name_are_duplicates(name: str) 
     ("optimizer", "sgd", "torch/optim/sgd.py"),
     ("loss", "cross_entropy", "torch/nn/modules/loss.py"),
     ("backend", "plain", "runmodel/backends/base.py"),
-    ("interface", "supervised", "runmodel/interface.py"),
+    ("interface", "supervised", "runmodel/models/interface.py"),
     ("pack", "checkpoint", "runmodel/packs/checkpoint.py"),
 ])
 def test_taking_a_builtins_name_fails_at_registration(kind: str, builtin: str,
@@ -494,7 +494,8 @@ def test_builtin_backends_and_interface() -> None:
     compiled = runmodel.make_backend(Spec("compile", {"backend": "eager"}))
     assert type(compiled) is Compile and compiled.compile_options["backend"] == "eager"
     with_optimizer = runmodel.make_backend(Spec("plain", {"optimizer": "adam"}))
-    assert with_optimizer.optimizer == Spec("adam")
+    made = with_optimizer.optimizer([torch.nn.Parameter(torch.zeros(2))])
+    assert type(made) is torch.optim.Adam
     assert type(runmodel.make_interface("supervised")) is runmodel.Supervised
 
 

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 import runmodel
-import runmodel.runs
+import runmodel.config.rundir
 from runmodel.cli import main
-from runmodel.config import RunConfig, load_config
-from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
+from runmodel.config.runconfig import RunConfig, load_config
+from runmodel.config.rundir import RunExists, execute, prepare, read_status, run_dir_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "configs" / "digits.toml"
@@ -319,7 +319,7 @@ def test_restart_moves_the_old_run_aside(project: Project) -> None:
 def test_two_restarts_in_one_second_keep_both_old_runs(project: Project,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     frozen = types.SimpleNamespace(strftime=lambda *args: "20250101-120000", time=time.time)
-    monkeypatch.setattr(runmodel.runs, "time", frozen)  # both restarts in one second
+    monkeypatch.setattr(runmodel.config.rundir, "time", frozen)  # both restarts in one second
     config = project.load(packs=())
     execute(config, project.root, base=project.dir)
     execute(config, project.root, base=project.dir, restart=True)
@@ -353,7 +353,7 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project)
     def ctrl_c(engine: runmodel.Engine) -> None:
         raise KeyboardInterrupt
 
-    engine.on("step_start", ctrl_c, once=7)  # the 3rd step of epoch 1
+    engine.on("step_start", ctrl_c, once=6)  # step 6: the 3rd step of epoch 1
     prepared = prepare(config, project.root, base=project.dir, engine=engine)
     directory = prepared.directory
     with pytest.raises(KeyboardInterrupt):
@@ -394,7 +394,7 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
         execute(config, project.root, base=project.dir, resume=True)
     assert snapshot(directory) == before
     with pytest.raises(FileNotFoundError, match="is not a run directory"):
-        runmodel.runs.resume_dir(project.dir / "nothing")
+        runmodel.config.rundir.resume_dir(project.dir / "nothing")
 
 
 def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
@@ -424,7 +424,7 @@ def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
     assert read_status(directory)["status"] == "interrupted"  # the process is gone
     assert not (directory / "metrics.json").exists()
     for path in (directory / "checkpoint").glob("ckpt-*.pt"):
-        assert torch.load(path, weights_only=True)["format"] == 1
+        assert torch.load(path, weights_only=True)["format"] == 2
     assert main(["runs", str(root)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["run", "status", "steps"]
@@ -592,7 +592,7 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     assert {k: tuple(v.shape) for k, v in saved.items()} == {
         "1.weight": (128, 64), "1.bias": (128,), "3.weight": (10, 128), "3.bias": (10,)}
     last = torch.load(directory / "checkpoint" / "ckpt-00003-0000000069.pt", weights_only=True)
-    assert all(torch.equal(saved[k], last["model"][k]) for k in saved)
+    assert all(torch.equal(saved[k], last["model"]["module"][k]) for k in saved)
 
 
 def test_prepare_claims_the_directory(project: Project) -> None:

@@ -136,7 +136,7 @@ def _one_plain_step() -> nn.Module:
 def test_hooks_added_mid_run_take_effect_at_the_next_event(engine: runmodel.Engine) -> None:
     late: list[int] = []
 
-    @engine.on("runstep", once=3)
+    @engine.on("runstep", once=2)  # at step 2, the third
     def add_late(engine: runmodel.Engine) -> None:
         engine.on("backward", lambda e: late.append(e.state.step))
 
@@ -187,10 +187,8 @@ def test_missing_optimizer_is_a_clear_error_before_any_step(engine: runmodel.Eng
     assert steps == []
 
 
-@pytest.mark.parametrize(("phased", "where"), [
-    (False, "phase 'runstep' (built-in action, running forward"),
-    (True, "phase 'forward' (built-in action)")])
-def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool, where: str) -> None:
+@pytest.mark.parametrize("phased", [False, True])
+def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool) -> None:
     class WrongShape(Regression):
         def __init__(self) -> None:
             super().__init__()
@@ -200,7 +198,7 @@ def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool, wher
         engine.on("forward", lambda e: None)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
         engine.run(WrongShape())
-    assert where in "\n".join(info.value.__notes__)
+    assert "raised in phase 'forward' (built-in action)" in "\n".join(info.value.__notes__)
 
 
 @pytest.mark.parametrize("phased", [False, True])
@@ -209,7 +207,7 @@ def test_an_optimizer_replaced_mid_run_is_the_one_that_steps(phased: bool) -> No
     if phased:
         engine.on("backward", lambda e: None)
 
-    @engine.on("epoch_end", once=1)
+    @engine.on("epoch_end", once=0)  # at epoch 0
     def freeze(engine: runmodel.Engine) -> None:  # lr 0 from the second epoch on
         engine.model.optimizer = torch.optim.SGD(engine.model.module.parameters(), lr=0.0)
 

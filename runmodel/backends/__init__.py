@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
+from ..core import FineTuneSpec
 from .amp import AMP
-from .base import Backend, FineTuneSpec, Plain
+from .base import Backend, OptimizerFactory, Plain
 from .compile import Compile
 
-__all__ = ["AMP", "Backend", "Compile", "FineTuneSpec", "Plain", "register_builtins"]
+__all__ = ["AMP", "BACKEND_TYPES", "Backend", "Compile", "FineTuneSpec", "OptimizerFactory",
+           "Plain"]
 
-
-def register_builtins(register: Callable[[str, Any], Any]) -> None:
-    register("plain", Plain)
-    register("amp", AMP)
-    register("compile", Compile)
+#: The built-in backends by name (``runmodel.register_backend`` adds others).
+BACKEND_TYPES: dict[str, type[Backend]] = {"plain": Plain, "amp": AMP, "compile": Compile}

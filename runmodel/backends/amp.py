@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from ..pack import Pack, override
-from .base import Backend, FineTuneSpec
+from ..core import FineTuneSpec, Pack, override
+from .base import Backend
 
 __all__ = ["AMP"]
 

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from ..model import unwrap
-from .base import Backend, FineTuneSpec
+from ..core import FineTuneSpec
+from ..models import unwrap
+from .base import Backend
 
 __all__ = ["Compile"]
 

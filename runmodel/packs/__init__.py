@@ -1,16 +1,13 @@
-"""Built-in packs: reusable bundles of hooks. Each uses only the engine's public API."""
+"""Built-in packs: reusable bundles of hooks, one a file. Each uses only the engine's
+public API, and is registered by a snake_case name for configs (``config/builtins.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from .checkpoint import Checkpoint
+from .run_log import RunLog
 from .tensorboard import TensorBoard
 
-__all__ = ["Checkpoint", "TensorBoard", "register_builtins"]
+__all__ = ["PACK_TYPES", "Checkpoint", "RunLog", "TensorBoard"]
 
-
-def register_builtins(register: Callable[[str, Any], Any]) -> None:
-    register("checkpoint", Checkpoint)
-    register("tensorboard", TensorBoard)
+#: The built-in packs by the name a config gives them.
+PACK_TYPES: dict[str, type] = {"checkpoint": Checkpoint, "tensorboard": TensorBoard}

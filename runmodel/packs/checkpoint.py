@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import save_checkpoint
-from ..filters import parse_duration
-from ..hooks import Hook
-from ..pack import Pack
+from .. import checkpoint
+from ..core import Hook, HookOptions, Pack
+from ..core.options import parse_duration
 
 __all__ = ["Checkpoint"]
 
@@ -30,7 +29,9 @@ class Checkpoint(Pack):
 
     def __init__(self, directory: str | os.PathLike[str], every: int | str = "1ep",
                  keep: int | None = 2) -> None:
-        self.every = parse_duration(every, option="every", scope="epoch")
+        self.every = parse_duration(every, "every")
+        if self.every.unit == "own":  # a count of epochs
+            self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), got {keep!r}")
         self.directory, self.keep = Path(directory), keep
@@ -38,9 +39,9 @@ class Checkpoint(Pack):
 
     def hooks(self) -> Iterator[Hook]:
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
-        every = int(self.every.amount) if self.every.unit == "ep" else self.every.text
-        yield Hook(self.save, phase, every=every, name="checkpoint.save", pack=self,
-                   modes="train", priority=-1000)  # last: after other hooks' state changes
+        # last: after other hooks' state changes
+        yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
+                                                      priority=-1000))
 
     def save(self, engine: Any) -> Path:
         s = engine.state
@@ -58,7 +59,7 @@ class Checkpoint(Pack):
         kept = [n for n in previous if n != name] + [name]
         self.saved = kept[-self.keep:] if self.keep is not None else kept
         try:
-            path = save_checkpoint(engine, self.directory / name, counters)
+            path = checkpoint.save(self.directory / name, engine.snapshot(counters))
         except BaseException:
             self.saved = previous
             raise

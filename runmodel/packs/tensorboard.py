@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from ..hooks import Hook
-from ..pack import Pack
+from ..core import Hook, HookOptions, Pack
 
 __all__ = ["TensorBoard"]
 
@@ -33,13 +32,13 @@ class TensorBoard(Pack):
         self.writer: Any = None
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.open, "setup", name="tensorboard.open", pack=self)
-        yield Hook(self.log_epoch, "epoch_end", name="tensorboard.epoch", pack=self,
-                   priority=-100)  # after hooks that compute metrics
+        yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open"))
+        yield Hook(self.log_epoch, "epoch_end", HookOptions.of(
+            name="tensorboard.epoch", priority=-100))  # after hooks that compute metrics
         if self.every_steps:
-            yield Hook(self.log_step, "runstep", every=self.every_steps,
-                       name="tensorboard.step", pack=self)
-        yield Hook(self.close, "teardown", name="tensorboard.close", pack=self)
+            yield Hook(self.log_step, "runstep", HookOptions.of(every=self.every_steps,
+                                                                name="tensorboard.step"))
+        yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close"))
 
     def open(self, engine: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -22,21 +22,19 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint import checkpoints_in
-from .config import RunConfig
-from .engine import Engine
-from .hooks import Hook
-from .loader import load_source
-from .pack import Pack
-from .registry import Spec, make_backend, make_interface, make_model, make_optimizer, make_pack
-from .state import RunResult
+from ..checkpoint import checkpoints_in
+from ..core import RunResult
+from ..engine import Engine
+from ..models import load_source
+from ..packs import RunLog
+from .registry import Spec, make_backend, make_interface, make_model, make_pack, optimizer_factory
+from .runconfig import RunConfig
 
 __all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
            "run_dir_for", "runs_table"]
@@ -79,40 +77,6 @@ def read_status(directory: Path) -> dict[str, Any]:
         except PermissionError:
             pass
     return status
-
-
-class RunLog(Pack):
-    """Appends a line to ``run.log`` at the start, each epoch end and the end of a run."""
-
-    name = "run_log"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.setup, "setup", name="run_log.start", pack=self)
-        yield Hook(self.epoch_end, "epoch_end", name="run_log.epoch", pack=self, priority=-50)
-        yield Hook(self.teardown, "teardown", name="run_log.end", pack=self)
-
-    def write(self, text: str) -> None:
-        with open(self.path, "a") as log:
-            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
-
-    def setup(self, engine: Any) -> None:
-        s = engine.state
-        self.write(f"start {s.mode} at epoch {s.epoch}, step {s.step}")
-
-    def epoch_end(self, engine: Any) -> None:
-        s = engine.state
-        loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
-            s.loss.numel() == 1) else ""
-        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
-        self.write(f"epoch {s.epoch} step {s.step}{loss}{metrics}")
-
-    def teardown(self, engine: Any) -> None:
-        error = engine.state.error
-        self.write(f"end at epoch {engine.state.epoch}, step {engine.state.step}"
-                   + (f": {type(error).__name__}: {error}" if error is not None else ""))
 
 
 def _seed(seed: int) -> None:
@@ -206,10 +170,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     if config.interface is not None:
         model.interface = make_interface(config.interface)
     backend = make_backend(config.backend or "plain")
-    if config.optimizer is not None:
-        # a bad name or bad arguments show now, not at the start of the run
-        make_optimizer(config.optimizer, [torch.nn.Parameter(torch.zeros(1))])
-        backend.optimizer = config.optimizer
+    if config.optimizer is not None:  # a bad name or bad arguments show now
+        backend.optimizer = optimizer_factory(config.optimizer)
     packs = [RunLog(run_dir / "run.log")]
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events; a config that lists

@@ -34,7 +34,7 @@ def describe_table(hooks: dict[str, list[Hook]], overrides: dict[str, list[Hook]
 
 def _row(phase: str, position: str, label: str, hook: Hook,
          packs: dict[int, str]) -> tuple[str, ...]:
-    return (phase, position, label, f"{hook.priority:g}", hook.filter_text(),
+    return (phase, position, label, f"{hook.options.priority:g}", hook.options.filter_text(),
             packs.get(id(hook.pack), "-"), short_path(hook.source))
 
 

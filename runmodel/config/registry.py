@@ -10,10 +10,18 @@ registered on first use.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+from ..backends import Backend
+from ..core import Pack
+from ..models import Interface, Model
+from . import builtins
 
 __all__ = [
     "Registry",
@@ -24,6 +32,7 @@ __all__ = [
     "make_model",
     "make_optimizer",
     "make_pack",
+    "optimizer_factory",
     "register_backend",
     "register_interface",
     "register_loss",
@@ -143,27 +152,22 @@ class Registry:
 
 
 def _is_model(obj: object) -> bool:
-    from .model import Model
     return isinstance(obj, Model)
 
 
 def _is_interface(obj: object) -> bool:
-    from .interface import Interface
     return isinstance(obj, Interface)
 
 
 def _is_backend(obj: object) -> bool:
-    from .backends import Backend
     return isinstance(obj, Backend)
 
 
 def _is_pack(obj: object) -> bool:
-    from .pack import Pack
     return isinstance(obj, Pack)
 
 
 def _is_optimizer(obj: object) -> bool:
-    import torch
     return isinstance(obj, torch.optim.Optimizer)
 
 
@@ -187,10 +191,8 @@ register_loss = registries["loss"].register
 def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
                device: str | None = None) -> Any:
     """Build a registered model. A ``Model`` subclass registered as a factory is called as
-    ``cls(device=, init_options=args)``; any other factory (seed 001) as
+    ``cls(device=, init_options=args)``; any other factory as
     ``factory(name=, device=, **args)``."""
-    from .model import Model
-
     spec = Spec.of(spec, "model")
     factory = registries["model"].get(spec.type_)
     if inspect.isclass(factory) and issubclass(factory, Model):
@@ -203,7 +205,21 @@ def make_interface(spec: Spec | str | dict[str, Any]) -> Any:
 
 
 def make_backend(spec: Spec | str | dict[str, Any]) -> Any:
+    """Build a registered backend; an ``optimizer`` among its args is a registered
+    optimizer's spec, checked now."""
+    spec = Spec.of(spec, "backend")
+    if spec.args.get("optimizer") is not None:
+        spec = Spec(spec.type_, {**spec.args, "optimizer": optimizer_factory(
+            spec.args["optimizer"])})
     return registries["backend"].make(spec)
+
+
+def optimizer_factory(spec: Spec | str | dict[str, Any]) -> Callable[[Iterable[Any]], Any]:
+    """A factory of the optimizer ``spec`` names, called with the parameters; a bad name or
+    bad arguments are found now, not when the run starts."""
+    spec = Spec.of(spec, "optimizer")
+    make_optimizer(spec, [torch.nn.Parameter(torch.zeros(1))])
+    return functools.partial(make_optimizer, spec)
 
 
 def make_pack(spec: Spec | str | dict[str, Any], **context: Any) -> Any:
@@ -239,26 +255,12 @@ _loaded = False
 
 
 def _load_builtins() -> None:
-    """Register torch's optimizers and losses and runmodel's own backends, interfaces
-    and packs, once, on first use (so importing runmodel stays cheap)."""
+    """Register torch's optimizers and losses and runmodel's own interfaces, backends and
+    packs, once, on first use."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import torch
-    from torch import nn
-
-    for name, cls in (("sgd", torch.optim.SGD), ("adam", torch.optim.Adam),
-                      ("adamw", torch.optim.AdamW), ("rmsprop", torch.optim.RMSprop),
-                      ("adagrad", torch.optim.Adagrad)):
-        register_optimizer(name, cls)
-    for name, cls in (("cross_entropy", nn.CrossEntropyLoss), ("mse", nn.MSELoss),
-                      ("l1", nn.L1Loss), ("smooth_l1", nn.SmoothL1Loss), ("nll", nn.NLLLoss),
-                      ("bce", nn.BCELoss), ("bce_with_logits", nn.BCEWithLogitsLoss),
-                      ("huber", nn.HuberLoss)):
-        register_loss(name, cls)
-    from . import backends, interface, packs
-
-    interface.register_builtins(register_interface)
-    backends.register_builtins(register_backend)
-    packs.register_builtins(register_pack)
+    for kind, table in builtins.BUILTINS.items():
+        for name, factory in table.items():
+            registries[kind].register(name, factory)

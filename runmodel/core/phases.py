@@ -3,9 +3,10 @@
 A run is the pseudocode below; every ``fire(name)`` runs that phase's hooks in their
 resolved order, and every ``action(name)`` is the built-in work of the phase, which
 ``engine.override(name)`` can wrap or replace. Hooks of a phase with an action run
-after the action, so they see its result in ``engine.state``::
+after the action, so they see its result in ``engine.state``; ``engine.fire(name)`` does
+both, and is how a mode's step runs the phases inside it::
 
-    model.setup(setup_options); backend.initialize(model, spec)
+    model.setup(setup_options); backend.initialize(model, spec); load the checkpoint
     fire("setup")
     try:
         model.run(runstep, steps)               # the model owns its loop:
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MODES", "PHASES", "Phase"]
+__all__ = ["ACTION_PHASES", "MODES", "PHASES", "Phase"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,5 +64,7 @@ PHASES: dict[str, Phase] = {
         Phase("teardown", "run", False, "always once setup began, before model.teardown()"),
     )
 }
+
+ACTION_PHASES: tuple[str, ...] = tuple(p for p, spec in PHASES.items() if spec.has_action)
 
 MODES: tuple[str, ...] = ("train", "eval", "infer", "benchmark", "profile")

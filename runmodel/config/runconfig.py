@@ -1,4 +1,4 @@
-"""A run described as data (seeds 001, 002): ``RunConfig``, read from TOML or JSON.
+"""A run described as data: ``RunConfig``, read from TOML or JSON.
 
 ```toml
 imports = ["examples/digits.py"]   # files or modules that register what is named below
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .phases import MODES
+from ..core import MODES
 from .registry import Spec
 
 try:

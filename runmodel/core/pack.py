@@ -5,50 +5,55 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook
+from .options import ARGS, HookOptions, check_phase, check_signature
 from .phases import PHASES
-from .validate import ARGS, check_phase, check_signature
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .options import HookArgs
 
 __all__ = ["Pack", "flatten_packs", "hook", "override"]
 
 _MARK = "__runmodel_hooks__"
 
 
-def _mark(phase: str | None, override: bool, options: dict[str, Any]) -> Callable[[Any], Any]:
+def _mark(phase: str | None, override: bool, options: HookOptions) -> Callable[[Any], Any]:
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        target = phase or getattr(fn, "__name__", None)
-        check_phase(target, override=override)
-        # Check the method and every option now, not when the pack is attached.
+        target = check_phase(phase or getattr(fn, "__name__", None), override=override)
         check_signature(fn, ("self", *ARGS[override]), "a pack method")
-        Hook(lambda *args: None, target, override=override, **options)
         fn.__dict__.setdefault(_MARK, []).append((target, override, options))
         return fn
     return decorate
 
 
-def hook(phase: str | None = None, **options: Any) -> Callable[[Any], Any]:
+def hook(phase: str | None = None, **options: Unpack[HookArgs]) -> Callable[[Any], Any]:
     """Set a pack method's hook options (``priority``, ``every``, ``before``, ...).
 
     A method named after a phase is a hook already; ``phase=`` lets a method of any
-    name hook a phase. Decorating twice hooks the method on two phases.
+    name hook a phase. Decorating twice hooks the method on two phases. The options are
+    checked here, when the class is defined.
     """
-    return _mark(phase, False, options)
+    return _mark(phase, False, HookOptions.of(**options))
 
 
-def override(phase: str, **options: Any) -> Callable[[Any], Any]:
+def override(phase: str, **options: Unpack[HookArgs]) -> Callable[[Any], Any]:
     """Make a pack method ``(self, engine, default)`` an override of ``phase``'s action."""
-    return _mark(phase, True, options)
+    return _mark(phase, True, HookOptions.of(**options))
 
 
 class Pack:
     """A reusable bundle of hooks with its own state.
 
     Methods named after phases are hooks; ``@runmodel.hook(...)`` and
-    ``@runmodel.override(...)`` mark others or set options. Packs held in attributes
+    ``@runmodel.override(...)`` mark others or set options. A pack whose hooks depend on
+    its arguments (a checkpoint interval, say) overrides ``hooks()`` and yields
+    ``runmodel.Hook(self.method, phase, HookOptions.of(...))``. Packs held in attributes
     (directly or in a list or tuple) are attached and detached with their holder.
-    ``state_dict``/``load_state_dict`` are collected by ``engine.state_dict()``.
+    ``state_dict``/``load_state_dict`` are saved in checkpoints.
     """
 
     name: str | None = None
@@ -56,7 +61,6 @@ class Pack:
     def hooks(self) -> Iterator[Hook]:
         """This pack's own hooks (not its children's), in definition order; a subclass's
         definition of a name (and its options) replaces its bases'."""
-        label = self.name or type(self).__name__
         names: dict[str, None] = {}  # first definition, bases first: the order
         for cls in reversed(type(self).__mro__):
             names.update(dict.fromkeys(a for a in vars(cls) if not a.startswith("__")))
@@ -64,13 +68,9 @@ class Pack:
             value = next(vars(c)[attr] for c in type(self).__mro__ if attr in vars(c))
             marks = getattr(value, _MARK, None)
             if marks is None and attr in PHASES and callable(value):
-                marks = [(attr, False, {})]
-            if not marks:
-                continue
-            method = getattr(self, attr)
-            for phase, is_override, options in marks:
-                options = {"name": f"{label}.{attr}", **options}
-                yield Hook(method, phase, override=is_override, pack=self, **options)
+                marks = [(attr, False, HookOptions())]
+            for phase, is_override, options in marks or ():
+                yield Hook(getattr(self, attr), phase, options, override=is_override)
 
     def children(self) -> list[Pack]:
         """Packs this one holds: attributes that are packs, or lists/tuples of packs."""
@@ -86,6 +86,21 @@ class Pack:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
+
+
+def pack_hooks(pack: Pack) -> list[Hook]:
+    """``pack.hooks()``, each owned by the pack and named ``Pack.method`` unless named."""
+    label = pack.name or type(pack).__name__
+    hooks = []
+    for h in pack.hooks():
+        if not isinstance(h, Hook):
+            raise TypeError(f"{type(pack).__name__}.hooks() yielded {h!r}; yield "
+                            f"runmodel.Hook(fn, phase, options) records")
+        h.pack = pack
+        if h.options.name is None:
+            h.name = f"{label}.{getattr(h.fn, '__name__', h.name)}"
+        hooks.append(h)
+    return hooks
 
 
 def flatten_packs(packs: Iterable[Pack], taken: set[str]) -> list[tuple[str, Pack]]:

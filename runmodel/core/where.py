@@ -10,7 +10,7 @@ from typing import Any
 
 from .describe import short_path
 from .hooks import Hook
-from .validate import code_of
+from .options import code_of
 
 __all__ = ["Where"]
 
@@ -31,7 +31,7 @@ class Where:
     def add_hook(self, hook: Hook, kind: str) -> None:
         text = f"phase {hook.phase!r}, {kind} {hook.name!r} ({short_path(hook.source)})"
         self.add(text, hook.fn)
-        self.add(f"{text}, its when= filter", hook.when)
+        self.add(f"{text}, its when= filter", hook.options.when)
 
     def locate(self, error: BaseException) -> str:
         """The innermost hook, action or model method the error passed through."""

@@ -1,0 +1,329 @@
+"""The engine: phases with ordered hooks and overridable actions, run state, the run.
+
+``engine.run(model, mode)`` calls ``model.setup()``, then ``model.run(runstep, steps)``,
+where the model keeps its own loop and calls ``runstep(batch)`` once per step; the engine
+decides what a step does (the mode's ``StepPlan``), fires the phases around it, enforces
+the step budget (``loop.py``) and always tears down. ``phases.py`` has the run as
+pseudocode. This core engine takes a mode and a backend as objects;
+``runmodel.Engine`` adds them by name, and the ignite view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .describe import describe_table
+from .hooks import Hook, HookHandle
+from .loop import Loop
+from .options import HookOptions, check_phase, describe_fn
+from .pack import Pack, flatten_packs, pack_hooks
+from .plan import Backend, FineTuneSpec, Mode, StepPlan
+from .state import RunResult, State, StopRun
+from .table import Dispatch, HookTable
+from .where import Where
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .options import HookArgs
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Owns the phases, their hooks and overrides, the run state and the run."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.model: Any = None
+        self.table = HookTable()
+        self._loop: Loop | None = None
+        self._for_run: list[HookHandle] = []  # attached for one run (a backend's pack)
+        self._resuming = False
+
+    # -- registration ------------------------------------------------------------------
+
+    def on(self, phase: str, fn: Callable[[Any], Any] | None = None,
+           **options: Unpack[HookArgs]) -> Any:
+        """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
+        are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
+        ``when``, ``modes``, ``rank``, ``name``; all are checked here, not at run time.
+        Returns a ``HookHandle`` (the decorator form returns it in place of the function;
+        it stays callable)."""
+        return self._register(phase, fn, False, HookOptions.of(**options))
+
+    def override(self, phase: str, fn: Callable[[Any, Callable[[Any], Any]], Any] | None = None,
+                 **options: Unpack[HookArgs]) -> Any:
+        """Wrap or replace ``phase``'s action with ``fn(engine, default)``; calling
+        ``default(engine)`` reaches the next override and, last, the built-in action.
+        Takes the options of ``on``; overrides are ordered like hooks, first outermost."""
+        return self._register(phase, fn, True, HookOptions.of(**options))
+
+    def _register(self, phase: str, fn: Callable[..., Any] | None, override: bool,
+                  options: HookOptions) -> Any:
+        check_phase(phase, override=override)
+        if fn is None:
+            return lambda f: self._add([Hook(f, phase, options, override=override)], fn=f)
+        return self._add([Hook(fn, phase, options, override=override)], fn=fn)
+
+    def attach(self, *packs: Pack) -> HookHandle:
+        """Attach packs (and the packs they hold) as one unit; the handle detaches it."""
+        flat = flatten_packs(packs, taken=set(self.table.packs))
+        seen = {id(p) for p in self.table.packs.values()}
+        for key, pack in flat:
+            if id(pack) in seen:
+                raise ValueError(f"pack {key!r} is attached already; make a new instance to "
+                                 f"use a pack twice")
+            seen.add(id(pack))
+        handle = self._add([h for _, p in flat for h in pack_hooks(p)],
+                           packs=tuple(p for _, p in flat))
+        self.table.packs.update(flat)
+        return handle
+
+    def _add(self, hooks: list[Hook], fn: Callable[..., Any] | None = None,
+             packs: tuple[Pack, ...] = ()) -> HookHandle:
+        self.table.add(hooks)
+        return HookHandle(hooks, self._detach, self._is_attached, fn, packs)
+
+    def _detach(self, handle: HookHandle) -> None:
+        self.table.remove(handle.hooks)
+        for key in [k for k, p in self.table.packs.items() if p in handle.packs]:
+            del self.table.packs[key]
+
+    def _is_attached(self, handle: HookHandle) -> bool:
+        return any(self.table.holds(h) for h in handle.hooks)
+
+    def describe(self) -> str:
+        """The resolved table: phase, position, hook, priority, filter, pack, source."""
+        return describe_table(self.table.hooks, self.table.overrides,
+                              {id(p): k for k, p in self.table.packs.items()})
+
+    # -- dispatch and run controls ------------------------------------------------------
+
+    @property
+    def dispatch(self) -> Dispatch:
+        """``fire`` made ahead: per phase, ``dispatch.<phase>(engine)`` runs its action
+        chain and its hooks (``None`` for a phase with nothing to do). Rebuilt whenever
+        hooks change; a mode's step reads it at each call, so it sees the change."""
+        return self.table.dispatch
+
+    def fire(self, phase: str) -> None:
+        """Run ``phase`` now: its action through its overrides (for a phase that has
+        one), then its hooks. A mode's step fires the phases inside it this way."""
+        try:
+            fire = getattr(self.table.dispatch, phase)
+        except AttributeError:
+            check_phase(phase, override=False)
+            raise
+        if fire is not None:
+            fire(self)
+
+    def stop(self) -> None:
+        """End the run once the current step is done; teardown follows."""
+        if self._loop is not None:
+            self._loop.stop()
+
+    def end_epoch(self) -> None:
+        """End the current epoch once the current step is done: the model's remaining
+        runstep calls in it do nothing. Without ``runstep.epochs()`` it ends the run."""
+        if self._loop is not None:
+            self._loop.end_epoch()
+
+    def skip_step(self) -> None:
+        """From a ``step_start`` hook: drop this batch. The step's action and ``runstep``
+        hooks do not run, ``step`` does not advance, ``state.skipped`` does."""
+        if self._loop is None:
+            raise RuntimeError("skip_step() drops a batch of a running step; call it from a "
+                               "step_start hook")
+        self._loop.skip_step()
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        """The run's counters (``counters`` replacing some) and every pack's state."""
+        s = self.state
+        return {"counters": {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step,
+                             "skipped": s.skipped, **(counters or {})},
+                "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters and pack states; the next run continues these counters."""
+        for name, value in state.get("counters", {}).items():
+            setattr(self.state, name, int(value))
+        self._resuming = True
+        for key, pack_state in state.get("packs", {}).items():
+            if key in self.table.packs:
+                self.table.packs[key].load_state_dict(pack_state)
+            else:
+                warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
+                              f"(attached: {sorted(self.table.packs) or 'none'})", stacklevel=2)
+
+    def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        """Everything a checkpoint holds: the engine's state, the model's, the random
+        number generators'. ``counters`` is where a run resumed from it starts."""
+        from .. import checkpoint  # torch: imported when a run needs it
+
+        state_dict = getattr(self.model, "state_dict", None)
+        return {"engine": self.state_dict(counters), "rng": checkpoint.rng_state(),
+                "model": state_dict() if callable(state_dict) else None}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
+        from .. import checkpoint
+
+        if snapshot.get("model") is not None:
+            self.model.load_state_dict(snapshot["model"])
+        self.load_state_dict(snapshot["engine"])
+        checkpoint.set_rng_state(snapshot["rng"])
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self, model: Any, mode: Mode, *, steps: int | None = None,
+            epochs: int | None = None, setup_options: dict[str, Any] | None = None,
+            backend: Backend | None = None,
+            resume: str | os.PathLike[str] | None = None) -> RunResult:
+        """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
+
+        Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
+        ``steps``/``epochs`` count from the start of training, so a resumed run given the
+        same numbers ends where one straight run would. ``backend`` prepares model and
+        optimizer after ``model.setup()``; ``resume`` is a checkpoint file or a folder of
+        them to continue from.
+        """
+        steps = mode.budget(_count(steps, "steps"))
+        if self._loop is not None:
+            raise RuntimeError("this engine is running already; an engine runs one model at "
+                               "a time (make another Engine for a nested run)")
+        if resume is not None and not Path(resume).exists():
+            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or "
+                                    f"directory")
+        loop = self._start(model, mode, steps, _count(epochs, "epochs"), backend)
+        started = time.perf_counter()
+        try:
+            plan = self._prepare(model, mode, setup_options, backend, resume)
+            self.fire("setup")
+            with plan.context():
+                with contextlib.suppress(StopRun):  # how the budget and stop() end a run
+                    model.run(loop.runstep(mode.kind), steps)
+                loop.finish()
+            extras = plan.finish(self)
+        except BaseException as error:
+            self._failed(error)
+            raise
+        finally:
+            self._teardown(model)
+        s = self.state
+        return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
+                         time.perf_counter() - started, dict(s.metrics), **extras)
+
+    def _start(self, model: Any, mode: Mode, steps: int | None, epochs: int | None,
+               backend: Backend | None) -> Loop:
+        """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
+        s = self.state
+        if not self._resuming:
+            s.step = s.epoch = s.epoch_step = s.skipped = 0
+        self._resuming = False
+        s.mode, s.max_steps, s.max_epochs, s.rank = mode.name, steps, epochs, _current_rank()
+        s.batch = s.output = s.loss = s.error = None
+        s.metrics = {}
+        self.model, self._loop = model, Loop(self, steps, epochs)
+        self.table.where = where = Where()
+        for label, fn in (("model.setup", model.setup), ("model.run", model.run),
+                          ("model.teardown", model.teardown), ("building the mode", mode.plan),
+                          ("backend.initialize", getattr(backend, "initialize", None)),
+                          ("loading the checkpoint", self.restore)):
+            where.add(label, fn)
+        self.table.start(s, mode.name, s.rank, StepPlan({}))  # exception/teardown can fire
+        return self._loop
+
+    def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
+                 backend: Backend | None, resume: str | os.PathLike[str] | None) -> StepPlan:
+        """Set the model up, let the backend prepare it, resume, build the mode's plan."""
+        model.setup(setup_options)
+        if backend is not None:
+            backend.initialize(model, FineTuneSpec.of(_data(model, mode.kind),
+                                                      self.state.max_steps, self.state.max_epochs))
+            if (pack := backend.pack()) is not None:
+                self._for_run.append(self.attach(pack))
+        if resume is not None:
+            from .. import checkpoint
+
+            self.restore(checkpoint.load(resume)[1])
+            self._resuming = False  # these counters are this run's, not the next one's
+        plan = mode.plan(self, model)  # after setup, which makes what the mode needs
+        self.table.start(self.state, mode.name, self.state.rank, plan)  # filters start here
+        return plan
+
+    # -- errors and teardown --------------------------------------------------------------
+
+    def _failed(self, error: BaseException) -> None:
+        s = self.state
+        s.error = error
+        if self._loop is not None:
+            self._loop.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        error.add_note(f"runmodel: raised in {self.table.where.locate(error)} ({s.mode} mode, "
+                       f"epoch {s.epoch}, step {s.step})")
+        self._fire_guarded("exception", error)
+
+    def _fire_guarded(self, phase: str, error: BaseException | None) -> BaseException | None:
+        """Fire every hook of ``phase`` even if some raise; report the first failure."""
+        first = None
+        for hook in self.table.dispatch.hooks[phase]:
+            try:
+                hook(self)
+            except Exception as failure:
+                note = f"runmodel: {phase} hook {describe_fn(hook)} also raised {failure!r}"
+                if error is not None:
+                    error.add_note(note)
+                elif first is None:
+                    first = failure
+                    failure.add_note(f"runmodel: raised in phase {phase!r}")
+        return first
+
+    def _teardown(self, model: Any) -> None:
+        error, failure = self.state.error, None
+        try:
+            failure = self._fire_guarded("teardown", error)
+        finally:
+            try:
+                model.teardown()
+            except Exception as teardown_error:
+                if error is not None:
+                    error.add_note(f"runmodel: model.teardown() also raised {teardown_error!r}")
+                failure = failure or teardown_error
+            finally:
+                while self._for_run:  # even when a teardown hook raised
+                    self._for_run.pop().detach()
+                self._loop = None
+                self.table.stop()
+        if failure is not None and error is None:
+            raise failure
+
+
+def _current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _data(model: Any, kind: str) -> Any:
+    """The data a step of ``kind`` reads, if the model says (for the fine-tune spec)."""
+    data_for = getattr(model, "data_for", None)
+    try:
+        return data_for(kind) if data_for is not None else None
+    except ValueError:
+        return None
+
+
+def _count(value: int | None, name: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name}= must be a whole number >= 0 or None, got {value!r}")
+    return value

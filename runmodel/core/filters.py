@@ -1,0 +1,101 @@
+"""``every=`` and ``once=`` as functions of the run's counters.
+
+A position is a value of the run's own counters, which count from 0: ``once=2`` on an
+epoch phase fires at ``state.epoch == 2`` (the third epoch), on a step phase at
+``state.step == 2``; ``once="2ep"`` on a step phase fires at the first step of epoch 2.
+``every=N`` fires on the N-th, 2N-th, ... event of the phase's own unit. Both read the
+counters, not a count of calls, so a resumed run (or a hook that joins mid-run) fires
+exactly where one straight run would.
+
+Durations in another unit than the phase's own: epochs on a step phase mean the first
+step of those epochs; steps on ``epoch_end`` mean the steps of the epoch that ends. Where
+the counters cannot tell (seconds, steps on ``epoch_start`` or a run phase), they count
+from this run's start.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .options import Duration
+from .phases import PHASES
+
+if TYPE_CHECKING:
+    from .state import State
+
+__all__ = ["make_filter"]
+
+Filter = Callable[[], bool]
+
+
+class _Position:
+    """True where ``test(position)`` holds, at most once per position (a skipped batch's
+    ``step_start`` and the next batch's ask at one position)."""
+
+    __slots__ = ("fired_at", "read", "test")
+
+    def __init__(self, read: Callable[[], int], test: Callable[[int], bool]) -> None:
+        self.read, self.test, self.fired_at = read, test, -1
+
+    def __call__(self) -> bool:
+        position = self.read()
+        if position == self.fired_at or not self.test(position):
+            return False
+        self.fired_at = position
+        return True
+
+
+class _Crossing:
+    """True when ``read()`` crossed a multiple of ``size`` since the last call (``once``:
+    the first call at which it reached ``size``), counted from ``read()`` at creation."""
+
+    __slots__ = ("done", "last", "once", "read", "size")
+
+    def __init__(self, read: Callable[[], float], size: float, once: bool) -> None:
+        self.read, self.size, self.once = read, size, once
+        self.last = read()
+        self.done = once and self.last >= size  # reached before this run
+
+    def __call__(self) -> bool:
+        now, last = self.read(), self.last
+        self.last = now
+        if self.done:
+            return False
+        crossed = now >= self.size if self.once else now // self.size > last // self.size
+        self.done = self.once and crossed
+        return crossed
+
+
+def _counting(n: int, once: bool) -> Callable[[int], bool]:
+    """``once``: at position ``n``; else on the n-th, 2n-th, ... (positions n-1, 2n-1...)."""
+    return (lambda p: p == n) if once else (lambda p: (p + 1) % n == 0)
+
+
+def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Filter:
+    """The filter for ``every=duration`` (``once=duration`` if ``once``) on ``phase``."""
+    scope, unit, n = PHASES[phase].scope, duration.unit, int(duration.amount)
+    if unit == "s":
+        t0 = time.monotonic()
+        return _Crossing(lambda: time.monotonic() - t0, duration.amount, once)
+    test = _counting(n, once)
+    if scope == "step" and unit in ("own", "st"):
+        return _Position(lambda: state.step, test)
+    if scope == "epoch" and unit in ("own", "ep"):
+        return _Position(lambda: state.epoch, test)
+    if scope == "step":  # epochs: the epoch's first step
+        return _Position(lambda: state.step, lambda _: state.epoch_step == 0 and test(
+            state.epoch))
+    if phase == "epoch_end" and unit == "st":  # the steps of this epoch
+        if once:
+            return lambda: state.step - state.epoch_step <= n < state.step
+        return lambda: state.step // n > (state.step - state.epoch_step) // n
+    if scope == "run" and unit == "own":
+        events = [-1]  # the phase's own events in this run
+
+        def count() -> int:
+            events[0] += 1
+            return events[0]
+        return _Position(count, test)
+    return _Crossing((lambda: state.step) if unit == "st" else (lambda: state.epoch), n, once)

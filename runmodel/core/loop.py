@@ -1,0 +1,147 @@
+"""One run's loop: the runstep callable handed to the model, its epochs, the step budget
+and the run controls (``stop``, ``end_epoch``, ``skip_step``).
+
+The model owns its loop and calls ``runstep(batch)`` once per step; a ``Loop`` decides
+what each call does. Its fast path is one comparison: ``guard`` drops to -1 whenever the
+slow path has something to do (the budget, a stop, opening or closing an epoch).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .state import RunStep, StopRun
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["Loop"]
+
+_NO_BUDGET = sys.maxsize
+
+
+class Loop:
+    """The loop of one run of ``engine``: at most ``steps`` steps, ``epochs`` epochs."""
+
+    def __init__(self, engine: Engine, steps: int | None, epochs: int | None) -> None:
+        self.engine, self.state = engine, engine.state
+        self.budget = _NO_BUDGET if steps is None else steps
+        # without epochs=, the model's loop decides: one epoch, or as many as steps= needs
+        self.max_epochs: float = epochs if epochs is not None else (
+            1 if steps is None else float("inf"))
+        self.ended = "completed"
+        self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
+        self.skip = self.in_step_start = False
+        self.guard = -1  # runstep takes its slow path while step >= guard
+
+    # -- run controls -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stopping, self.guard = True, -1
+
+    def end_epoch(self) -> None:
+        if not self.epoch_open:
+            return  # no epoch to end (a setup hook, say)
+        if not self.explicit_epochs:
+            self.stop()
+        else:
+            self.epoch_ending, self.guard = True, -1
+
+    def skip_step(self) -> None:
+        if not self.in_step_start:
+            raise RuntimeError("skip_step() drops a batch before its step runs, so only a "
+                               "step_start hook may call it; use stop() or end_epoch() elsewhere")
+        self.skip = True
+
+    # -- the runstep callable ---------------------------------------------------------------
+
+    def runstep(self, kind: str) -> RunStep:
+        """The callable handed to ``model.run``; one call is one step of ``kind``."""
+        loop, engine, state, dispatch = self, self.engine, self.state, self.engine.table.dispatch
+        slow_path = self._before_step
+
+        def runstep(batch: Any = None) -> Any:
+            if state.step >= loop.guard and not slow_path():
+                return None
+            state.batch = batch
+            hooks = dispatch.step_start_hooks
+            if hooks:
+                loop.in_step_start = True
+                for hook in hooks:
+                    hook(engine)
+                loop.in_step_start = False
+                if loop.skip:
+                    loop.skip = False
+                    state.skipped += 1
+                    return None
+            dispatch.runstep(engine)
+            state.step += 1
+            state.epoch_step += 1
+            return state.output
+
+        step: Any = runstep
+        step.epochs, step.engine, step.mode, step.kind, step.steps = (
+            self.epochs, engine, state.mode, kind, state.max_steps)
+        engine.table.where.add("runstep (engine)", runstep)
+        return step
+
+    def _before_step(self) -> bool:
+        """The slow path of runstep: end the run, drop the call, or open an epoch."""
+        if self.stopping or self.state.step >= self.budget:
+            self.ended = "stopped" if self.stopping else "budget"
+            raise StopRun
+        if self.epoch_ending:
+            return False
+        if not self.epoch_open and not self.explicit_epochs:
+            if self.state.epoch >= self.max_epochs:  # epochs=0, or a resume past the end
+                raise StopRun
+            self.begin_epoch()  # a loop without runstep.epochs() is one implicit epoch
+        elif self.epoch_open:
+            self.guard = self.budget
+        return True
+
+    def epochs(self) -> Iterator[int]:
+        """``runstep.epochs()``: the epochs of the run, each between its phases."""
+        if self.epoch_open:
+            raise RuntimeError("runstep.epochs() was entered after steps already ran outside "
+                               "it; start the model's loop with `for epoch in runstep.epochs()`")
+        self.explicit_epochs = True
+        s = self.state
+        while s.epoch < self.max_epochs and not self.stopping and s.step < self.budget:
+            steps_before = s.step
+            self.begin_epoch()
+            if self.stopping:  # stop() from an epoch_start hook
+                self.end_epoch_now(completed=False)
+                break
+            yield s.epoch
+            ended_early = self.epoch_ending
+            self.end_epoch_now(completed=True)
+            if s.step == steps_before and self.max_epochs == float("inf") and not ended_early:
+                raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
+                                   f"run would never end; give the model data, or epochs=")
+        if self.stopping:
+            self.ended = "stopped"
+        elif s.step >= self.budget and s.epoch < self.max_epochs:
+            self.ended = "budget"
+
+    def begin_epoch(self) -> None:
+        self.state.epoch_step = 0
+        self.epoch_open, self.epoch_ending, self.guard = True, False, self.budget
+        self.engine.fire("epoch_start")
+
+    def end_epoch_now(self, completed: bool) -> None:
+        self.state.epoch_complete = completed
+        self.engine.fire("epoch_end")
+        if completed:
+            self.state.epoch += 1
+        self.epoch_open = self.epoch_ending = False
+        self.guard = -1
+
+    def finish(self) -> None:
+        """After the model's loop returned (or the budget or stop() ended it)."""
+        if self.stopping:
+            self.ended = "stopped"
+        if self.epoch_open:
+            self.end_epoch_now(completed=self.ended == "completed")

@@ -1,0 +1,83 @@
+"""What the engine asks of the layers above it, as small protocols: a ``Mode`` makes a
+``StepPlan`` (what a step does, and what a mode adds around the phases), a ``Backend``
+prepares model and optimizer, and ``FineTuneSpec`` is the run's horizon it is given."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .hooks import Hook
+    from .pack import Pack
+
+__all__ = ["Action", "Backend", "FineTuneSpec", "Mode", "StepPlan"]
+
+Action = Callable[[Any], Any]
+
+
+@dataclass
+class StepPlan:
+    """What a mode gives a run: the action of each action phase it has (``runstep`` at
+    least), built-ins that run before or after a phase's hooks (metrics, timers), a
+    context around the model's loop (``no_grad``, the profiler), a wrapper for each hook
+    (profile mode times them) and ``finish``, which adds to the run's result."""
+
+    actions: dict[str, Action]
+    before: dict[str, list[Action]] = field(default_factory=dict)
+    after: dict[str, list[Action]] = field(default_factory=dict)
+    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    wrap_hook: Callable[[Hook, Callable[..., Any]], Callable[..., Any]] | None = None
+    finish: Callable[[Any], dict[str, Any]] = lambda engine: {}
+
+
+class Mode(Protocol):
+    """A mode with its options (``runmodel.modes``): ``name`` is one of ``MODES``,
+    ``kind`` the step it runs (``"train"``, ``"eval"`` or ``"infer"``)."""
+
+    name: str
+    kind: str
+
+    def budget(self, steps: int | None) -> int | None:
+        """The step budget this mode runs with, ``steps`` given (checked here)."""
+        ...
+
+    def plan(self, engine: Engine, model: Any) -> StepPlan:
+        """What a step does for ``model``; called after its setup, and checked then."""
+        ...
+
+
+class Backend(Protocol):
+    """Prepares model and optimizer after ``model.setup()`` (``runmodel.backends``)."""
+
+    def initialize(self, model: Any, spec: FineTuneSpec) -> None: ...
+
+    def pack(self) -> Pack | None:
+        """Hooks and overrides the backend needs during the run, if any."""
+        ...
+
+
+@dataclass(frozen=True)
+class FineTuneSpec:
+    """The run's horizon, so that schedules know it: epochs and steps in all (``None``
+    where unknown), steps per epoch and batch size of the training data (when it has a
+    ``len`` and a ``batch_size``)."""
+
+    total_epochs: int | None
+    total_steps: int | None
+    steps_per_epoch: int | None
+    batch_size: int | None
+
+    @classmethod
+    def of(cls, data: Any, steps: int | None, epochs: int | None) -> FineTuneSpec:
+        try:
+            per_epoch: int | None = len(data)
+        except TypeError:
+            per_epoch = None
+        total = steps
+        if total is None and epochs is not None and per_epoch is not None:
+            total = epochs * per_epoch
+        return cls(epochs, total, per_epoch, getattr(data, "batch_size", None))

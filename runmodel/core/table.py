@@ -1,0 +1,170 @@
+"""The hook table: every phase's hooks and overrides in their resolved order, and the
+dispatch built from them for a run.
+
+Dispatch is what the loop calls: per phase one ``fire(engine)`` callable that runs the
+phase's action through its override chain (action phases) and then its hooks. It is
+rebuilt whenever hooks change, never per call: a phase with no hooks and no overrides
+fires its bare action, a hook phase without hooks is ``None``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .hooks import Hook, resolve_order
+from .phases import ACTION_PHASES, PHASES
+from .plan import Action, StepPlan
+from .where import Where
+
+if TYPE_CHECKING:
+    from .pack import Pack
+    from .state import State
+
+__all__ = ["Dispatch", "HookTable"]
+
+
+class Dispatch:
+    """Per phase, ``fire(engine)``: the phase's action chain, then its hooks; ``None``
+    for a phase with nothing to do. ``hooks`` holds each phase's hooks alone (teardown
+    calls each even if one raises); ``step_start_hooks`` is kept at hand because a
+    ``step_start`` hook may drop the batch, so runstep calls them one by one."""
+
+    __slots__ = (*PHASES, "hooks", "step_start_hooks")
+
+    def __init__(self) -> None:
+        for phase in PHASES:
+            setattr(self, phase, None)
+        self.hooks: dict[str, tuple[Action, ...]] = {p: () for p in PHASES}
+        self.step_start_hooks: tuple[Action, ...] = ()
+
+
+@dataclass
+class _Run:
+    state: State
+    mode: str
+    rank: int
+    plan: StepPlan
+
+
+class HookTable:
+    """Hooks and overrides per phase, kept in their resolved order; the packs attached;
+    while a run is on, its dispatch."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Hook]] = {p: [] for p in PHASES}
+        self.overrides: dict[str, list[Hook]] = {p: [] for p in ACTION_PHASES}
+        self.packs: dict[str, Pack] = {}
+        self.dispatch = Dispatch()
+        self.where = Where()
+        self._seq = itertools.count()
+        self._run: _Run | None = None
+        self._compiled: dict[Hook, Callable[..., Any] | None] = {}
+
+    def _list(self, hook: Hook) -> list[Hook]:
+        return (self.overrides if hook.override else self.hooks)[hook.phase]
+
+    def add(self, hooks: list[Hook]) -> None:
+        """Register ``hooks``; a cycle in their order leaves the table as it was."""
+        for h in hooks:
+            h.seq = next(self._seq)
+            self._list(h).append(h)
+        try:
+            self._reorder(hooks)
+        except Exception:
+            for h in hooks:
+                self._list(h).remove(h)
+            raise
+
+    def remove(self, hooks: Iterable[Hook]) -> None:
+        hooks = [h for h in hooks if h in self._list(h)]
+        for h in hooks:
+            self._list(h).remove(h)
+            self._compiled.pop(h, None)
+        self._reorder(hooks)
+
+    def holds(self, hook: Hook) -> bool:
+        return hook in self._list(hook)
+
+    def _reorder(self, changed: list[Hook]) -> None:
+        for phase, is_override in {(h.phase, h.override) for h in changed}:
+            hooks = (self.overrides if is_override else self.hooks)[phase]
+            hooks[:] = resolve_order(hooks)
+        if self._run is not None:
+            self._build()
+
+    # -- runs --------------------------------------------------------------------------
+
+    def start(self, state: State, mode: str, rank: int, plan: StepPlan) -> None:
+        """Compile every hook for a run (filters start counting here) and build dispatch."""
+        self._run, self._compiled = _Run(state, mode, rank, plan), {}
+        self._build()
+
+    def stop(self) -> None:
+        self._run = None
+
+    def _compile(self, hook: Hook) -> Callable[..., Any] | None:
+        if hook not in self._compiled:
+            assert self._run is not None
+            run = self._run
+            fn = hook.compile(run.state, run.mode, run.rank)
+            if fn is not None and run.plan.wrap_hook is not None:
+                fn = run.plan.wrap_hook(hook, fn)
+            self._compiled[hook] = fn
+        return self._compiled[hook]
+
+    def _build(self) -> None:
+        assert self._run is not None
+        plan, d = self._run.plan, self.dispatch
+        for phase in PHASES:
+            for h in (*self.hooks[phase], *self.overrides.get(phase, ())):
+                self.where.add_hook(h, "override" if h.override else "hook")
+            compiled = (self._compile(h) for h in self.hooks[phase])
+            # the mode's built-ins (metrics, timers) bracket the user's hooks
+            hooks = (*plan.before.get(phase, ()), *(f for f in compiled if f is not None),
+                     *plan.after.get(phase, ()))
+            d.hooks[phase] = hooks
+            if phase == "step_start":
+                d.step_start_hooks = hooks
+            action = self._chain(phase, plan) if PHASES[phase].has_action else None
+            setattr(d, phase, _fire(action, hooks))
+
+    def _chain(self, phase: str, plan: StepPlan) -> Action:
+        chain = plan.actions.get(phase) or _no_action(phase, self._run.mode if self._run else "")
+        self.where.add(f"phase {phase!r} (built-in action)", chain)
+        for h in reversed(self.overrides[phase]):
+            fn = self._compile(h)
+            if fn is not None:
+                chain = _link(fn, chain)
+        return chain
+
+
+def _fire(action: Action | None, hooks: tuple[Action, ...]) -> Action | None:
+    if not hooks:
+        return action
+
+    if action is None:
+        def fire(engine: Any) -> None:
+            for hook in hooks:
+                hook(engine)
+        return fire
+
+    def fire_action(engine: Any) -> None:
+        action(engine)
+        for hook in hooks:
+            hook(engine)
+    return fire_action
+
+
+def _link(fn: Callable[[Any, Action], Any], default: Action) -> Action:
+    def link(engine: Any) -> Any:
+        return fn(engine, default)
+    return link
+
+
+def _no_action(phase: str, mode: str) -> Action:
+    def missing(engine: Any) -> Any:
+        raise RuntimeError(f"phase {phase!r} has no action in {mode} mode")
+    return missing

@@ -1,0 +1,70 @@
+"""Evaluation, outside any run or inside one: pytorch-ignite metrics over a model's
+outputs, without grad. Eval mode, ``runmodel.evaluate`` and the ``Evaluate`` pack all
+compute metrics here."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ignite.metrics import Metric
+
+    from .torch_model import TorchModel
+
+__all__ = ["MetricSet", "evaluate", "inference"]
+
+
+@contextlib.contextmanager
+def inference(model: Any) -> Iterator[None]:
+    """No grad, and the model's module in eval mode; its training flag is restored after."""
+    module = getattr(model, "module", None)
+    training = isinstance(module, torch.nn.Module) and module.training
+    if training:
+        module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if training:
+            module.train()
+
+
+class MetricSet:
+    """pytorch-ignite metrics fed ``(output, target)``; computed into a dict of floats."""
+
+    def __init__(self, metrics: dict[str, Metric]) -> None:
+        self.metrics = metrics
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()
+
+    def update(self, output: Any, target: Any) -> None:
+        for metric in self.metrics.values():
+            metric.update((output, target))
+
+    def compute(self) -> dict[str, Any]:
+        computed = {name: metric.compute() for name, metric in self.metrics.items()}
+        return {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+                for k, v in computed.items()}
+
+
+def evaluate(model: TorchModel, data: Iterable[Any] | None = None,
+             metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
+    """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
+    data), without grad and outside any run: for a hook that checks a model mid-training
+    (no ``setup()`` is called, so training state is untouched)."""
+    metric_set = MetricSet(model.metrics() if metrics is None else metrics)
+    metric_set.reset()
+    data = model.data_for("eval") if data is None else data
+    move = None if model.device.type == "cpu" else model.to_device
+    output_of = model.interface.output_fn(model)
+    with inference(model):
+        for batch in data:
+            batch = batch if move is None else move(batch)
+            metric_set.update(output_of(batch), model.target(batch))
+    return metric_set.compute()

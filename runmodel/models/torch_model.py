@@ -1,0 +1,173 @@
+"""``TorchModel``: a ready ``Model`` for ``torch.nn.Module``s, as a subclass or from parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .interface import Interface, Supervised
+from .model import Model
+from .torchutil import torch_device, unwrap
+
+if TYPE_CHECKING:
+    from ignite.metrics import Metric
+
+    from ..core import RunStep
+
+__all__ = ["TorchModel"]
+
+
+class TorchModel(Model):
+    """A ``Model`` for ``torch.nn.Module``s: set ``module`` in ``__init__`` and
+    ``optimizer``, ``loss_fn``, ``train_data`` (and ``eval_data``) in ``setup``.
+
+    ``module`` lives on ``self.device``: assigning it moves it there. The parts of a step
+    are methods a subclass may override: ``compute_output(batch)``, ``target(batch)``,
+    ``compute_loss(output, batch)`` and ``metrics()``; ``interface`` (default
+    ``Supervised()``) may be replaced by another ``Interface``. By default a batch is
+    ``(inputs, target)``; batches of tensors, tuples, lists and dicts are moved to the
+    device by the default loop.
+    """
+
+    interface: Interface = Supervised()
+    optimizer: torch.optim.Optimizer | None = None
+    loss_fn: Callable[..., torch.Tensor] | None = None
+    train_data: Iterable[Any] | None = None
+    eval_data: Iterable[Any] | None = None
+    infer_data: Iterable[Any] | None = None
+
+    def __init__(self, device: str | torch.device | None = None,
+                 init_options: dict[str, Any] | None = None) -> None:
+        super().__init__(None, init_options)
+        self.device = torch_device(device)
+        self.module = getattr(self, "_module", None)  # one set before this moves too
+
+    @property
+    def module(self) -> nn.Module | None:
+        return self._module
+
+    @module.setter
+    def module(self, module: nn.Module | None) -> None:
+        device = getattr(self, "device", None)
+        self._module = module.to(device) if module is not None and device is not None else module
+
+    @classmethod
+    def from_parts(cls, module: nn.Module, *, optimizer: torch.optim.Optimizer | Callable[
+                       [Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+                   loss_fn: Callable[..., torch.Tensor] | None = None,
+                   train_data: Iterable[Any] | None = None, eval_data: Iterable[Any] | None = None,
+                   infer_data: Iterable[Any] | None = None,
+                   device: str | torch.device | None = None) -> TorchModel:
+        """A model from its parts, without writing a subclass: ``optimizer`` is an
+        optimizer over ``module``'s parameters, or a factory called with them (as
+        ``torch.optim.Adam`` or ``functools.partial(torch.optim.SGD, lr=0.1)``)."""
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"from_parts: module must be a torch.nn.Module, got "
+                            f"{type(module).__name__}")
+        model = cls(device)
+        model.module = module
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            if not callable(optimizer):
+                raise TypeError(f"from_parts: optimizer must be a torch.optim.Optimizer or a "
+                                f"factory of one, got {optimizer!r}")
+            optimizer = optimizer(module.parameters())
+        model.optimizer, model.loss_fn = optimizer, loss_fn
+        model.train_data, model.eval_data, model.infer_data = train_data, eval_data, infer_data
+        return model
+
+    def model(self) -> nn.Module | None:
+        return self.module
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the model: the module's weights, the optimizer's
+        state."""
+        module = unwrap(self.module)
+        return {"module": None if module is None else module.state_dict(),
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s result; weights of another model are refused with
+        the parameters that do not match."""
+        module = unwrap(self.module)
+        if state.get("module") is not None and module is not None:
+            _check_same_parameters(module, state["module"], type(self).__name__)
+            module.load_state_dict(state["module"])
+        if state.get("optimizer") is not None and self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def data_for(self, kind: str) -> Iterable[Any]:
+        """The data a step of ``kind`` (``train``, ``eval``, ``infer``) reads."""
+        data = {"train": self.train_data, "eval": self.eval_data,
+                "infer": self.infer_data if self.infer_data is not None else self.eval_data}[kind]
+        if data is None:
+            wanted = {"train": "train_data", "eval": "eval_data",
+                      "infer": "infer_data or eval_data"}[kind]
+            raise ValueError(f"{type(self).__name__} has no {wanted} for a {kind} step; "
+                             f"set it in setup()")
+        return data
+
+    def run(self, runstep: RunStep, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
+        data = self.data_for(runstep.kind)
+        move = None if self.device.type == "cpu" else self.to_device
+        for _ in runstep.epochs():
+            for batch in data:
+                runstep(batch if move is None else move(batch))
+
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` with every tensor in it (through tuples, lists, dicts) on the device."""
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
+        if isinstance(batch, dict):
+            return {k: self.to_device(v) for k, v in batch.items()}
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+            return type(batch)(*(self.to_device(v) for v in batch))
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self.to_device(v) for v in batch)
+        return batch
+
+    def compute_output(self, batch: Any) -> Any:
+        """The module's output for a batch; by default ``module(batch[0])``."""
+        return self.module(batch[0])
+
+    def target(self, batch: Any) -> Any:
+        """What the output is compared with; by default ``batch[1]``."""
+        return batch[1]
+
+    def compute_loss(self, output: Any, batch: Any) -> torch.Tensor:
+        """The loss of ``output``; by default ``loss_fn(output, target(batch))``."""
+        return self.loss_fn(output, self.target(batch))
+
+    def metrics(self) -> dict[str, Metric]:
+        """pytorch-ignite metrics that eval mode computes, fed ``(output, target)``.
+
+        By default the loss (with ``loss_fn``) and, for classification losses
+        (cross-entropy, NLL), the accuracy; accumulated on the model's device so that
+        updating them never synchronises it.
+        """
+        from ignite.metrics import Accuracy, Loss
+
+        found: dict[str, Metric] = {}
+        if self.loss_fn is not None:
+            found["loss"] = Loss(self.loss_fn, device=self.device)
+        if isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)):
+            found["accuracy"] = Accuracy(device=self.device)
+        return found
+
+
+def _check_same_parameters(module: nn.Module, saved: dict[str, Any], name: str) -> None:
+    own = module.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = sorted(k for k in set(own) & set(saved) if isinstance(saved[k], torch.Tensor)
+                    and tuple(saved[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or shapes:
+        parts = [f"missing {missing}" if missing else "",
+                 f"not in {name}: {unexpected}" if unexpected else "",
+                 "other shapes: " + ", ".join(f"{k} {tuple(saved[k].shape)} vs "
+                                              f"{tuple(own[k].shape)}" for k in shapes)
+                 if shapes else ""]
+        raise ValueError(f"the checkpoint holds the weights of another model than {name}: "
+                         + "; ".join(p for p in parts if p))

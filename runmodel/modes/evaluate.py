@@ -1,0 +1,83 @@
+"""Eval and infer modes: a step is the model's output without grad; eval mode feeds
+pytorch-ignite metrics (``runmodel.models.metrics``) into ``state.metrics`` at each
+epoch's end, infer mode collects the outputs (or leaves them to hooks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..core import StepPlan
+from ..models import MetricSet, TorchModel, inference
+from .base import Mode, check_steps_for, model_step
+
+if TYPE_CHECKING:
+    from ..core import Engine
+
+__all__ = ["Eval", "Infer", "infer_plan"]
+
+
+class Eval(Mode):
+    """The model's metrics over its eval data, without grad: ``result.metrics``."""
+
+    name: ClassVar[str] = "eval"
+
+    def plan(self, engine: Engine, model: Any) -> StepPlan:
+        if not isinstance(model, TorchModel):
+            return StepPlan({"runstep": model_step(model)}, context=lambda: inference(model))
+        check_steps_for("eval", model, "module")
+        metrics = MetricSet(model.metrics())
+        compute_output = model.interface.output_fn(model)
+        target, compute_loss, has_loss = model.target, model.compute_loss, model.loss_fn is not None
+
+        def eval_step(engine: Engine) -> None:
+            state = engine.state
+            batch = state.batch
+            state.output = output = compute_output(batch)
+            if has_loss:
+                state.loss = compute_loss(output, batch)
+            metrics.update(output, target(batch))
+
+        def reset(engine: Engine) -> None:
+            metrics.reset()
+
+        def compute(engine: Engine) -> None:
+            engine.state.metrics.update(metrics.compute())
+
+        return StepPlan({"runstep": eval_step}, before={"epoch_start": [reset],
+                                                        "epoch_end": [compute]},
+                        context=lambda: inference(model))
+
+
+class Infer(Mode):
+    """The model's outputs without grad, collected into ``result.outputs``, or with
+    ``collect=False`` only handed to hooks (``state.output``), for outputs too large to
+    keep."""
+
+    name: ClassVar[str] = "infer"
+
+    def __init__(self, collect: bool = True) -> None:
+        if not isinstance(collect, bool):
+            raise TypeError(f"Infer(collect=) takes True or False, got {collect!r}")
+        self.collect = collect
+
+    def plan(self, engine: Engine, model: Any) -> StepPlan:
+        plan = infer_plan(model)
+        if self.collect:
+            outputs: list[Any] = []
+            plan.after["runstep"] = [lambda engine: outputs.append(engine.state.output)]
+            plan.finish = lambda engine: {"outputs": outputs}
+        return plan
+
+
+def infer_plan(model: Any) -> StepPlan:
+    """An infer step for ``model``: its output for the batch, without grad."""
+    if not isinstance(model, TorchModel):
+        return StepPlan({"runstep": model_step(model)}, context=lambda: inference(model))
+    check_steps_for("infer", model, "module")
+    compute_output = model.interface.output_fn(model)
+
+    def infer_step(engine: Engine) -> None:
+        state = engine.state
+        state.output = compute_output(state.batch)
+
+    return StepPlan({"runstep": infer_step}, context=lambda: inference(model))

@@ -1,0 +1,68 @@
+"""Train mode: a step is the forward, backward and optimizer_step phases, each an action
+that hooks follow and overrides wrap, fired through the engine's dispatch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..core import StepPlan
+from ..models import TorchModel
+from .base import Mode, check_steps_for, model_step
+
+if TYPE_CHECKING:
+    from ..core import Engine
+
+__all__ = ["Train"]
+
+
+class Train(Mode):
+    """Forward, backward and optimizer_step; the model's module in training mode."""
+
+    name: ClassVar[str] = "train"
+
+    def plan(self, engine: Engine, model: Any) -> StepPlan:
+        return train_plan(engine, model)
+
+
+def train_plan(engine: Engine, model: Any) -> StepPlan:
+    """What a train step does for ``model``: its interface's three parts as the phases'
+    actions; a custom interface's ``train_step``; a plain ``Model``'s ``step``."""
+    interface = getattr(model, "interface", None)
+    if interface is not None and not interface.phased:
+        return StepPlan({"runstep": _interface_step(model, interface)})
+    if not isinstance(model, TorchModel):
+        return StepPlan({"runstep": model_step(model)})
+    check_steps_for("train", model, "module", "optimizer", "loss_fn")
+    model.module.train()
+    forward, backward, optimizer_step = (interface.forward, interface.backward,
+                                         interface.optimizer_step)
+    dispatch = engine.dispatch
+
+    def forward_action(engine: Engine) -> None:
+        state = engine.state
+        state.output, state.loss = forward(model, state.batch)
+
+    def backward_action(engine: Engine) -> None:
+        backward(model, engine.state.loss)
+
+    def optimizer_step_action(engine: Engine) -> None:
+        optimizer_step(model)
+
+    def train_step(engine: Engine) -> None:
+        # each is the phase's bare action while it has no hooks or overrides
+        dispatch.forward(engine)
+        dispatch.backward(engine)
+        dispatch.optimizer_step(engine)
+
+    return StepPlan({"runstep": train_step, "forward": forward_action,
+                     "backward": backward_action, "optimizer_step": optimizer_step_action})
+
+
+def _interface_step(model: Any, interface: Any) -> Any:
+    train_step = interface.train_step
+
+    def runstep(engine: Engine) -> None:
+        state = engine.state
+        state.output = result = train_step(model, state.batch)
+        state.loss = result.get("loss") if isinstance(result, dict) else None
+    return runstep

@@ -1,0 +1,45 @@
+"""A run's log file: a line at its start, at each epoch's end and at its end."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core import Pack, hook
+
+__all__ = ["RunLog"]
+
+
+class RunLog(Pack):
+    """Appends a line to ``path`` at the start, each epoch end (the loss and the float
+    metrics) and the end of a run (with the error, if one ended it)."""
+
+    name = "run_log"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def write(self, text: str) -> None:
+        with open(self.path, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+    def setup(self, engine: Any) -> None:
+        s = engine.state
+        self.write(f"start {s.mode} at epoch {s.epoch}, step {s.step}")
+
+    @hook(priority=-50)  # after hooks that compute metrics
+    def epoch_end(self, engine: Any) -> None:
+        s = engine.state
+        loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
+            s.loss.numel() == 1) else ""
+        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
+        self.write(f"epoch {s.epoch} step {s.step}{loss}{metrics}")
+
+    def teardown(self, engine: Any) -> None:
+        error = engine.state.error
+        self.write(f"end at epoch {engine.state.epoch}, step {engine.state.step}"
+                   + (f": {type(error).__name__}: {error}" if error is not None else ""))
