@@ -14,7 +14,7 @@ import os
 import random
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -42,7 +42,8 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy
 
-        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        name, keys, pos, has_gauss, cached = cast("tuple[str, Any, int, int, float]",
+                                                  numpy.random.get_state())
         state["numpy"] = (name, torch.from_numpy(keys.copy()), pos, has_gauss, cached)
     except ImportError:
         pass

@@ -8,10 +8,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from . import core
-from .backends import Backend
-from .config.registry import make_backend
+from .config.registry import Spec, make_backend
 from .models import declared_options
-from .modes import Mode, as_mode
+from .modes import as_mode
 
 if TYPE_CHECKING:
     import ignite.engine
@@ -26,9 +25,9 @@ class Engine(core.Engine):
         super().__init__()
         self._ignite: Any = None
 
-    def run(self, model: Any, mode: Mode | str = "train", *, steps: int | None = None,
+    def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
-            backend: Backend | str | None = None,
+            backend: core.Backend | Spec | str | dict[str, Any] | None = None,
             resume: str | os.PathLike[str] | None = None) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
@@ -41,13 +40,13 @@ class Engine(core.Engine):
         ``model.setup()``; ``resume`` is a checkpoint file or a folder of them.
         """
         mode = as_mode(mode)
+        prepares = (make_backend(backend or "plain") if backend is None
+                    or isinstance(backend, (str, Spec, dict)) else backend)
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        if not isinstance(backend, Backend):
-            backend = make_backend(backend or "plain")
         return super().run(model, mode, steps=steps, epochs=epochs,
-                           setup_options=setup_options, backend=backend, resume=resume)
+                           setup_options=setup_options, backend=prepares, resume=resume)
 
     @property
     def ignite(self) -> ignite.engine.Engine:

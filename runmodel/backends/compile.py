@@ -21,12 +21,13 @@ class Compile(Backend):
     def __init__(self, mode: str | None = None, backend: str = "inductor",
                  fullgraph: bool = False, dynamic: bool | None = None, **options: Any) -> None:
         super().__init__(**options)
-        self.compile_options = {"mode": mode, "backend": backend, "fullgraph": fullgraph,
-                                "dynamic": dynamic}
+        self.compile_options: dict[str, Any] = {"mode": mode, "backend": backend,
+                                                "fullgraph": fullgraph, "dynamic": dynamic}
 
     def initialize(self, model: Any, spec: FineTuneSpec) -> None:
         super().initialize(model, spec)
         if getattr(model, "module", None) is None:
             raise ValueError(f"the compile backend needs {type(model).__name__}.module")
         # the original module: a model compiled by an earlier run is compiled afresh
-        model.module = torch.compile(unwrap(model.module), **self.compile_options)
+        model.module = torch.compile(unwrap(model.module),  # type: ignore[arg-type]
+                                     **self.compile_options)

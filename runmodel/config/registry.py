@@ -74,7 +74,7 @@ class Spec:
 def _place(obj: object) -> str:
     """Where ``obj`` was defined: its name and file:line (or, without a source file, its
     name and identity, so that two such objects are never the same place)."""
-    target = inspect.unwrap(obj) if callable(obj) else obj
+    target: Any = inspect.unwrap(obj) if callable(obj) else obj
     name = getattr(target, "__qualname__", type(target).__name__)
     code = getattr(target, "__code__", None)
     if code is not None and not code.co_filename.startswith("<"):

@@ -42,7 +42,7 @@ from .registry import Spec
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 __all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config"]
 
@@ -140,7 +140,7 @@ def _check_scalar(key: str, value: Any, where: str) -> Any:
     if not isinstance(value, types) or isinstance(value, bool):
         raise ConfigError(f"{where} must be {' or '.join(t.__name__ for t in types)}, "
                           f"got {value!r}")
-    if key in ("epochs", "steps") and value < 0:
+    if isinstance(value, int) and value < 0:  # epochs, steps, seed
         raise ConfigError(f"{where} must be >= 0, got {value}")
     if key == "mode" and value not in MODES:
         raise ConfigError(f"{where}: unknown mode {value!r}; valid: {', '.join(MODES)}")

@@ -14,7 +14,8 @@ def describe_table(hooks: dict[str, list[Hook]], overrides: dict[str, list[Hook]
                    packs: dict[int, str]) -> str:
     """One row per override, action and hook, phase by phase in firing order; empty
     phases say so. Overrides are numbered o1 (outermost), o2...; hooks 1, 2..."""
-    rows = [("phase", "#", "hook", "priority", "filter", "pack", "source")]
+    rows: list[tuple[str, ...]] = [("phase", "#", "hook", "priority", "filter", "pack",
+                                     "source")]
     for phase, spec in PHASES.items():
         phase_overrides, phase_hooks = overrides.get(phase, ()), hooks[phase]
         for n, h in enumerate(phase_overrides, 1):

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
-from .options import HookOptions, check_phase, describe_fn
-from .pack import Pack, flatten_packs, pack_hooks
+from .options import HookOptions, check_phase
+from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan
 from .state import RunResult, State, StopRun
 from .table import Dispatch, HookTable
@@ -69,35 +69,12 @@ class Engine:
                   options: HookOptions) -> Any:
         check_phase(phase, override=override)
         if fn is None:
-            return lambda f: self._add([Hook(f, phase, options, override=override)], fn=f)
-        return self._add([Hook(fn, phase, options, override=override)], fn=fn)
+            return lambda f: self.table.add([Hook(f, phase, options, override=override)], fn=f)
+        return self.table.add([Hook(fn, phase, options, override=override)], fn=fn)
 
     def attach(self, *packs: Pack) -> HookHandle:
         """Attach packs (and the packs they hold) as one unit; the handle detaches it."""
-        flat = flatten_packs(packs, taken=set(self.table.packs))
-        seen = {id(p) for p in self.table.packs.values()}
-        for key, pack in flat:
-            if id(pack) in seen:
-                raise ValueError(f"pack {key!r} is attached already; make a new instance to "
-                                 f"use a pack twice")
-            seen.add(id(pack))
-        handle = self._add([h for _, p in flat for h in pack_hooks(p)],
-                           packs=tuple(p for _, p in flat))
-        self.table.packs.update(flat)
-        return handle
-
-    def _add(self, hooks: list[Hook], fn: Callable[..., Any] | None = None,
-             packs: tuple[Pack, ...] = ()) -> HookHandle:
-        self.table.add(hooks)
-        return HookHandle(hooks, self._detach, self._is_attached, fn, packs)
-
-    def _detach(self, handle: HookHandle) -> None:
-        self.table.remove(handle.hooks)
-        for key in [k for k, p in self.table.packs.items() if p in handle.packs]:
-            del self.table.packs[key]
-
-    def _is_attached(self, handle: HookHandle) -> bool:
-        return any(self.table.holds(h) for h in handle.hooks)
+        return self.table.attach(packs)
 
     def describe(self) -> str:
         """The resolved table: phase, position, hook, priority, filter, pack, source."""
@@ -214,10 +191,16 @@ class Engine:
                 loop.finish()
             extras = plan.finish(self)
         except BaseException as error:
-            self._failed(error)
+            loop.failed(error)
             raise
         finally:
-            self._teardown(model)
+            try:
+                loop.teardown(model)
+            finally:  # even when a teardown hook raised
+                while self._for_run:
+                    self._for_run.pop().detach()
+                self._loop = None
+                self.table.stop()
         s = self.state
         return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
                          time.perf_counter() - started, dict(s.metrics), **extras)
@@ -225,21 +208,11 @@ class Engine:
     def _start(self, model: Any, mode: Mode, steps: int | None, epochs: int | None,
                backend: Backend | None) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
-        s = self.state
-        if not self._resuming:
-            s.step = s.epoch = s.epoch_step = s.skipped = 0
+        self.state.start(mode.name, steps, epochs, keep_counters=self._resuming)
         self._resuming = False
-        s.mode, s.max_steps, s.max_epochs, s.rank = mode.name, steps, epochs, _current_rank()
-        s.batch = s.output = s.loss = s.error = None
-        s.metrics = {}
         self.model, self._loop = model, Loop(self, steps, epochs)
-        self.table.where = where = Where()
-        for label, fn in (("model.setup", model.setup), ("model.run", model.run),
-                          ("model.teardown", model.teardown), ("building the mode", mode.plan),
-                          ("backend.initialize", getattr(backend, "initialize", None)),
-                          ("loading the checkpoint", self.restore)):
-            where.add(label, fn)
-        self.table.start(s, mode.name, s.rank, StepPlan({}))  # exception/teardown can fire
+        self.table.where = Where.of_run(model, mode, backend, self.restore)
+        self.table.start(self.state, StepPlan({}))  # exception and teardown can fire
         return self._loop
 
     def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
@@ -247,8 +220,7 @@ class Engine:
         """Set the model up, let the backend prepare it, resume, build the mode's plan."""
         model.setup(setup_options)
         if backend is not None:
-            backend.initialize(model, FineTuneSpec.of(_data(model, mode.kind),
-                                                      self.state.max_steps, self.state.max_epochs))
+            backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, self.state))
             if (pack := backend.pack()) is not None:
                 self._for_run.append(self.attach(pack))
         if resume is not None:
@@ -257,71 +229,8 @@ class Engine:
             self.restore(checkpoint.load(resume)[1])
             self._resuming = False  # these counters are this run's, not the next one's
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
-        self.table.start(self.state, mode.name, self.state.rank, plan)  # filters start here
+        self.table.start(self.state, plan)  # filters start counting here
         return plan
-
-    # -- errors and teardown --------------------------------------------------------------
-
-    def _failed(self, error: BaseException) -> None:
-        s = self.state
-        s.error = error
-        if self._loop is not None:
-            self._loop.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        error.add_note(f"runmodel: raised in {self.table.where.locate(error)} ({s.mode} mode, "
-                       f"epoch {s.epoch}, step {s.step})")
-        self._fire_guarded("exception", error)
-
-    def _fire_guarded(self, phase: str, error: BaseException | None) -> BaseException | None:
-        """Fire every hook of ``phase`` even if some raise; report the first failure."""
-        first = None
-        for hook in self.table.dispatch.hooks[phase]:
-            try:
-                hook(self)
-            except Exception as failure:
-                note = f"runmodel: {phase} hook {describe_fn(hook)} also raised {failure!r}"
-                if error is not None:
-                    error.add_note(note)
-                elif first is None:
-                    first = failure
-                    failure.add_note(f"runmodel: raised in phase {phase!r}")
-        return first
-
-    def _teardown(self, model: Any) -> None:
-        error, failure = self.state.error, None
-        try:
-            failure = self._fire_guarded("teardown", error)
-        finally:
-            try:
-                model.teardown()
-            except Exception as teardown_error:
-                if error is not None:
-                    error.add_note(f"runmodel: model.teardown() also raised {teardown_error!r}")
-                failure = failure or teardown_error
-            finally:
-                while self._for_run:  # even when a teardown hook raised
-                    self._for_run.pop().detach()
-                self._loop = None
-                self.table.stop()
-        if failure is not None and error is None:
-            raise failure
-
-
-def _current_rank() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
-def _data(model: Any, kind: str) -> Any:
-    """The data a step of ``kind`` reads, if the model says (for the fine-tune spec)."""
-    data_for = getattr(model, "data_for", None)
-    try:
-        return data_for(kind) if data_for is not None else None
-    except ValueError:
-        return None
-
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -1,5 +1,6 @@
-"""One run's loop: the runstep callable handed to the model, its epochs, the step budget
-and the run controls (``stop``, ``end_epoch``, ``skip_step``).
+"""One run's loop: the runstep callable handed to the model, its epochs, the step budget,
+the run controls (``stop``, ``end_epoch``, ``skip_step``), and how the run ends when an
+error does: the ``exception`` phase, then teardown.
 
 The model owns its loop and calls ``runstep(batch)`` once per step; a ``Loop`` decides
 what each call does. Its fast path is one comparison: ``guard`` drops to -1 whenever the
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .options import describe_fn
 from .state import RunStep, StopRun
 
 if TYPE_CHECKING:
@@ -145,3 +147,45 @@ class Loop:
             self.ended = "stopped"
         if self.epoch_open:
             self.end_epoch_now(completed=self.ended == "completed")
+
+    # -- errors and teardown -------------------------------------------------------------
+
+    def failed(self, error: BaseException) -> None:
+        """Note where ``error`` was raised, then fire the ``exception`` phase."""
+        s = self.state
+        s.error = error
+        self.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        error.add_note(f"runmodel: raised in {self.engine.table.where.locate(error)} ({s.mode} "
+                       f"mode, epoch {s.epoch}, step {s.step})")
+        self._fire_guarded("exception", error)
+
+    def teardown(self, model: Any) -> None:
+        """The ``teardown`` hooks, then ``model.teardown()``, each even if the other raised;
+        a failure of theirs is raised only when no error ended the run."""
+        error, failure = self.state.error, None
+        try:
+            failure = self._fire_guarded("teardown", error)
+        finally:
+            try:
+                model.teardown()
+            except Exception as teardown_error:
+                if error is not None:
+                    error.add_note(f"runmodel: model.teardown() also raised {teardown_error!r}")
+                failure = failure or teardown_error
+        if failure is not None and error is None:
+            raise failure
+
+    def _fire_guarded(self, phase: str, error: BaseException | None) -> BaseException | None:
+        """Fire every hook of ``phase`` even if some raise; return the first failure."""
+        first = None
+        for hook in self.engine.table.dispatch.hooks[phase]:
+            try:
+                hook(self.engine)
+            except Exception as failure:
+                if error is not None:
+                    error.add_note(f"runmodel: {phase} hook {describe_fn(hook)} also raised "
+                                   f"{failure!r}")
+                elif first is None:
+                    first = failure
+                    failure.add_note(f"runmodel: raised in phase {phase!r}")
+        return first

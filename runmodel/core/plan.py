@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .hooks import Hook
     from .pack import Pack
+    from .state import State
 
 __all__ = ["Action", "Backend", "FineTuneSpec", "Mode", "StepPlan"]
 
@@ -38,8 +39,15 @@ class Mode(Protocol):
     """A mode with its options (``runmodel.modes``): ``name`` is one of ``MODES``,
     ``kind`` the step it runs (``"train"``, ``"eval"`` or ``"infer"``)."""
 
-    name: str
-    kind: str
+    @property
+    def name(self) -> str:
+        """One of ``MODES``."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """The step a runstep is: ``"train"``, ``"eval"`` or ``"infer"``."""
+        ...
 
     def budget(self, steps: int | None) -> int | None:
         """The step budget this mode runs with, ``steps`` given (checked here)."""
@@ -70,6 +78,16 @@ class FineTuneSpec:
     total_steps: int | None
     steps_per_epoch: int | None
     batch_size: int | None
+
+    @classmethod
+    def of_model(cls, model: Any, kind: str, state: State) -> FineTuneSpec:
+        """The spec of a run of ``model``'s ``kind`` steps, with ``state``'s budget."""
+        data_for = getattr(model, "data_for", None)
+        try:
+            data = data_for(kind) if data_for is not None else None
+        except ValueError:  # no data of that kind
+            data = None
+        return cls.of(data, state.max_steps, state.max_epochs)
 
     @classmethod
     def of(cls, data: Any, steps: int | None, epochs: int | None) -> FineTuneSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["RunResult", "RunStep", "State", "StopRun"]
+__all__ = ["RunResult", "RunStep", "State", "StopRun", "current_rank"]
 
 
 class StopRun(BaseException):
@@ -39,9 +40,28 @@ class State:
         self.metrics: dict[str, Any] = {}
         self.error: BaseException | None = None
 
+    def start(self, mode: str, max_steps: int | None, max_epochs: int | None,
+              keep_counters: bool) -> None:
+        """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
+        if not keep_counters:
+            self.step = self.epoch = self.epoch_step = self.skipped = 0
+        self.mode, self.max_steps, self.max_epochs = mode, max_steps, max_epochs
+        self.rank = current_rank()
+        self.batch = self.output = self.loss = self.error = None
+        self.metrics = {}
+
     def __repr__(self) -> str:
         return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
                 f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})")
+
+
+def current_rank() -> int:
+    """This process's rank: torch.distributed's once it is initialised, else ``$RANK``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
 
 
 @dataclass

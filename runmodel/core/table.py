@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .hooks import Hook, resolve_order
+from .hooks import Hook, HookHandle, resolve_order
+from .pack import Pack, flatten_packs, pack_hooks
 from .phases import ACTION_PHASES, PHASES
 from .plan import Action, StepPlan
 from .where import Where
 
 if TYPE_CHECKING:
-    from .pack import Pack
     from .state import State
 
 __all__ = ["Dispatch", "HookTable"]
@@ -33,6 +33,16 @@ class Dispatch:
     ``step_start`` hook may drop the batch, so runstep calls them one by one."""
 
     __slots__ = (*PHASES, "hooks", "step_start_hooks")
+    setup: Action | None
+    epoch_start: Action | None
+    step_start: Action | None
+    runstep: Action
+    forward: Action
+    backward: Action
+    optimizer_step: Action
+    epoch_end: Action | None
+    exception: Action | None
+    teardown: Action | None
 
     def __init__(self) -> None:
         for phase in PHASES:
@@ -44,8 +54,6 @@ class Dispatch:
 @dataclass
 class _Run:
     state: State
-    mode: str
-    rank: int
     plan: StepPlan
 
 
@@ -66,7 +74,8 @@ class HookTable:
     def _list(self, hook: Hook) -> list[Hook]:
         return (self.overrides if hook.override else self.hooks)[hook.phase]
 
-    def add(self, hooks: list[Hook]) -> None:
+    def add(self, hooks: list[Hook], fn: Callable[..., Any] | None = None,
+            packs: tuple[Pack, ...] = ()) -> HookHandle:
         """Register ``hooks``; a cycle in their order leaves the table as it was."""
         for h in hooks:
             h.seq = next(self._seq)
@@ -77,16 +86,33 @@ class HookTable:
             for h in hooks:
                 self._list(h).remove(h)
             raise
+        return HookHandle(hooks, self._detach, self._holds, fn, packs)
 
-    def remove(self, hooks: Iterable[Hook]) -> None:
-        hooks = [h for h in hooks if h in self._list(h)]
+    def attach(self, packs: Iterable[Pack]) -> HookHandle:
+        """Register packs and the packs they hold, as one unit."""
+        flat = flatten_packs(packs, taken=set(self.packs))
+        seen = {id(p) for p in self.packs.values()}
+        for key, pack in flat:
+            if id(pack) in seen:
+                raise ValueError(f"pack {key!r} is attached already; make a new instance to "
+                                 f"use a pack twice")
+            seen.add(id(pack))
+        handle = self.add([h for _, p in flat for h in pack_hooks(p)],
+                          packs=tuple(p for _, p in flat))
+        self.packs.update(flat)
+        return handle
+
+    def _detach(self, handle: HookHandle) -> None:
+        hooks = [h for h in handle.hooks if h in self._list(h)]
         for h in hooks:
             self._list(h).remove(h)
             self._compiled.pop(h, None)
         self._reorder(hooks)
+        for key in [k for k, p in self.packs.items() if p in handle.packs]:
+            del self.packs[key]
 
-    def holds(self, hook: Hook) -> bool:
-        return hook in self._list(hook)
+    def _holds(self, handle: HookHandle) -> bool:
+        return any(h in self._list(h) for h in handle.hooks)
 
     def _reorder(self, changed: list[Hook]) -> None:
         for phase, is_override in {(h.phase, h.override) for h in changed}:
@@ -97,9 +123,10 @@ class HookTable:
 
     # -- runs --------------------------------------------------------------------------
 
-    def start(self, state: State, mode: str, rank: int, plan: StepPlan) -> None:
-        """Compile every hook for a run (filters start counting here) and build dispatch."""
-        self._run, self._compiled = _Run(state, mode, rank, plan), {}
+    def start(self, state: State, plan: StepPlan) -> None:
+        """Compile every hook for a run of ``state.mode`` on ``state.rank`` (filters start
+        counting here) and build dispatch."""
+        self._run, self._compiled = _Run(state, plan), {}
         self._build()
 
     def stop(self) -> None:
@@ -109,7 +136,7 @@ class HookTable:
         if hook not in self._compiled:
             assert self._run is not None
             run = self._run
-            fn = hook.compile(run.state, run.mode, run.rank)
+            fn = hook.compile(run.state, run.state.mode, run.state.rank)
             if fn is not None and run.plan.wrap_hook is not None:
                 fn = run.plan.wrap_hook(hook, fn)
             self._compiled[hook] = fn
@@ -132,7 +159,8 @@ class HookTable:
             setattr(d, phase, _fire(action, hooks))
 
     def _chain(self, phase: str, plan: StepPlan) -> Action:
-        chain = plan.actions.get(phase) or _no_action(phase, self._run.mode if self._run else "")
+        chain = plan.actions.get(phase) or _no_action(phase, self._run.state.mode
+                                                      if self._run else "")
         self.where.add(f"phase {phase!r} (built-in action)", chain)
         for h in reversed(self.overrides[phase]):
             fn = self._compile(h)

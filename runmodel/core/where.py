@@ -22,6 +22,18 @@ class Where:
     def __init__(self) -> None:
         self._labels: dict[types.CodeType, list[tuple[str, Any]]] = {}
 
+    @classmethod
+    def of_run(cls, model: Any, mode: Any, backend: Any, restore: Any) -> Where:
+        """Labels for what a run calls besides hooks: the model's methods, the mode's
+        plan, the backend, loading a checkpoint."""
+        where = cls()
+        for label, fn in (("model.setup", model.setup), ("model.run", model.run),
+                          ("model.teardown", model.teardown), ("building the mode", mode.plan),
+                          ("backend.initialize", getattr(backend, "initialize", None)),
+                          ("loading the checkpoint", restore)):
+            where.add(label, fn)
+        return where
+
     def add(self, label: str, fn: Callable[..., Any] | None) -> None:
         if (code := code_of(fn)) is not None:
             entry = self._labels.setdefault(code, [])

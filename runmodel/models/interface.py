@@ -96,7 +96,10 @@ class Supervised(Interface):
     def save(self, model: Any, directory: str | Path) -> Path:
         from .torchutil import unwrap
 
+        module = unwrap(model.module)
+        if module is None:
+            raise ValueError(f"{type(model).__name__} has no module to save")
         path = Path(directory) / "model.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(unwrap(model.module).state_dict(), path)
+        torch.save(module.state_dict(), path)
         return path

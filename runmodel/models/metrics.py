@@ -22,15 +22,15 @@ __all__ = ["MetricSet", "evaluate", "inference"]
 def inference(model: Any) -> Iterator[None]:
     """No grad, and the model's module in eval mode; its training flag is restored after."""
     module = getattr(model, "module", None)
-    training = isinstance(module, torch.nn.Module) and module.training
-    if training:
-        module.eval()
+    training = module if isinstance(module, torch.nn.Module) and module.training else None
+    if training is not None:
+        training.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        if training:
-            module.train()
+        if training is not None:
+            training.train()
 
 
 class MetricSet:

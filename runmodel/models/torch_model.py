@@ -130,7 +130,7 @@ class TorchModel(Model):
 
     def compute_output(self, batch: Any) -> Any:
         """The module's output for a batch; by default ``module(batch[0])``."""
-        return self.module(batch[0])
+        return self.module(batch[0])  # type: ignore[misc]  # set by then
 
     def target(self, batch: Any) -> Any:
         """What the output is compared with; by default ``batch[1]``."""
@@ -138,7 +138,7 @@ class TorchModel(Model):
 
     def compute_loss(self, output: Any, batch: Any) -> torch.Tensor:
         """The loss of ``output``; by default ``loss_fn(output, target(batch))``."""
-        return self.loss_fn(output, self.target(batch))
+        return self.loss_fn(output, self.target(batch))  # type: ignore[misc]  # set by then
 
     def metrics(self) -> dict[str, Metric]:
         """pytorch-ignite metrics that eval mode computes, fed ``(output, target)``.

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from .. import core
 from .base import Mode
 from .evaluate import Eval, Infer
 from .timed import Benchmark, Profile, batch_size
@@ -23,11 +24,11 @@ __all__ = ["MODE_TYPES", "Benchmark", "Eval", "Infer", "Mode", "Profile", "Train
 MODE_TYPES: dict[str, type[Mode]] = {m.name: m for m in (Train, Eval, Infer, Benchmark, Profile)}
 
 
-def as_mode(mode: Mode | str) -> Mode:
+def as_mode(mode: core.Mode | str) -> core.Mode:
     """``mode`` if it is a mode object, else the mode of that name with its defaults."""
-    if isinstance(mode, Mode):
+    if not isinstance(mode, str):
         return mode
-    if isinstance(mode, str) and mode in MODE_TYPES:
+    if mode in MODE_TYPES:
         return MODE_TYPES[mode]()
     raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODE_TYPES)}, or a mode "
                      f"object such as runmodel.Benchmark(measure='infer')")

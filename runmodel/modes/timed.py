@@ -199,9 +199,10 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
 
     def finish(engine: Engine) -> dict[str, Any]:
         traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
-        hooks = [{"phase": phase, "hook": name, "calls": int(calls), "total_ms": total * 1e3,
-                  "mean_us": total / calls * 1e6 if calls else 0.0}
-                 for (phase, name), (calls, total) in table.items()]
+        hooks: list[dict[str, Any]] = [
+            {"phase": phase, "hook": name, "calls": int(calls), "total_ms": total * 1e3,
+             "mean_us": total / calls * 1e6 if calls else 0.0}
+            for (phase, name), (calls, total) in table.items()]
         hooks.sort(key=lambda row: -row["total_ms"])
         files = {"directory": str(folder)}
         if traces:

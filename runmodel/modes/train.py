@@ -33,6 +33,7 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
     if not isinstance(model, TorchModel):
         return StepPlan({"runstep": model_step(model)})
     check_steps_for("train", model, "module", "optimizer", "loss_fn")
+    assert model.module is not None and interface is not None  # checked: TorchModel has both
     model.module.train()
     forward, backward, optimizer_step = (interface.forward, interface.backward,
                                          interface.optimizer_step)

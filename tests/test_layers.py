@@ -1,0 +1,143 @@
+"""The package's layers: each module imports only from layers below its own (or from its
+own folder), and no imports go round in a circle. Imports under ``if TYPE_CHECKING:`` are
+for type checkers only and do not count; imports inside functions do.
+
+    checkpoint            the file format, on plain values
+    core                  phases, hooks, tables, packs, state, the engine's loop
+    models                Model, TorchModel, Interface, evaluation, loading by source
+    modes | backends      what a step does per mode | how a model is prepared
+    packs | integrations  packs of hooks | the pytorch-ignite view
+    config.builtins, .registry, .runconfig   things by name, runs as data
+    engine                runmodel.Engine: the core engine with modes and backends by name
+    config.rundir         a config run in its directory, run by runmodel.Engine
+    runmodel (__init__), cli, __main__
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
+
+# Modules in one layer are peers: neither imports the other.
+LAYERS: list[tuple[str, ...]] = [
+    ("runmodel.checkpoint", "runmodel.config"),  # config's __init__ is only a docstring
+    ("runmodel.core",),
+    ("runmodel.models",),
+    ("runmodel.modes", "runmodel.backends"),
+    ("runmodel.packs", "runmodel.integrations"),
+    ("runmodel.config.builtins",),
+    ("runmodel.config.registry",),
+    ("runmodel.config.runconfig",),
+    ("runmodel.engine",),
+    ("runmodel.config.rundir",),
+    ("runmodel",),  # the package's __init__ alone (lazy exports, __version__)
+    ("runmodel.cli",),
+    ("runmodel.__main__",),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def group(module: str) -> tuple[int, str]:
+    """The layer of ``module`` and the entry of LAYERS it belongs to (the longest match)."""
+    found = [(len(entry), rank, entry) for rank, entries in enumerate(LAYERS)
+             for entry in entries if module == entry or (
+                 module.startswith(entry + ".") and entry != "runmodel")]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    _, rank, entry = max(found)
+    return rank, entry
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(module: str) -> set[str]:
+    """The runmodel modules ``module`` imports, outside ``if TYPE_CHECKING:``."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "runmodel")
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "runmodel":
+                for alias in node.names:  # `from . import checkpoint` imports a module
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in MODULES else target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module: str) -> None:
+    rank, entry = group(module)
+    upward = []
+    for target in sorted(GRAPH[module]):
+        target_rank, target_entry = group(target)
+        if target_entry != entry and target_rank >= rank:
+            upward.append(f"{target} (layer {target_rank}: {target_entry})")
+    assert not upward, f"{module} (layer {rank}: {entry}) imports upward: {upward}"
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def walk(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH.get(module, ())):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target in GRAPH and state.get(target) is None:
+                walk(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if state.get(module) is None:
+            walk(module)
+
+
+def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path: Path) -> None:
+    (tmp_path / "example.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..models import Model\n"
+        "def f():\n    from ..modes import Train\n    from .. import checkpoint\n")
+    MODULES["runmodel.core.example"] = tmp_path / "example.py"
+    try:
+        assert imports("runmodel.core.example") == {"runmodel.modes", "runmodel.checkpoint"}
+    finally:
+        del MODULES["runmodel.core.example"]
