@@ -1,0 +1,45 @@
+"""The command line answers --help and usage errors without importing torch, which is
+what makes a run slow to start (torch is imported once a run needs it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent("""
+    import sys
+    import runmodel.cli
+    try:
+        code = runmodel.cli.main(sys.argv[1:])
+    except SystemExit as exit:
+        code = exit.code
+    print("torch imported:", "torch" in sys.modules, "exit:", code)
+""")
+
+
+def probe(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_help_does_not_import_torch() -> None:
+    for args in (["--help"], ["run", "--help"], ["benchmark", "--help"]):
+        result = probe(*args)
+        assert "usage: runmodel" in result.stdout
+        assert result.stdout.rstrip().endswith("torch imported: False exit: 0"), result.stdout
+
+
+def test_usage_errors_do_not_import_torch() -> None:
+    for args in (["run"], ["frobnicate"], ["run", "x.py", "--steps", "-3"]):
+        result = probe(*args)
+        assert "error:" in result.stderr
+        assert result.stdout.strip() == "torch imported: False exit: 2", (args, result)
+
+
+def test_importing_runmodel_does_not_import_torch_until_a_name_needs_it() -> None:
+    code = ("import sys, runmodel; a = 'torch' in sys.modules; runmodel.Engine;"
+            " print(a, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.split() == ["False", "True"], result.stderr
