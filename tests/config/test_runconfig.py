@@ -22,7 +22,7 @@ from runmodel.config.registry import Spec
 from runmodel.config.runconfig import ConfigError, apply_overrides
 from runmodel.config.rundir import run_dir_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("model", "optimizer", "interface", "backend", "packs", "epochs", "steps", "seed",
           "device", "mode", "imports")
 

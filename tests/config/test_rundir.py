@@ -36,7 +36,7 @@ from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
 from runmodel.config.rundir import RunExists, execute, prepare, read_status, run_dir_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "configs" / "digits.toml"
 TIMEOUT = 120  # seconds, for any one command
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
