@@ -119,7 +119,7 @@ def test_no_import_cycles() -> None:
         path.append(module)
         for target in sorted(GRAPH.get(module, ())):
             if state.get(target) == 1:
-                cycle = path[path.index(target):] + [target]
+                cycle = [*path[path.index(target):], target]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if target in GRAPH and state.get(target) is None:
                 walk(target)

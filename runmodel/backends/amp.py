@@ -31,7 +31,7 @@ class AMP(Backend):
         device_type = device.type if isinstance(device, torch.device) else str(device)
         dtype = getattr(torch, self.dtype or ("float16" if device_type == "cuda" else "bfloat16"))
         if dtype is torch.float16 and device_type == "cuda":
-            self._pack = ScaledAutocast(device_type, dtype, model.optimizer)
+            self._pack = ScaledAutocast(device_type, dtype)
         else:
             self._pack = Autocast(device_type, dtype)
 
@@ -52,10 +52,16 @@ class Autocast(Pack):
 
 
 class ScaledAutocast(Autocast):
-    def __init__(self, device_type: str, dtype: torch.dtype, optimizer: Any) -> None:
+    """Autocast, and a GradScaler that scales the loss in backward and steps the model's
+    optimizer (read at each step); ``engine.state.grad_scaler`` holds it, so that packs
+    which read gradients unscale them first."""
+
+    def __init__(self, device_type: str, dtype: torch.dtype) -> None:
         super().__init__(device_type, dtype)
-        self.optimizer = optimizer
         self.scaler = torch.amp.GradScaler(device_type)
+
+    def setup(self, engine: Any) -> None:
+        engine.state.grad_scaler = self.scaler
 
     @override("backward", priority=-100)
     def scaled_backward(self, engine: Any, default: Any) -> None:
@@ -68,9 +74,10 @@ class ScaledAutocast(Autocast):
 
     @override("optimizer_step", priority=-100)
     def scaled_step(self, engine: Any, default: Any) -> None:
-        self.scaler.step(self.optimizer)
+        optimizer = engine.model.optimizer
+        self.scaler.step(optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler": self.scaler.state_dict()}

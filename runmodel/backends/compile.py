@@ -29,5 +29,4 @@ class Compile(Backend):
         if getattr(model, "module", None) is None:
             raise ValueError(f"the compile backend needs {type(model).__name__}.module")
         # the original module: a model compiled by an earlier run is compiled afresh
-        model.module = torch.compile(unwrap(model.module),  # type: ignore[arg-type]
-                                     **self.compile_options)
+        model.module = torch.compile(unwrap(model.module), **self.compile_options)

@@ -32,17 +32,13 @@ import hashlib
 import json
 import os
 import re
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core import MODES
 from .registry import Spec
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 __all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config"]
 

@@ -23,7 +23,7 @@ from .hooks import Hook, HookHandle
 from .loop import Loop
 from .options import HookOptions, check_phase
 from .pack import Pack
-from .plan import Backend, FineTuneSpec, Mode, StepPlan
+from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
 from .state import RunResult, State, StopRun
 from .table import Dispatch, HookTable
 from .where import Where
@@ -90,6 +90,12 @@ class Engine:
         hooks change; a mode's step reads it at each call, so it sees the change."""
         return self.table.dispatch
 
+    def instrument(self, wrapper: Wrapper) -> Callable[[], None]:
+        """Put ``wrapper(phase, hook, fn) -> fn`` around every hook (``hook`` given) and
+        every phase as a whole (``hook`` is None): what the ``Timer`` pack times with.
+        Returns a function that removes it."""
+        return self.table.instrument(wrapper)
+
     def fire(self, phase: str) -> None:
         """Run ``phase`` now: its action through its overrides (for a phase that has
         one), then its hooks. A mode's step fires the phases inside it this way."""
@@ -101,10 +107,11 @@ class Engine:
         if fire is not None:
             fire(self)
 
-    def stop(self) -> None:
-        """End the run once the current step is done; teardown follows."""
+    def stop(self, reason: str | None = None) -> None:
+        """End the run once the current step is done; teardown follows. ``reason`` (the
+        first one given) goes into the run's result."""
         if self._loop is not None:
-            self._loop.stop()
+            self._loop.stop(reason)
 
     def end_epoch(self) -> None:
         """End the current epoch once the current step is done: the model's remaining
@@ -152,11 +159,14 @@ class Engine:
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
+        self.load_state_dict(snapshot["engine"])
+        self._restore_model(snapshot)
+
+    def _restore_model(self, snapshot: dict[str, Any]) -> None:
         from .. import checkpoint
 
         if snapshot.get("model") is not None:
             self.model.load_state_dict(snapshot["model"])
-        self.load_state_dict(snapshot["engine"])
         checkpoint.set_rng_state(snapshot["rng"])
 
     # -- the run -------------------------------------------------------------------------
@@ -183,8 +193,10 @@ class Engine:
         loop = self._start(model, mode, steps, _count(epochs, "epochs"), backend)
         started = time.perf_counter()
         try:
-            plan = self._prepare(model, mode, setup_options, backend, resume)
+            plan, saved = self._prepare(model, mode, setup_options, backend, resume)
             self.fire("setup")
+            if saved is not None:  # after the setup hooks, which may regroup the optimizer
+                self._restore_model(saved)
             with plan.context():
                 with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                     model.run(loop.runstep(mode.kind), steps)
@@ -202,8 +214,10 @@ class Engine:
                 self._loop = None
                 self.table.stop()
         s = self.state
+        extras["timings"] = {**s.timings, **extras.get("timings", {})}
         return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
-                         time.perf_counter() - started, dict(s.metrics), **extras)
+                         time.perf_counter() - started, dict(s.metrics), reason=loop.reason,
+                         **extras)
 
     def _start(self, model: Any, mode: Mode, steps: int | None, epochs: int | None,
                backend: Backend | None) -> Loop:
@@ -211,26 +225,31 @@ class Engine:
         self.state.start(mode.name, steps, epochs, keep_counters=self._resuming)
         self._resuming = False
         self.model, self._loop = model, Loop(self, steps, epochs)
-        self.table.where = Where.of_run(model, mode, backend, self.restore)
+        self.table.where = Where.of_run(model, mode, backend, self._restore_model)
         self.table.start(self.state, StepPlan({}))  # exception and teardown can fire
         return self._loop
 
     def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
-                 backend: Backend | None, resume: str | os.PathLike[str] | None) -> StepPlan:
-        """Set the model up, let the backend prepare it, resume, build the mode's plan."""
+                 backend: Backend | None, resume: str | os.PathLike[str] | None
+                 ) -> tuple[StepPlan, dict[str, Any] | None]:
+        """Set the model up, let the backend prepare it, read the checkpoint to resume
+        (counters and packs now; weights, optimizer and RNG once the setup hooks ran),
+        build the mode's plan."""
         model.setup(setup_options)
         if backend is not None:
             backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, self.state))
             if (pack := backend.pack()) is not None:
                 self._for_run.append(self.attach(pack))
+        saved = None
         if resume is not None:
             from .. import checkpoint
 
-            self.restore(checkpoint.load(resume)[1])
+            saved = checkpoint.load(resume)[1]
+            self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
         self.table.start(self.state, plan)  # filters start counting here
-        return plan
+        return plan, saved
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -34,13 +34,16 @@ class Loop:
         self.max_epochs: float = epochs if epochs is not None else (
             1 if steps is None else float("inf"))
         self.ended = "completed"
+        self.reason: str | None = None  # what stop() was given
         self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
         self.skip = self.in_step_start = False
         self.guard = -1  # runstep takes its slow path while step >= guard
 
     # -- run controls -------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, reason: str | None = None) -> None:
+        if not self.stopping:
+            self.reason = reason
         self.stopping, self.guard = True, -1
 
     def end_epoch(self) -> None:
@@ -68,11 +71,10 @@ class Loop:
             if state.step >= loop.guard and not slow_path():
                 return None
             state.batch = batch
-            hooks = dispatch.step_start_hooks
-            if hooks:
+            step_start = dispatch.step_start
+            if step_start is not None:
                 loop.in_step_start = True
-                for hook in hooks:
-                    hook(engine)
+                step_start(engine)
                 loop.in_step_start = False
                 if loop.skip:
                     loop.skip = False

@@ -15,23 +15,27 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .state import State
 
-__all__ = ["Action", "Backend", "FineTuneSpec", "Mode", "StepPlan"]
+__all__ = ["Action", "Backend", "FineTuneSpec", "Mode", "StepPlan", "Wrapper"]
 
 Action = Callable[[Any], Any]
+#: ``wrap(phase, hook, fn) -> fn``: what dispatch calls instead of ``fn``, a hook's
+#: compiled function (``hook`` given) or a whole phase's ``fire`` (``hook`` is None).
+Wrapper = Callable[[str, "Hook | None", Callable[..., Any]], Callable[..., Any]]
 
 
 @dataclass
 class StepPlan:
     """What a mode gives a run: the action of each action phase it has (``runstep`` at
     least), built-ins that run before or after a phase's hooks (metrics, timers), a
-    context around the model's loop (``no_grad``, the profiler), a wrapper for each hook
-    (profile mode times them) and ``finish``, which adds to the run's result."""
+    context around the model's loop (``no_grad``, the profiler), a ``Wrapper`` for hooks
+    and phases (profile mode labels and times them) and ``finish``, which adds to the
+    run's result."""
 
     actions: dict[str, Action]
     before: dict[str, list[Action]] = field(default_factory=dict)
     after: dict[str, list[Action]] = field(default_factory=dict)
     context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
-    wrap_hook: Callable[[Hook, Callable[..., Any]], Callable[..., Any]] | None = None
+    wrap: Wrapper | None = None
     finish: Callable[[Any], dict[str, Any]] = lambda engine: {}
 
 

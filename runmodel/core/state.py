@@ -23,8 +23,9 @@ class State:
     counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
     """
 
-    __slots__ = ("batch", "epoch", "epoch_complete", "epoch_step", "error", "loss", "max_epochs",
-                 "max_steps", "metrics", "mode", "output", "rank", "skipped", "step")
+    __slots__ = ("batch", "epoch", "epoch_complete", "epoch_step", "error", "grad_scaler", "loss",
+                 "max_epochs", "max_steps", "metrics", "mode", "output", "rank", "skipped",
+                 "step", "timings")
 
     def __init__(self) -> None:
         self.mode = "train"
@@ -38,6 +39,11 @@ class State:
         self.output: Any = None
         self.loss: Any = None
         self.metrics: dict[str, Any] = {}
+        # what packs measured (Timer); the run's result.timings holds it beside the mode's
+        self.timings: dict[str, Any] = {}
+        # the loss scaler of a mixed-precision run (the amp backend's GradScaler), so that
+        # packs that read gradients (clipping, NaN checks) can unscale them first
+        self.grad_scaler: Any = None
         self.error: BaseException | None = None
 
     def start(self, mode: str, max_steps: int | None, max_epochs: int | None,
@@ -47,8 +53,8 @@ class State:
             self.step = self.epoch = self.epoch_step = self.skipped = 0
         self.mode, self.max_steps, self.max_epochs = mode, max_steps, max_epochs
         self.rank = current_rank()
-        self.batch = self.output = self.loss = self.error = None
-        self.metrics = {}
+        self.batch = self.output = self.loss = self.error = self.grad_scaler = None
+        self.metrics, self.timings = {}, {}
 
     def __repr__(self) -> str:
         return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
@@ -67,7 +73,8 @@ def current_rank() -> int:
 @dataclass
 class RunResult:
     """What ``engine.run`` returns. ``ended`` is ``"completed"`` (the model's loop
-    finished), ``"budget"`` (the step budget ran out) or ``"stopped"`` (``stop()``)."""
+    finished), ``"budget"`` (the step budget ran out) or ``"stopped"`` (``stop()``, with
+    the ``reason`` it was given)."""
 
     mode: str
     ended: str
@@ -79,6 +86,7 @@ class RunResult:
     outputs: list[Any] | None = None
     timings: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None
 
 
 class RunStep(Protocol):

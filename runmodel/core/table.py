@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .hooks import Hook, HookHandle, resolve_order
 from .pack import Pack, flatten_packs, pack_hooks
 from .phases import ACTION_PHASES, PHASES
-from .plan import Action, StepPlan
+from .plan import Action, StepPlan, Wrapper
 from .where import Where
 
 if TYPE_CHECKING:
@@ -29,10 +29,9 @@ __all__ = ["Dispatch", "HookTable"]
 class Dispatch:
     """Per phase, ``fire(engine)``: the phase's action chain, then its hooks; ``None``
     for a phase with nothing to do. ``hooks`` holds each phase's hooks alone (teardown
-    calls each even if one raises); ``step_start_hooks`` is kept at hand because a
-    ``step_start`` hook may drop the batch, so runstep calls them one by one."""
+    calls each even if one raises)."""
 
-    __slots__ = (*PHASES, "hooks", "step_start_hooks")
+    __slots__ = (*PHASES, "hooks")
     setup: Action | None
     epoch_start: Action | None
     step_start: Action | None
@@ -48,7 +47,6 @@ class Dispatch:
         for phase in PHASES:
             setattr(self, phase, None)
         self.hooks: dict[str, tuple[Action, ...]] = {p: () for p in PHASES}
-        self.step_start_hooks: tuple[Action, ...] = ()
 
 
 @dataclass
@@ -67,6 +65,7 @@ class HookTable:
         self.packs: dict[str, Pack] = {}
         self.dispatch = Dispatch()
         self.where = Where()
+        self.wrappers: list[Wrapper] = []  # engine.instrument(): around hooks and phases
         self._seq = itertools.count()
         self._run: _Run | None = None
         self._compiled: dict[Hook, Callable[..., Any] | None] = {}
@@ -133,14 +132,15 @@ class HookTable:
         self._run = None
 
     def _compile(self, hook: Hook) -> Callable[..., Any] | None:
+        """``hook`` compiled for this run (once: its filters count from here), wrapped."""
         if hook not in self._compiled:
             assert self._run is not None
             run = self._run
-            fn = hook.compile(run.state, run.state.mode, run.state.rank)
-            if fn is not None and run.plan.wrap_hook is not None:
-                fn = run.plan.wrap_hook(hook, fn)
-            self._compiled[hook] = fn
-        return self._compiled[hook]
+            self._compiled[hook] = hook.compile(run.state, run.state.mode, run.state.rank)
+        fn = self._compiled[hook]
+        for wrap in self._wrappers():
+            fn = fn if fn is None else wrap(hook.phase, hook, fn)
+        return fn
 
     def _build(self) -> None:
         assert self._run is not None
@@ -153,10 +153,29 @@ class HookTable:
             hooks = (*plan.before.get(phase, ()), *(f for f in compiled if f is not None),
                      *plan.after.get(phase, ()))
             d.hooks[phase] = hooks
-            if phase == "step_start":
-                d.step_start_hooks = hooks
             action = self._chain(phase, plan) if PHASES[phase].has_action else None
-            setattr(d, phase, _fire(action, hooks))
+            fire = _fire(action, hooks)
+            for wrap in self._wrappers():
+                fire = fire if fire is None else wrap(phase, None, fire)
+            setattr(d, phase, fire)
+
+    def _wrappers(self) -> list[Wrapper]:
+        assert self._run is not None
+        wrap = self._run.plan.wrap
+        return self.wrappers if wrap is None else [wrap, *self.wrappers]
+
+    def instrument(self, wrapper: Wrapper) -> Callable[[], None]:
+        """Add ``wrapper`` around every hook and phase; call the result to remove it."""
+        self.wrappers.append(wrapper)
+        if self._run is not None:
+            self._build()
+
+        def remove() -> None:
+            if wrapper in self.wrappers:
+                self.wrappers.remove(wrapper)
+                if self._run is not None:
+                    self._build()
+        return remove
 
     def _chain(self, phase: str, plan: StepPlan) -> Action:
         chain = plan.actions.get(phase) or _no_action(phase, self._run.state.mode

@@ -183,7 +183,9 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
         plan.actions[phase] = labelled
     table: dict[tuple[str, str], list[float]] = {}
 
-    def wrap_hook(hook: Hook, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(phase: str, hook: Hook | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if hook is None:  # phases: their actions are labelled above
+            return fn
         label = f"runmodel/{hook.phase}/{hook.name}"
         stat = table.setdefault((hook.phase, hook.name), [0, 0.0])
 
@@ -211,6 +213,6 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
 
     plan.context = lambda: profiler
     plan.after.setdefault("runstep", []).append(lambda engine: profiler.step())
-    plan.wrap_hook = wrap_hook
+    plan.wrap = wrap
     plan.finish = finish
     return plan
