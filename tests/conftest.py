@@ -1,55 +1,33 @@
-"""Small real models shared by the tests."""
+"""Fixtures shared by the tests: ``engine`` and ``device``. The small models and data that
+tests share are in helpers.py."""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from pathlib import Path
 
 import pytest
 
 import runmodel
-from runmodel.core.phases import PHASES
 
-
-class Counting(runmodel.Model):
-    """A model whose step records its batch; its loop runs ``epochs`` x ``batches``."""
-
-    def __init__(self, batches: int = 4, use_epochs: bool = True) -> None:
-        super().__init__()
-        self.batches, self.use_epochs = batches, use_epochs
-        self.seen: list[Any] = []
-        self.calls: list[str] = []
-
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.calls.append("model.setup")
-
-    def step(self, batch: Any) -> Any:
-        self.seen.append(batch)
-        return batch
-
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
-        self.calls.append("model.run")
-        if self.use_epochs:
-            for epoch in runstep.epochs():
-                for b in range(self.batches):
-                    runstep((epoch, b))
-        else:
-            for b in range(self.batches):
-                runstep(b)
-
-    def teardown(self) -> None:
-        self.calls.append("model.teardown")
-
-
-def record_all(engine: runmodel.Engine, log: list[str]) -> None:
-    """Hook every phase with a recorder that logs ``phase@epoch.step``."""
-    for phase in PHASES:
-        def recorder(engine: runmodel.Engine, phase: str = phase) -> None:
-            s = engine.state
-            log.append(f"{phase}@{s.epoch}.{s.step}")
-        engine.on(phase, recorder, name=f"rec_{phase}")
+# helpers.py is importable from every test folder, whatever pytest's import mode
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 
 @pytest.fixture
 def engine() -> runmodel.Engine:
     return runmodel.Engine()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request: pytest.FixtureRequest) -> str:
+    """The devices a test means to run on: the CPU, and CUDA where torch has it (the
+    ``cuda`` case is skipped elsewhere)."""
+    if request.param == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device: torch.cuda.is_available() is False")
+    return request.param

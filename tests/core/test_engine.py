@@ -6,7 +6,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from conftest import Counting, record_all
+from helpers import Counting, record_all
 
 import runmodel
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import Tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -1105,22 +1106,16 @@ def test_override_detach_restores_the_action(engine: runmodel.Engine) -> None:
     assert log == ["replaced", "action"]
 
 
-class Tiny(runmodel.TorchModel):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.module = torch.nn.Linear(2, 1)
-
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
-        self.loss_fn = torch.nn.functional.mse_loss
-        x = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
-        self.train_data = [(x, torch.tensor([[1.0], [0.0]]))] * 2
+def tiny() -> Tiny:
+    """A linear regression, SGD(lr=0.1), on the same batch twice an epoch: a step that
+    learns nothing leaves the loss as it was."""
+    x = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    return Tiny(features=2, data=[(x, torch.tensor([[1.0], [0.0]]))] * 2)
 
 
 def test_backward_overrides_compose_in_a_torch_train_step(engine: runmodel.Engine) -> None:
     log: list[str] = []
-    model = Tiny()
+    model = tiny()
 
     def grads_present(tag: str) -> Callable[..., Any]:
         def wrap(e: runmodel.Engine, default: Callable[[runmodel.Engine], Any]) -> Any:
@@ -1139,7 +1134,7 @@ def test_backward_overrides_compose_in_a_torch_train_step(engine: runmodel.Engin
 
 
 def test_backward_override_without_default_leaves_weights(engine: runmodel.Engine) -> None:
-    model = Tiny()
+    model = tiny()
     start = [p.detach().clone() for p in model.module.parameters()]
     losses: list[float] = []
     engine.override("backward", lambda e, d: None)
@@ -1149,6 +1144,6 @@ def test_backward_override_without_default_leaves_weights(engine: runmodel.Engin
     assert all(torch.equal(a, b) for a, b in zip(start, model.module.parameters(), strict=True))
     assert len(set(losses)) == 1  # nothing learned
 
-    trained = Tiny()
+    trained = tiny()
     runmodel.Engine().run(trained, epochs=2)
     assert not torch.equal(start[0], trained.module.weight.detach())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Counting
+from helpers import Counting
 
 import runmodel
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Counting
+from helpers import Counting
 from torch import nn
 
 import runmodel
