@@ -7,39 +7,28 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import Tiny
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch import nn
 
 import runmodel
 from runmodel.packs import TensorBoard
 
 
-def make_data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 4, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+def tiny(fail_at: int | None = None) -> Tiny:
+    """A 3-class linear classifier on 4 fixed batches of 8; SGD(lr=0.1). With ``fail_at``,
+    its forward raises at that step."""
+    return Tiny(classes=3) if fail_at is None else Failing(fail_at)
 
 
-class Tiny(runmodel.TorchModel):
-    """A 3-class linear classifier on 4 fixed batches; SGD(lr=0.1)."""
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        super().__init__("cpu")
-        torch.manual_seed(0)
-        self.module = nn.Linear(4, 3)
-        self.fail_at, self.calls = fail_at, 0
-
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
-        self.loss_fn = nn.CrossEntropyLoss()
-        self.train_data = make_data()
-        self.eval_data = make_data()
+class Failing(Tiny):
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(classes=3)
+        self.fail_at, self.forwards = fail_at, 0
 
     def compute_output(self, batch: Any) -> torch.Tensor:
-        if self.calls == self.fail_at:
-            raise RuntimeError(f"boom at step {self.calls}")
-        self.calls += 1
+        if self.forwards == self.fail_at:
+            raise RuntimeError(f"boom at step {self.forwards}")
+        self.forwards += 1
         return self.module(batch[0])
 
 
@@ -65,7 +54,7 @@ def test_train_run_logs_loss_step_loss_and_lr(tmp_path: Path) -> None:
         for group in engine.model.optimizer.param_groups:
             group["lr"] = 0.1 / (engine.state.epoch + 2)
 
-    result = engine.run(Tiny(), epochs=3)
+    result = engine.run(tiny(), epochs=3)
     assert result.steps == 12
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents.")]) == 1
     scalars = read(tmp_path)
@@ -82,7 +71,7 @@ def test_train_run_logs_loss_step_loss_and_lr(tmp_path: Path) -> None:
 def test_without_every_steps_only_epochs_are_logged(tmp_path: Path) -> None:
     engine = runmodel.Engine()
     engine.attach(TensorBoard(tmp_path))
-    engine.run(Tiny(), epochs=2)
+    engine.run(tiny(), epochs=2)
     scalars = read(tmp_path)
     assert sorted(scalars) == ["lr/group0", "train/loss"]
     assert [step for step, _ in scalars["train/loss"]] == [4, 8]
@@ -98,7 +87,7 @@ def test_metrics_in_state_are_logged(tmp_path: Path) -> None:
         engine.state.metrics["double_epoch"] = 2 * engine.state.epoch
         engine.state.metrics["note"] = "not a number"
 
-    engine.run(Tiny(), epochs=2)
+    engine.run(tiny(), epochs=2)
     scalars = read(tmp_path)
     assert scalars["train/double_epoch"] == [(4, 0.0), (8, 2.0)]
     assert "train/note" not in scalars
@@ -108,7 +97,7 @@ def test_metrics_in_state_are_logged(tmp_path: Path) -> None:
 def eval_run(tmp_path: Path) -> tuple[runmodel.RunResult, dict[str, list[tuple[int, float]]]]:
     engine = runmodel.Engine()
     engine.attach(TensorBoard(tmp_path, every_steps=1))
-    model = Tiny()
+    model = tiny()
     result = engine.run(model, mode="eval")
     return result, read(tmp_path)
 
@@ -136,7 +125,7 @@ def test_the_writer_is_closed_after_the_run(tmp_path: Path) -> None:
     engine.attach(pack)
     writers: list[Any] = []
     engine.on("setup", lambda e: writers.append(pack.writer), priority=-10)
-    engine.run(Tiny(), epochs=1)
+    engine.run(tiny(), epochs=1)
     [writer] = writers
     assert writer is not None and writer.all_writers is None  # SummaryWriter.close() ran
     assert pack.writer is None
@@ -149,14 +138,14 @@ def test_the_writer_is_closed_and_flushed_after_an_error(tmp_path: Path) -> None
     writers: list[Any] = []
     engine.on("setup", lambda e: writers.append(pack.writer), priority=-10)
     with pytest.raises(RuntimeError, match="boom at step 6"):
-        engine.run(Tiny(fail_at=6), epochs=3)
+        engine.run(tiny(fail_at=6), epochs=3)
     [writer] = writers
     assert writer.all_writers is None and pack.writer is None
     scalars = read(tmp_path)
     assert [step for step, _ in scalars["train/loss_step"]] == [1, 2, 3, 4, 5, 6]
     assert [step for step, _ in scalars["train/loss"]] == [4]
     # the pack opens a new writer for the next run
-    engine.run(Tiny(), epochs=1)
+    engine.run(tiny(), epochs=1)
     assert pack.writer is None
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.")]) == 2
 
