@@ -8,37 +8,28 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting
+from helpers import Counting, Tiny, make_data
 from torch import nn
 
 import runmodel
 
-
-def classification_data(n: int = 96, batch: int = 32, seed: int = 0) -> list[Any]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
+#: 2 classes of 6 features, in batches of 32
+SHAPE = {"classes": 2, "features": 6, "batch_size": 32}
 
 
-class Classifier(runmodel.TorchModel):
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
-        super().__init__(device, init_options)
-        torch.manual_seed(0)
-        self.module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+class Classifier(Tiny):
+    """Through a hidden layer of 16; 3 batches to train on, 2 others to evaluate;
+    SGD(lr=0.2)."""
 
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.2)
-        self.loss_fn = nn.CrossEntropyLoss()
-        self.train_data = classification_data()
-        self.eval_data = classification_data(n=64, seed=1)
+    def __init__(self, device: str = "cpu") -> None:
+        super().__init__(device, hidden=16, batches=3, eval_batches=2, lr=0.2, **SHAPE)
 
 
 def manual_metrics(model: Classifier) -> dict[str, float]:
     total, correct, count = 0.0, 0, 0
     with torch.no_grad():
         for x, y in model.eval_data:
+            x, y = x.to(model.device), y.to(model.device)
             out = model.module(x)
             total += nn.functional.cross_entropy(out, y, reduction="sum").item()
             correct += int((out.argmax(1) == y).sum())
@@ -46,8 +37,8 @@ def manual_metrics(model: Classifier) -> dict[str, float]:
     return {"loss": total / count, "accuracy": correct / count}
 
 
-def test_eval_computes_ignite_loss_and_accuracy() -> None:
-    model = Classifier()
+def test_eval_computes_ignite_loss_and_accuracy(device: str) -> None:
+    model = Classifier(device)
     engine = runmodel.Engine()
     engine.run(model, epochs=3)
     grads: list[bool] = []
@@ -62,8 +53,8 @@ def test_eval_computes_ignite_loss_and_accuracy() -> None:
     assert all(p.grad is None for p in model.module.parameters())  # no optimizer touched
 
 
-def test_eval_metrics_reset_per_epoch_and_are_seen_by_epoch_end_hooks() -> None:
-    model = Classifier()
+def test_eval_metrics_reset_per_epoch_and_are_seen_by_epoch_end_hooks(device: str) -> None:
+    model = Classifier(device)
     seen: list[dict[str, float]] = []
     engine = runmodel.Engine()
     engine.on("epoch_end", lambda e: seen.append(dict(e.state.metrics)))
@@ -74,7 +65,7 @@ def test_eval_metrics_reset_per_epoch_and_are_seen_by_epoch_end_hooks() -> None:
 def test_eval_without_a_classification_loss_has_loss_only() -> None:
     class Reg(runmodel.TorchModel):
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__("cpu")
             self.module = nn.Linear(2, 1)
 
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
@@ -95,30 +86,31 @@ def test_custom_metrics() -> None:
     assert set(result.metrics) == {"precision"} and 0 <= result.metrics["precision"] <= 1
 
 
-def test_evaluate_outside_a_run_matches_eval_mode() -> None:
-    model = Classifier()
+def test_evaluate_outside_a_run_matches_eval_mode(device: str) -> None:
+    model = Classifier(device)
     runmodel.Engine().run(model, epochs=2)
     optimizer = model.optimizer
     assert runmodel.evaluate(model) == runmodel.Engine().run(model, mode="eval").metrics
     assert model.module.training
-    metrics = runmodel.evaluate(model, classification_data(n=32, seed=5))
-    assert metrics["accuracy"] == pytest.approx(
-        manual_metrics_on(model, classification_data(n=32, seed=5)))
+    data = make_data(1, seed=5, **SHAPE)
+    metrics = runmodel.evaluate(model, data)
+    assert metrics["accuracy"] == pytest.approx(manual_accuracy(model, data))
     assert model.optimizer is not optimizer  # the eval *run* called setup; evaluate() doesn't
 
 
-def manual_metrics_on(model: Classifier, data: list[Any]) -> float:
+def manual_accuracy(model: Classifier, data: list[Any]) -> float:
     with torch.no_grad():
-        right = sum(int((model.module(x).argmax(1) == y).sum()) for x, y in data)
+        right = sum(int((model.module(x.to(model.device)).argmax(1).cpu() == y).sum())
+                    for x, y in data)
     return right / sum(len(y) for _, y in data)
 
 
-def test_infer_collects_outputs_without_grad() -> None:
-    model = Classifier()
+def test_infer_collects_outputs_without_grad(device: str) -> None:
+    model = Classifier(device)
     result = runmodel.Engine().run(model, mode="infer")
     assert result.outputs is not None and len(result.outputs) == 2
     with torch.no_grad():
-        expected = model.module(model.eval_data[0][0])
+        expected = model.module(model.eval_data[0][0].to(device))
     assert torch.equal(result.outputs[0], expected)
     assert not result.outputs[0].requires_grad and model.module.training
 
@@ -127,7 +119,7 @@ def test_infer_streams_to_a_hook_without_collecting() -> None:
     class Stream(Classifier):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             super().setup(setup_options)
-            self.infer_data = classification_data(n=160)
+            self.infer_data = make_data(5, **SHAPE)
 
     streamed: list[int] = []
     engine = runmodel.Engine()
@@ -150,15 +142,15 @@ def test_plain_models_run_in_every_mode(tmp_path: Path) -> None:
     assert Path(prof.files["trace"]).is_file()
 
 
-def test_benchmark_times_measured_steps_after_warmup() -> None:
-    model = Classifier()
+def test_benchmark_times_measured_steps_after_warmup(device: str) -> None:
+    model = Classifier(device)
     before = [p.detach().clone() for p in model.module.parameters()]
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: None, name="noop")
     result = engine.run(model, runmodel.Benchmark(warmup=4), steps=20)
     t = result.timings
     assert result.mode == "benchmark" and result.steps == 20 and result.ended == "budget"
-    assert t["measured_steps"] == 16 and t["warmup"] == 4 and t["device"] == "cpu"
+    assert t["measured_steps"] == 16 and t["warmup"] == 4 and t["device"] == device
     assert 0 < t["step_ms_median"] <= t["step_ms_p90"]
     assert t["steps_per_s"] > 0
     # 16 measured batches of 32 samples in the measured window
@@ -167,8 +159,8 @@ def test_benchmark_times_measured_steps_after_warmup() -> None:
     assert not any(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # trained
 
 
-def test_benchmark_of_infer_steps_uses_eval_data() -> None:
-    model = Classifier()
+def test_benchmark_of_infer_steps_uses_eval_data(device: str) -> None:
+    model = Classifier(device)
     sizes: list[int] = []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: sizes.append(len(e.state.batch[0])))
@@ -208,7 +200,7 @@ def test_a_mode_name_is_the_mode_with_its_defaults() -> None:
         runmodel.Engine().run(Counting(), "bench")
 
 
-def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
+def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path, device: str) -> None:
     engine = runmodel.Engine()
 
     @engine.on("runstep", name="slow_hook")
@@ -216,7 +208,8 @@ def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path) -> None:
         torch.ones(64, 64) @ torch.ones(64, 64)
 
     engine.on("epoch_end", lambda e: None, name="end_hook")
-    result = engine.run(Classifier(), runmodel.Profile(warmup=2, directory=tmp_path), steps=6)
+    result = engine.run(Classifier(device), runmodel.Profile(warmup=2, directory=tmp_path),
+                        steps=6)
     trace = Path(result.files["trace"])
     assert trace.parent == tmp_path and trace.name.endswith(".pt.trace.json")
     names = {event.get("name", "") for event in json.loads(trace.read_text())["traceEvents"]}

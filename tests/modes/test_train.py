@@ -6,69 +6,44 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import Tiny, make_data, params, plain_sgd
 from torch import nn
 
 import runmodel
 
-
-def make_data(n: int = 128, batch: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 8, generator=g)
-    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.5
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
+#: 8 batches of 16 rows of 8 features an epoch
+SHAPE = {"features": 8, "batches": 8, "batch_size": 16}
 
 
-class Regression(runmodel.TorchModel):
-    def __init__(self, device: str | None = None, init_options: dict[str, Any] | None = None,
-                 lr: float = 0.05) -> None:
-        super().__init__(device, init_options)
-        torch.manual_seed(0)
-        self.module = nn.Linear(8, 1)
-        self.lr = lr
-
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=self.lr)
-        self.loss_fn = nn.MSELoss()
-        self.train_data = make_data()
+def regression(device: str = "cpu", lr: float = 0.05) -> Tiny:
+    """A linear regression trained by SGD(lr)."""
+    return Tiny(device, lr=lr, **SHAPE)
 
 
-def plain_loop(epochs: int, lr: float = 0.05, accumulate: int = 1) -> nn.Module:
-    torch.manual_seed(0)
-    module = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
-    loss_fn = nn.MSELoss()
-    n = 0
-    for _ in range(epochs):
-        for x, y in make_data():
-            loss_fn(module(x), y).backward()
-            n += 1
-            if n % accumulate == 0:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-    return module
+def plain_loop(device: str = "cpu", epochs: int = 1, lr: float = 0.05, accumulate: int = 1,
+               steps: int | None = None) -> nn.Module:
+    """``regression(device)``'s module trained by a hand-written loop on the same data."""
+    return plain_sgd(regression(device).module, make_data(**SHAPE), lr, epochs, steps,
+                     accumulate)
 
 
-def params(module: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in module.parameters()])
-
-
-def test_training_matches_a_plain_loop_exactly(engine: runmodel.Engine) -> None:
-    model = Regression()
+def test_training_matches_a_plain_loop_exactly(engine: runmodel.Engine, device: str) -> None:
+    model = regression(device)
     losses: list[float] = []
     engine.on("epoch_end", lambda e: losses.append(e.state.loss.item()))
     result = engine.run(model, epochs=5)
-    assert torch.equal(params(model.module), params(plain_loop(5)))
+    assert torch.equal(params(model), params(plain_loop(device, epochs=5)))
     assert result.steps == 40 and losses[-1] < losses[0] / 4
 
 
-def test_phased_and_fused_steps_are_identical() -> None:
-    fused = Regression()
+def test_phased_and_fused_steps_are_identical(device: str) -> None:
+    fused = regression(device)
     runmodel.Engine().run(fused, epochs=3)
-    phased = Regression()
+    phased = regression(device)
     engine = runmodel.Engine()
     engine.on("backward", lambda e: None)  # any hook on an inner phase: the phased step
     engine.run(phased, epochs=3)
-    assert torch.equal(params(fused.module), params(phased.module))
+    assert torch.equal(params(fused), params(phased))
 
 
 def test_inner_phases_fire_in_order_after_their_actions(engine: runmodel.Engine) -> None:
@@ -79,36 +54,38 @@ def test_inner_phases_fire_in_order_after_their_actions(engine: runmodel.Engine)
     engine.on("optimizer_step", lambda e: log.append(
         ("optimizer_step", e.model.module.weight.grad is None)))
     engine.on("runstep", lambda e: log.append(("runstep", e.state.step)))
-    engine.run(Regression(), steps=2)
+    engine.run(regression(), steps=2)
     assert log == [("forward", True), ("backward", True), ("optimizer_step", True),
                    ("runstep", 0),
                    ("forward", True), ("backward", True), ("optimizer_step", True),
                    ("runstep", 1)]
 
 
-def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine) -> None:
+def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine,
+                                                    device: str) -> None:
     @engine.override("backward")
     def half(engine: runmodel.Engine, default: Any) -> None:
         engine.state.loss = engine.state.loss * 0.5
         default(engine)
 
-    model = Regression(lr=0.1)
+    model = regression(device, lr=0.1)
     engine.run(model, epochs=2)
-    assert torch.allclose(params(model.module), params(plain_loop(2, lr=0.05)), atol=1e-6)
+    assert torch.allclose(params(model), params(plain_loop(device, epochs=2, lr=0.05)),
+                          atol=1e-6)
 
 
-def test_override_accumulates_gradients(engine: runmodel.Engine) -> None:
+def test_override_accumulates_gradients(engine: runmodel.Engine, device: str) -> None:
     @engine.override("optimizer_step")
     def every_second(engine: runmodel.Engine, default: Any) -> None:
         if (engine.state.step + 1) % 2 == 0:
             default(engine)
 
-    model = Regression()
+    model = regression(device)
     engine.run(model, epochs=2)
-    assert torch.equal(params(model.module), params(plain_loop(2, accumulate=2)))
+    assert torch.equal(params(model), params(plain_loop(device, epochs=2, accumulate=2)))
 
 
-def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine) -> None:
+def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine, device: str) -> None:
     log: list[str] = []
     for name, priority in (("outer", 3), ("middle", 2), ("inner", 1)):
         def wrap(engine: runmodel.Engine, default: Any, name: str = name) -> None:
@@ -117,51 +94,31 @@ def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine) -> None
             log.append(f"<{name}")
         engine.override("backward", wrap, priority=priority, name=name)
     engine.on("backward", lambda e: log.append("hook"))
-    model = Regression()
+    model = regression(device)
     engine.run(model, steps=1)
     assert log == ["outer>", "middle>", "inner>", "<inner", "<middle", "<outer", "hook"]
-    assert torch.equal(params(model.module), params(_one_plain_step()))
+    assert torch.equal(params(model), params(plain_loop(device, steps=1)))
 
 
-def _one_plain_step() -> nn.Module:
-    torch.manual_seed(0)
-    module = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
-    x, y = make_data()[0]
-    nn.MSELoss()(module(x), y).backward()
-    optimizer.step()
-    return module
-
-
-def test_hooks_added_mid_run_take_effect_at_the_next_event(engine: runmodel.Engine) -> None:
+def test_hooks_added_mid_run_take_effect_at_the_next_event(engine: runmodel.Engine,
+                                                          device: str) -> None:
     late: list[int] = []
 
     @engine.on("runstep", once=2)  # at step 2, the third
     def add_late(engine: runmodel.Engine) -> None:
         engine.on("backward", lambda e: late.append(e.state.step))
 
-    model = Regression()
+    model = regression(device)
     engine.run(model, steps=6)
     assert late == [3, 4, 5]
-    assert torch.equal(params(model.module), params(_plain_steps(6)))
+    assert torch.equal(params(model), params(plain_loop(device, steps=6)))
 
 
-def _plain_steps(n: int) -> nn.Module:
-    torch.manual_seed(0)
-    module = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
-    for x, y in make_data()[:n]:
-        nn.MSELoss()(module(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return module
-
-
-def test_custom_step_parts_by_subclassing(engine: runmodel.Engine) -> None:
-    class Dicts(Regression):
+def test_custom_step_parts_by_subclassing(engine: runmodel.Engine, device: str) -> None:
+    class Dicts(Tiny):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             super().setup(setup_options)
-            self.train_data = [{"x": x, "y": y} for x, y in make_data()]
+            self.train_data = [{"x": x, "y": y} for x, y in make_data(**SHAPE)]
 
         def compute_output(self, batch: Any) -> torch.Tensor:
             return self.module(batch["x"])
@@ -169,40 +126,37 @@ def test_custom_step_parts_by_subclassing(engine: runmodel.Engine) -> None:
         def compute_loss(self, output: torch.Tensor, batch: Any) -> torch.Tensor:
             return self.loss_fn(output, batch["y"])
 
-    model = Dicts()
+    model = Dicts(device, lr=0.05, **SHAPE)  # dicts are moved to the device like tuples
     engine.run(model, epochs=2)
-    assert torch.equal(params(model.module), params(plain_loop(2)))
+    assert torch.equal(params(model), params(plain_loop(device, epochs=2)))
 
 
 def test_missing_optimizer_is_a_clear_error_before_any_step(engine: runmodel.Engine) -> None:
-    class NoOptimizer(Regression):
+    class NoOptimizer(Tiny):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             self.loss_fn = nn.MSELoss()
-            self.train_data = make_data()
+            self.train_data = make_data(**SHAPE)
 
     steps: list[int] = []
     engine.on("runstep", lambda e: steps.append(e.state.step))
     with pytest.raises(ValueError, match=r"train mode needs NoOptimizer\.optimizer"):
-        engine.run(NoOptimizer())
+        engine.run(NoOptimizer(**SHAPE))
     assert steps == []
 
 
 @pytest.mark.parametrize("phased", [False, True])
 def test_shape_error_names_the_phase(engine: runmodel.Engine, phased: bool) -> None:
-    class WrongShape(Regression):
-        def __init__(self) -> None:
-            super().__init__()
-            self.module = nn.Linear(7, 1)
-
+    model = regression()
+    model.module = nn.Linear(7, 1)  # for inputs of 8 features
     if phased:
         engine.on("forward", lambda e: None)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
-        engine.run(WrongShape())
+        engine.run(model)
     assert "raised in phase 'forward' (built-in action)" in "\n".join(info.value.__notes__)
 
 
 @pytest.mark.parametrize("phased", [False, True])
-def test_an_optimizer_replaced_mid_run_is_the_one_that_steps(phased: bool) -> None:
+def test_an_optimizer_replaced_mid_run_is_the_one_that_steps(phased: bool, device: str) -> None:
     engine = runmodel.Engine()
     if phased:
         engine.on("backward", lambda e: None)
@@ -212,15 +166,15 @@ def test_an_optimizer_replaced_mid_run_is_the_one_that_steps(phased: bool) -> No
         engine.model.optimizer = torch.optim.SGD(engine.model.module.parameters(), lr=0.0)
 
     snapshots: list[torch.Tensor] = []
-    engine.on("epoch_end", lambda e: snapshots.append(params(e.model.module).clone()))
-    engine.run(Regression(), epochs=3)
+    engine.on("epoch_end", lambda e: snapshots.append(params(e.model)))
+    engine.run(regression(device), epochs=3)
     assert torch.equal(snapshots[0], snapshots[1]) and torch.equal(snapshots[1], snapshots[2])
-    assert torch.equal(snapshots[0], params(plain_loop(1)))  # the first epoch trained
+    assert torch.equal(snapshots[0], params(plain_loop(device)))  # the first epoch trained
 
 
 def test_parts_set_on_the_instance_are_used_by_the_fast_step() -> None:
-    model = Regression()
+    model = regression()
     model.compute_loss = lambda output, batch: (output * 0).sum()  # type: ignore[method-assign]
-    before = params(model.module).clone()
+    before = params(model)
     runmodel.Engine().run(model, epochs=1)
-    assert torch.equal(params(model.module), before)  # a zero loss moves nothing
+    assert torch.equal(params(model), before)  # a zero loss moves nothing
