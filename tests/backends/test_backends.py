@@ -1,5 +1,6 @@
-"""Backends: plain, a configured optimizer, the fine-tune spec, custom backends, amp on
-the CPU (bfloat16 autocast) and compile (the eager backend), by object and by name."""
+"""Backends: plain, a configured optimizer, the fine-tune spec, custom backends, amp
+(bfloat16 autocast on the CPU; float16 and a GradScaler on CUDA) and compile (the eager
+backend), by object and by name."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import Tiny, assert_equal_params, make_data, plain_sgd
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,59 +22,19 @@ from runmodel.config.registry import Spec, optimizer_factory
 from runmodel.packs import Checkpoint
 
 
-def make_data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 4, generator=g)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.25
-    return [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
-
-
-class Tiny(runmodel.TorchModel):
-    """A linear regression; its own optimizer is Adam(lr=0.05)."""
-
-    def __init__(self, data: Any = None) -> None:
-        super().__init__("cpu")
-        torch.manual_seed(0)
-        self.module = nn.Linear(4, 1)
-        self.data = data
-        self.calls: list[str] = []
-
-    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-        self.calls.append("model.setup")
-        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=0.05)
-        self.loss_fn = nn.MSELoss()
-        self.train_data = make_data() if self.data is None else self.data
-
-
-def params(model: Tiny) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.module.parameters()]
-
-
-def assert_equal_params(a: Tiny, b: Tiny) -> None:
-    for p, q in zip(params(a), params(b), strict=True):
-        assert torch.equal(p, q)
-
-
-def sgd_loop(epochs: int, lr: float) -> nn.Linear:
-    torch.manual_seed(0)
-    module = nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
-    for _ in range(epochs):
-        for x, y in make_data():
-            nn.MSELoss()(module(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return module
+def tiny(device: str = "cpu", data: Any = None) -> Tiny:
+    """A linear regression on 4 batches of 8; its own optimizer is Adam(lr=0.05)."""
+    return Tiny(device, optimizer=torch.optim.Adam, lr=0.05, data=data)
 
 
 # -- plain and a configured optimizer -------------------------------------------------------
 
 @pytest.mark.parametrize("backend", [None, "plain", Plain(), Spec("plain")],
                          ids=["default", "name", "object", "spec"])
-def test_plain_changes_nothing(backend: Any) -> None:
-    reference = Tiny()
+def test_plain_changes_nothing(backend: Any, device: str) -> None:
+    reference = tiny(device)
     runmodel.Engine().run(reference, epochs=2)
-    model, optimizers = Tiny(), []
+    model, optimizers = tiny(device), []
     engine = runmodel.Engine()
     engine.on("setup", lambda e: optimizers.append(e.model.optimizer))
     engine.on("runstep", lambda e: optimizers.append(e.model.optimizer))
@@ -83,8 +45,8 @@ def test_plain_changes_nothing(backend: Any) -> None:
     assert_equal_params(model, reference)
 
 
-def check_sgd_replaces_adam(backend: Backend) -> None:
-    model, seen = Tiny(), []
+def check_sgd_replaces_adam(backend: Backend, device: str) -> None:
+    model, seen = tiny(device), []
     engine = runmodel.Engine()
     engine.on("setup", lambda e: seen.append(("setup", type(e.model.optimizer).__name__,
                                                 e.model.optimizer.param_groups[0]["lr"])))
@@ -95,25 +57,24 @@ def check_sgd_replaces_adam(backend: Backend) -> None:
     assert seen[0] == ("setup", "SGD", 0.1)
     assert seen[1:] == [("step", id(model.optimizer))] * 8
     # the replacement steps the module's own parameters: a plain SGD loop, exactly
-    reference = sgd_loop(2, lr=0.1)
-    for p, q in zip(model.module.parameters(), reference.parameters(), strict=True):
-        assert torch.equal(p, q)
+    assert_equal_params(model, plain_sgd(tiny(device).module, make_data(), lr=0.1, epochs=2))
 
 
 @pytest.mark.parametrize("spec", [Spec("sgd", {"lr": 0.1}), {"type": "sgd", "args": {"lr": 0.1}}],
                          ids=["Spec", "dict"])
-def test_an_optimizer_spec_replaces_the_models_optimizer(spec: Any) -> None:
-    check_sgd_replaces_adam(runmodel.make_backend({"type": "plain", "args": {"optimizer": spec}}))
+def test_an_optimizer_spec_replaces_the_models_optimizer(spec: Any, device: str) -> None:
+    check_sgd_replaces_adam(runmodel.make_backend({"type": "plain", "args": {"optimizer": spec}}),
+                            device)
 
 
-def test_an_optimizer_factory_replaces_the_models_optimizer() -> None:
-    check_sgd_replaces_adam(Plain(optimizer=functools.partial(torch.optim.SGD, lr=0.1)))
+def test_an_optimizer_factory_replaces_the_models_optimizer(device: str) -> None:
+    check_sgd_replaces_adam(Plain(optimizer=functools.partial(torch.optim.SGD, lr=0.1)), device)
 
 
-def test_an_optimizer_set_on_the_backend_replaces_the_models_optimizer() -> None:
+def test_an_optimizer_set_on_the_backend_replaces_the_models_optimizer(device: str) -> None:
     backend = runmodel.make_backend("plain")
     backend.optimizer = optimizer_factory(Spec("sgd", {"lr": 0.1}))
-    check_sgd_replaces_adam(backend)
+    check_sgd_replaces_adam(backend, device)
 
 
 def test_an_optimizer_that_is_no_factory_is_refused() -> None:
@@ -192,7 +153,7 @@ class Recording(Backend):
 
 def loader_model() -> Tiny:
     x, y = torch.cat([b[0] for b in make_data()]), torch.cat([b[1] for b in make_data()])
-    return Tiny(DataLoader(TensorDataset(x, y), batch_size=16))
+    return tiny(data=DataLoader(TensorDataset(x, y), batch_size=16))
 
 
 @pytest.mark.parametrize(("steps", "epochs", "expected"), [
@@ -231,14 +192,14 @@ def test_a_backend_in_eval_mode_gets_the_eval_datas_spec() -> None:
 
 
 def test_backend_by_name_and_unknown_names() -> None:
-    model = Tiny()
+    model = tiny()
     result = runmodel.Engine().run(model, epochs=1, backend="plain")
     assert result.steps == 4
     with pytest.raises(KeyError, match=r"no backend registered as 'plian'\. Did you mean "
                                        r"'plain'\?"):
-        runmodel.Engine().run(Tiny(), epochs=1, backend="plian")
+        runmodel.Engine().run(tiny(), epochs=1, backend="plian")
     with pytest.raises(KeyError, match=r"Registered: amp, compile, plain"):
-        runmodel.Engine().run(Tiny(), epochs=1, backend="tpu")
+        runmodel.Engine().run(tiny(), epochs=1, backend="tpu")
 
 
 def test_a_registered_custom_backend_by_name() -> None:
@@ -250,47 +211,68 @@ def test_a_registered_custom_backend_by_name() -> None:
         return made[-1]
 
     runmodel.register_backend(name, factory)
-    runmodel.Engine().run(Tiny(), epochs=2, backend=name)
+    runmodel.Engine().run(tiny(), epochs=2, backend=name)
     [backend] = made
     assert backend.specs == [FineTuneSpec(2, 8, 4, None)]
 
 
 # -- amp -------------------------------------------------------------------------------------
 
-def test_amp_autocasts_forward_to_bfloat16_on_the_cpu() -> None:
-    model, seen, losses, tables = Tiny(), [], [], []
+#: AMP's default dtype on each device
+AMP_DTYPE = {"cpu": torch.bfloat16, "cuda": torch.float16}
+
+
+def test_amp_autocasts_forward(device: str) -> None:
+    model, seen, losses, tables = tiny(device), [], [], []
     engine = runmodel.Engine()
     engine.on("forward", lambda e: seen.append((e.state.output.dtype, e.state.loss.dtype)))
     engine.on("epoch_end", lambda e: losses.append(e.state.loss.item()))
     engine.on("setup", lambda e: tables.append(e.describe()))
     engine.run(model, epochs=10, backend=AMP())
-    assert seen == [(torch.bfloat16, torch.float32)] * 40
+    assert seen == [(AMP_DTYPE[device], torch.float32)] * 40
     assert all(p.dtype == torch.float32 for p in model.module.parameters())
     assert losses[-1] < losses[0] / 4 and losses == sorted(losses, reverse=True)
-    # the backend's pack is attached for the run only
+    # the backend's pack is attached for the run only; float16 scales the loss (on CUDA)
     [table] = tables
     assert "override amp.autocast_forward" in table
+    assert ("override amp.scaled_backward" in table) == (device == "cuda")
     assert "autocast" not in engine.describe()
 
 
-def test_amp_by_name_and_a_plain_run_differ() -> None:
-    amp, plain, outputs = Tiny(), Tiny(), []
+def test_amp_by_name_and_a_plain_run_differ(device: str) -> None:
+    amp, plain, outputs = tiny(device), tiny(device), []
     engine = runmodel.Engine()
     engine.on("forward", lambda e: outputs.append(e.state.output.dtype), once=True)
     engine.run(amp, epochs=1, backend="amp")
     runmodel.Engine().run(plain, epochs=1)
-    assert outputs == [torch.bfloat16]
+    assert outputs == [AMP_DTYPE[device]]
     assert not torch.equal(amp.module.weight, plain.module.weight)
     assert torch.allclose(amp.module.weight, plain.module.weight, atol=0.05)
 
 
-def test_amp_float16_on_the_cpu_autocasts_without_a_scaler() -> None:
-    seen: list[torch.dtype] = []
+def test_amp_float16_scales_the_loss_on_cuda_only_and_checkpoints_the_scaler(
+        device: str, tmp_path: Path) -> None:
+    seen: list[Any] = []
     engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path))
     engine.on("forward", lambda e: seen.append(e.state.output.dtype), once=True)
     engine.on("setup", lambda e: seen.append("scaled_backward" in e.describe()))
-    engine.run(Tiny(), epochs=1, backend=AMP(dtype="float16"))
-    assert seen == [False, torch.float16]
+    engine.run(tiny(device), epochs=1, backend=AMP(dtype="float16"))
+    assert seen == [device == "cuda", torch.float16]  # on the CPU: autocast, no scaler
+    saved = torch.load(tmp_path / "ckpt-00001-0000000004.pt", weights_only=True)
+    amp = saved["engine"]["packs"]["amp"]
+    if device == "cuda":
+        assert sorted(amp) == ["scaler"] and amp["scaler"]["scale"] > 0
+    else:
+        assert amp == {}
+    # a resumed run's scaler starts from the saved state
+    restored: list[dict[str, Any]] = []
+    resumed = runmodel.Engine()
+    resumed.attach(Checkpoint(tmp_path / "resumed"))
+    resumed.on("step_start", lambda e: restored.append(e.state_dict()["packs"]["amp"]),
+               once=4)  # the first step after the checkpoint
+    result = resumed.run(tiny(device), epochs=2, resume=tmp_path, backend=AMP(dtype="float16"))
+    assert result.steps == 8 and restored == [amp]
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float32", "bf16"])
@@ -308,10 +290,10 @@ def test_amp_pack_is_detached_after_a_failed_run() -> None:
 
     handle = engine.on("runstep", boom, once=1)  # at step 1
     with pytest.raises(RuntimeError, match="boom"):
-        engine.run(Tiny(), epochs=1, backend="amp")
+        engine.run(tiny(), epochs=1, backend="amp")
     assert "autocast" not in engine.describe()
     handle.detach()
-    engine.run(Tiny(), epochs=1, backend="amp")  # attaches again without a name clash
+    engine.run(tiny(), epochs=1, backend="amp")  # attaches again without a name clash
 
 
 # -- compile ---------------------------------------------------------------------------------
@@ -320,7 +302,7 @@ def test_amp_pack_is_detached_after_a_failed_run() -> None:
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One compiled (eager) training run with a Checkpoint pack: 2 epochs."""
     directory = tmp_path_factory.mktemp("compiled")
-    model, types = Tiny(), []
+    model, types = tiny(), []
     engine = runmodel.Engine()
     engine.attach(Checkpoint(directory / "checkpoint"))
     engine.on("setup", lambda e: types.append(type(e.model.module)))
@@ -336,11 +318,9 @@ def test_compile_wraps_the_module_and_trains_like_plain(compiled: dict[str, Any]
     assert isinstance(model.module, OptimizedModule)
     assert type(model.module._orig_mod) is nn.Linear
     assert compiled["result"].steps == 8
-    plain = Tiny()
+    plain = tiny()
     runmodel.Engine().run(plain, epochs=2)
-    for p, q in zip(model.module._orig_mod.parameters(), plain.module.parameters(),
-                    strict=True):
-        assert torch.equal(p, q)
+    assert_equal_params(model.module._orig_mod, plain)
 
 
 def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
@@ -348,7 +328,7 @@ def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
     checkpoint = compiled["directory"] / "checkpoint" / "ckpt-00002-0000000008.pt"
     state = torch.load(checkpoint, weights_only=True)
     assert sorted(state["model"]["module"]) == ["bias", "weight"]
-    plain, straight = Tiny(), Tiny()
+    plain, straight = tiny(), tiny()
     engine = runmodel.Engine()
     engine.attach(Checkpoint(compiled["directory"] / "plain"))
     result = engine.run(plain, epochs=4, resume=checkpoint)
@@ -381,17 +361,17 @@ def test_the_backend_pack_is_detached_even_when_a_teardown_hook_raises() -> None
     engine = runmodel.Engine()
     failing = engine.on("teardown", lambda e: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        engine.run(Tiny(), epochs=1, backend="amp")
+        engine.run(tiny(), epochs=1, backend="amp")
     assert "amp" not in engine.describe()
     failing.detach()
     seen: list[int] = []
     engine.on("setup", lambda e: seen.append(e.describe().count("override amp.autocast")))
-    engine.run(Tiny(), epochs=1, backend="amp")
+    engine.run(tiny(), epochs=1, backend="amp")
     assert seen == [1]  # one autocast override, not two
 
 
 def test_compile_backend_twice_on_one_model() -> None:
-    model = Tiny()
+    model = tiny()
     for _ in range(2):
         runmodel.Engine().run(model, epochs=1, backend=Compile(backend="eager"))
         assert type(model.module).__name__ == "OptimizedModule"
