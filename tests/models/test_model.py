@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import namedtuple
 from typing import Any
 
 import pytest
 import torch
+from helpers import make_data
 from torch import nn
 
 import runmodel
@@ -161,6 +163,23 @@ def test_default_loop_moves_batches_to_the_device() -> None:
     engine.on("step_start", lambda e: seen.append(e.state.batch[0].device.type))
     result = engine.run(Meta(), mode="infer")
     assert seen == ["meta", "meta"] and result.outputs[0].device.type == "meta"
+
+
+def test_a_run_puts_module_batches_and_outputs_on_the_models_device(device: str) -> None:
+    data = make_data(2)
+    model = runmodel.TorchModel.from_parts(
+        nn.Linear(4, 1), optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        loss_fn=nn.MSELoss(), train_data=data, infer_data=data, device=device)
+    seen: list[tuple[str, ...]] = []
+    engine = runmodel.Engine()
+    engine.on("step_start", lambda e: seen.append(tuple(t.device.type for t in e.state.batch)))
+    engine.run(model, epochs=1)
+    result = runmodel.Engine().run(model, mode="infer")
+    assert model.device == torch.device(device)
+    assert all(p.device.type == device for p in model.module.parameters())
+    assert seen == [(device, device)] * 2
+    assert result.outputs is not None and [o.device.type for o in result.outputs] == [device] * 2
+    assert all(x.device.type == "cpu" for x, _ in data)  # each batch moved, the data left
 
 
 def test_missing_data_for_a_mode_is_a_clear_error() -> None:
