@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import make_data
 from torch import nn
 
 import runmodel
@@ -88,12 +89,6 @@ class Tiny(runmodel.TorchModel):
 
 runmodel.register_model({name!r}, Tiny)
 '''
-
-
-def tiny_data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 4, generator=g)
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
 
 
 @dataclass
@@ -218,7 +213,7 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert all(torch.equal(saved[k], trained[k]) for k in saved)
     module = nn.Linear(4, 3)
     module.load_state_dict(saved)
-    x, y = tiny_data()
+    [(x, y)] = make_data(1, 32, classes=3, seed=1)  # what tiny.py's data() returns
     with torch.no_grad():
         logits = module(x)
     accuracy = (logits.argmax(1) == y).double().mean().item()

@@ -63,16 +63,8 @@ def test_eval_metrics_reset_per_epoch_and_are_seen_by_epoch_end_hooks(device: st
 
 
 def test_eval_without_a_classification_loss_has_loss_only() -> None:
-    class Reg(runmodel.TorchModel):
-        def __init__(self) -> None:
-            super().__init__("cpu")
-            self.module = nn.Linear(2, 1)
-
-        def setup(self, setup_options: dict[str, Any] | None = None) -> None:
-            self.loss_fn = nn.MSELoss()
-            self.eval_data = [(torch.ones(4, 2), torch.zeros(4, 1))]
-
-    assert set(runmodel.Engine().run(Reg(), mode="eval").metrics) == {"loss"}
+    regression = Tiny()  # MSE
+    assert set(runmodel.Engine().run(regression, mode="eval").metrics) == {"loss"}
 
 
 def test_custom_metrics() -> None:
