@@ -1,0 +1,141 @@
+"""Keep non-finite losses and gradients out of the weights: skip the step or stop."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..core import Pack, hook, override
+
+__all__ = ["NaNGuard"]
+
+#: The modes whose steps may be train steps (benchmark and profile can measure them).
+TRAIN_MODES = ("train", "benchmark", "profile")
+ACTIONS = ("skip", "stop")
+
+
+class NaNGuard(Pack):
+    """After each backward, check that the loss and the gradients are finite; if not,
+    the optimizer step is not taken and the gradients are zeroed, and then
+    ``action="skip"`` goes on with the next batch (counted in ``skipped`` and
+    ``state.metrics["nan_skipped"]``; the first skip of a run is also a warning), while
+    ``action="stop"`` ends the run after this step with ``engine.stop(reason)``, e.g.
+    ``"NaNGuard: non-finite loss at step 17 (epoch 1, batch 5)"``. The weights are never
+    updated from a checked step with a non-finite loss or gradient, so checkpoints stay
+    good.
+
+    Each check reads the result back: on a GPU it is a device sync. ``every=N`` checks
+    only every N-th step (``state.step`` N-1, 2N-1, ...); a non-finite value on an
+    unchecked step goes through to the weights.
+
+    With a GradScaler in ``engine.state.grad_scaler`` (the amp backend with float16)
+    only the loss is checked: the scaler itself skips steps whose scaled gradients
+    overflow and lowers its scale, which is routine in float16 training.
+
+    With ``GradAccumulation`` the gradients checked are those accumulated so far, and a
+    bad step drops its whole window: the window's optimizer step is not taken and its
+    gradients are zeroed.
+    """
+
+    name = "nan_guard"
+
+    def __init__(self, action: str = "skip", every: int = 1) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"NaNGuard action= must be 'skip' (skip the step and go on) or "
+                             f"'stop' (end the run), got {action!r}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"NaNGuard every= must be a whole number >= 1 (check every N-th "
+                             f"step), got {every!r}")
+        self.action, self.every = action, every
+        self.skipped = 0  # optimizer steps not taken, over the whole training
+        self.last: str | None = None  # what the latest one found
+        self._found: str | None = None  # what this step (or window) found, until its step
+        self._warned = False
+
+    @hook(modes=TRAIN_MODES)
+    def setup(self, engine: Any) -> None:
+        """A new run; in train mode, check that its step fires backward and
+        optimizer_step (else this pack would never run)."""
+        self._found, self._warned = None, False
+        model = engine.model
+        if engine.state.mode == "train" and not getattr(getattr(model, "interface", None),
+                                                        "phased", False):
+            raise TypeError(f"{type(self).__name__} works in the backward and optimizer_step "
+                            f"phases, which {type(model).__name__}'s train step does not fire "
+                            f"(its step is its own, not a TorchModel's with the Supervised "
+                            f"interface)")
+
+    @hook(priority=1000, modes=TRAIN_MODES)  # first: before hooks that read gradients
+    def backward(self, engine: Any) -> None:
+        """The check: the loss and, without a GradScaler, the gradients' total norm."""
+        state = engine.state
+        if self.every > 1 and (state.step + 1) % self.every:
+            return
+        loss = state.loss
+        finite = torch.isfinite(loss.detach()).all()
+        if state.grad_scaler is None:
+            grads = self._grads(engine)
+            if grads:
+                norm = torch.nn.utils.get_total_norm(grads)
+                finite = finite & torch.isfinite(norm).to(finite.device)
+        if not finite:  # a sync, on a GPU
+            self._handle(engine)
+
+    @override("optimizer_step", priority=200, modes=TRAIN_MODES)
+    def guard(self, engine: Any, default: Callable[[Any], Any]) -> None:
+        """Step, unless this step (or window) had a non-finite loss or gradient."""
+        if self._found is None:
+            default(engine)
+            return
+        self._found = None
+        self.skipped += 1
+        engine.model.optimizer.zero_grad(set_to_none=True)
+
+    @hook(modes=TRAIN_MODES)
+    def epoch_end(self, engine: Any) -> None:
+        engine.state.metrics["nan_skipped"] = self.skipped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "last": self.last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped, self.last = int(state.get("skipped", 0)), state.get("last")
+
+    # -- when a check fails ------------------------------------------------------------
+
+    def _handle(self, engine: Any) -> None:
+        s = engine.state
+        message = (f"{type(self).__name__}: non-finite {self._what(engine)} at step {s.step} "
+                   f"(epoch {s.epoch}, batch {s.epoch_step})")
+        self.last = message
+        if self._found is not None:
+            return  # this window is dropped already
+        self._found = message
+        if self.action == "stop":
+            engine.stop(message)
+        elif not self._warned:
+            self._warned = True
+            warnings.warn(f"{message}: the step is skipped; later skips are counted in "
+                          f"metrics['nan_skipped'] without a warning", RuntimeWarning,
+                          stacklevel=2)
+
+    def _what(self, engine: Any) -> str:
+        """``loss``, or the gradient of the first parameter whose gradient is not finite."""
+        if not bool(torch.isfinite(engine.state.loss.detach()).all()):
+            return "loss"
+        module = getattr(engine.model, "module", None)
+        names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+        for group in engine.model.optimizer.param_groups:
+            for i, p in enumerate(group["params"]):
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                    return f"gradient of {names.get(id(p), f'parameter {i}')!r}"
+        return "gradient norm"  # each finite, their norm not: beyond float range
+
+    @staticmethod
+    def _grads(engine: Any) -> list[torch.Tensor]:
+        return [p.grad for group in engine.model.optimizer.param_groups
+                for p in group["params"] if p.grad is not None]
+
