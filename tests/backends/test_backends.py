@@ -292,6 +292,23 @@ def test_amp_float16_scales_the_loss_on_cuda_only_and_checkpoints_the_scaler(
     assert result.steps == 8 and restored == [amp]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device: float16 AMP scales the loss on CUDA only")
+@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
+    "runmodel bug: ScaledAutocast.load_state_dict reads state['scaler'], but a checkpoint "
+    "saved by float16 AMP on the CPU holds no scaler (the amp pack's state is {}), so "
+    "resuming it with float16 AMP on CUDA raises KeyError: 'scaler'"))
+def test_a_cpu_amp_checkpoint_resumes_with_a_fresh_scaler_on_cuda(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path / "cpu"))
+    engine.run(tiny("cpu"), epochs=1, backend=AMP(dtype="float16"))
+    resumed = runmodel.Engine()
+    resumed.attach(Checkpoint(tmp_path / "cuda"))
+    result = resumed.run(tiny("cuda"), epochs=2, resume=tmp_path / "cpu",
+                         backend=AMP(dtype="float16"))
+    assert result.steps == 8
+
+
 @pytest.mark.parametrize("dtype", ["int8", "float32", "bf16"])
 def test_amp_rejects_other_dtypes(dtype: str) -> None:
     with pytest.raises(ValueError, match=rf"AMP dtype must be 'bfloat16' or 'float16', got "
