@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                          "KEY may be init.NAME or setup.NAME; VALUE is a Python literal "
                          "or a string")
         sub.add_argument("--debug", action="store_true", help="show full tracebacks")
+        if name != "describe":
+            sub.add_argument("--timer", action="store_true",
+                             help="time each phase and hook (the Timer pack) and print it")
         return sub
 
     run = command("run", "run a model, or a config file (.toml/.json), and print its result")
@@ -56,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=_count, help="number of epochs")
     run.add_argument("--steps", type=_count, help="step budget")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--no-progress", dest="progress", action="store_false",
+                     help="no progress bar (or line per epoch) while training")
     run.add_argument("--runs-dir", default="runs", help="where config runs' directories go")
     run.add_argument("--resume", action="store_true",
                      help="a config whose run exists: continue it from its newest checkpoint")
@@ -81,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                                  description="continue a config run from its newest checkpoint")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--json", action="store_true", help="print the result as JSON")
+    resume.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar (or line per epoch)")
     resume.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
 
@@ -136,8 +143,10 @@ def _summary(result: RunResult) -> str:
     lines = [f"{result.mode}: {result.ended} after {result.steps} steps, {result.epochs} epochs "
              f"in {result.seconds:.2f}s" + (f" ({result.skipped} skipped)" if result.skipped
                                             else "")]
+    if result.reason:
+        lines.append(f"  why: {result.reason}")
     lines += [f"  {name}: {_number(value)}" for name, value in result.metrics.items()]
-    timings = {k: v for k, v in result.timings.items() if k != "hooks"}
+    timings = result.timings
     if "step_ms_median" in timings:
         lines.append(f"  {timings['measured_steps']} steps measured after {timings['warmup']} "
                      f"warm-up on {timings['device']}: {timings['steps_per_s']:.1f} steps/s"
@@ -147,11 +156,12 @@ def _summary(result: RunResult) -> str:
                      f"p90 {timings['step_ms_p90']:.3f} ms, mean {timings['step_ms_mean']:.3f} ms")
     if result.outputs is not None:
         lines.append(f"  outputs: {len(result.outputs)} batches collected")
-    if "hooks" in result.timings:
-        rows = result.timings["hooks"]
-        lines.append("  time in hooks:" if rows else "  time in hooks: (no hooks)")
-        lines += [f"    {r['phase']:<15} {r['hook']:<30} {r['calls']:>7} calls "
-                  f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call" for r in rows]
+    for key in ("phases", "hooks"):
+        if key in result.timings:
+            rows = result.timings[key]
+            lines.append(f"  time in {key}:" if rows else f"  time in {key}: (no {key})")
+            lines += [f"    {r['phase']:<15} {r['hook'] or '':<30} {r['calls']:>7} calls "
+                      f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call" for r in rows]
     lines += [f"  {name}: {path}" for name, path in result.files.items()]
     return "\n".join(lines)
 
@@ -182,6 +192,7 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
         raise UsageError("--resume and --restart exclude each other")
     config = load_config(args.source, overrides)
     return prepare(config, args.runs_dir, resume=args.resume, restart=args.restart,
+                   progress=args.progress, packs=_packs_asked_for(args),
                    base=Path(args.source).resolve().parent)
 
 
@@ -194,7 +205,8 @@ def _execute(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "resume" or (args.command == "run" and _is_config(args.source)):
         try:
-            prepared = resume_dir(args.run_dir) if args.command == "resume" else (
+            prepared = resume_dir(args.run_dir, progress=args.progress,
+                                  packs=_packs_asked_for(args)) if args.command == "resume" else (
                 _prepare_config(args))
         except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError,
                 UsageError) as error:
@@ -220,10 +232,21 @@ def _execute(args: argparse.Namespace) -> int:
     if args.command == "describe":
         print(_describe(args.source, model, engine, setup))
         return EXIT_OK
+    if args.command == "run" and args.progress and getattr(mode, "kind", mode) == "train":
+        from .packs import Progress
+
+        engine.attach(Progress())
+    engine.attach(*_packs_asked_for(args))
     result = engine.run(model, mode, steps=args.steps, epochs=getattr(args, "epochs", None),
                         setup_options=setup or None)
     print(_json(result) if args.json else _summary(result))
     return EXIT_OK
+
+
+def _packs_asked_for(args: argparse.Namespace) -> list[Any]:
+    from .packs import Timer
+
+    return [Timer()] if getattr(args, "timer", False) else []
 
 
 def _describe(source: str, model: Model, engine: Engine, setup: dict[str, Any]) -> str:

@@ -363,7 +363,7 @@ def test_run_infer_collects_outputs(cli: Results) -> None:
 
 
 JSON_KEYS = {"mode", "ended", "steps", "epochs", "skipped", "seconds", "metrics", "timings",
-             "files", "outputs"}
+             "files", "outputs", "reason"}
 
 
 def test_run_json(cli: Results) -> None:
@@ -374,7 +374,8 @@ def test_run_json(cli: Results) -> None:
     assert isinstance(data["seconds"], float) and data["seconds"] > 0
     del data["seconds"]
     assert data == {"mode": "train", "ended": "completed", "steps": 4, "epochs": 2,
-                    "skipped": 0, "metrics": {}, "timings": {}, "files": {}, "outputs": None}
+                    "skipped": 0, "metrics": {}, "timings": {}, "files": {}, "outputs": None,
+                    "reason": None}
 
 
 def test_run_eval_json(cli: Results) -> None:

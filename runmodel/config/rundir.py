@@ -22,6 +22,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import checkpoints_in
-from ..core import RunResult
+from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import load_source
 from ..packs import RunLog
@@ -41,7 +42,7 @@ __all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepa
 
 
 #: Packs every config run has (with their defaults) unless its config lists them itself.
-DEFAULT_PACKS = ("checkpoint", "tensorboard")
+DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
 
 
 class RunExists(FileExistsError):
@@ -154,7 +155,8 @@ class PreparedRun:
 def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             directory: str | os.PathLike[str] | None = None, resume: bool = False,
             restart: bool = False, base: str | os.PathLike[str] = ".",
-            engine: Engine | None = None) -> PreparedRun:
+            engine: Engine | None = None, progress: bool = True,
+            packs: Sequence[Pack] = ()) -> PreparedRun:
     """Check and build everything ``config`` names, then claim its run directory
     (``directory``, or derived under ``root``; a new run creates it, so two runs of one
     config cannot both start there); nothing is written before that works.
@@ -162,6 +164,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     If the directory holds a run already, ``resume=True`` continues it from its newest
     checkpoint and ``restart=True`` moves it aside (``NAME.old-TIME``) and starts anew;
     otherwise ``RunExists`` says so. ``base`` is where relative ``imports`` are found.
+    ``progress=False`` leaves out the default progress display; ``packs`` are attached
+    too (``runmodel run --timer`` gives a Timer).
     """
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     _seed(config.seed)
@@ -172,13 +176,14 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     backend = make_backend(config.backend or "plain")
     if config.optimizer is not None:  # a bad name or bad arguments show now
         backend.optimizer = optimizer_factory(config.optimizer)
-    packs = [RunLog(run_dir / "run.log")]
     named = {spec.type_ for spec in config.packs}
-    # every run directory holds checkpoints and TensorBoard events; a config that lists
-    # these packs sets their options
-    defaults = [Spec(name) for name in DEFAULT_PACKS if name not in named]
-    packs += [make_pack(spec, directory=run_dir / spec.type_)
-              for spec in (*config.packs, *defaults)]
+    # every run directory holds checkpoints and TensorBoard events, and a run shows its
+    # progress; a config that lists these packs sets their options
+    defaults = [Spec(name) for name in DEFAULT_PACKS
+                if name not in named and (progress or name != "progress")]
+    made = [RunLog(run_dir / "run.log"), *packs]
+    made += [make_pack(spec, directory=run_dir / spec.type_)
+             for spec in (*config.packs, *defaults)]
     checkpoint = None
     if (run_dir / "config.json").exists():
         status = read_status(run_dir)
@@ -208,7 +213,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
     engine = engine or Engine()
-    engine.attach(*packs)
+    engine.attach(*made)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
 
 
@@ -229,7 +234,8 @@ def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options:
     return prepared.run(), prepared.directory
 
 
-def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None) -> PreparedRun:
+def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None,
+               **options: Any) -> PreparedRun:
     """Prepare the run in ``directory`` to continue from its newest checkpoint."""
     directory = Path(directory)
     data = _read_json(directory / "config.json")
@@ -237,7 +243,7 @@ def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None) 
         raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
     base = read_status(directory).get("base", ".")
     return prepare(RunConfig.from_dict(data, source=str(directory / "config.json")),
-                   directory=directory, resume=True, base=base, engine=engine)
+                   directory=directory, resume=True, base=base, engine=engine, **options)
 
 
 @dataclass

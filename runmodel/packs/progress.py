@@ -1,0 +1,110 @@
+"""Progress of a run: a tqdm bar on a terminal, a line per epoch elsewhere."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+import torch
+
+from ..core import Hook, HookOptions, Pack
+
+__all__ = ["Progress"]
+
+
+class Progress(Pack):
+    """Shows how a run goes, on process rank 0 only.
+
+    On a terminal: a tqdm bar per epoch with the epoch, the step, the loss and the rate.
+    The loss is read (one ``.item()``, a device sync on a GPU) only when the bar redraws,
+    at most every ``refresh`` seconds, never once per step. Elsewhere (a log file, a
+    pipe, CI): one plain line per epoch with the loss, the float metrics and the time.
+    ``file`` is where it writes (default: standard error).
+    """
+
+    name = "progress"
+
+    def __init__(self, file: IO[str] | None = None, refresh: float = 0.2) -> None:
+        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh <= 0:
+            raise ValueError(f"refresh= is the seconds between redraws, a number > 0; "
+                             f"got {refresh!r}")
+        self.file, self.refresh = file, float(refresh)
+        self.bar: Any = None
+        self.count = 0  # steps of this epoch; the bar catches up when it redraws
+        self._shown_at = self._epoch_began = 0.0
+
+    @property
+    def stream(self) -> IO[str]:
+        return self.file if self.file is not None else sys.stderr
+
+    def hooks(self) -> Iterator[Hook]:
+        on_rank_0 = HookOptions.of(rank=0, priority=-300)  # after hooks that set metrics
+        yield Hook(self.epoch_start, "epoch_start", on_rank_0)
+        yield Hook(self.epoch_end, "epoch_end", on_rank_0)
+        yield Hook(self.teardown, "teardown", on_rank_0)
+        if self.stream.isatty():  # a bar: a cheap hook per step; else nothing per step
+            yield Hook(self.step, "runstep", on_rank_0)
+
+    def epoch_start(self, engine: Any) -> None:
+        self._epoch_began = self._shown_at = time.monotonic()
+        self.count = 0
+        if not self.stream.isatty():
+            return
+        from tqdm import tqdm
+
+        s = engine.state
+        total = _epoch_length(engine)
+        if s.max_steps is not None:
+            total = min(total or s.max_steps, s.max_steps - s.step)
+        self.bar = tqdm(total=total, initial=0, file=self.stream, leave=True, dynamic_ncols=True,
+                        desc=f"{s.mode} epoch {s.epoch}" + (
+                            f"/{s.max_epochs}" if s.max_epochs is not None else ""),
+                        unit="step", mininterval=self.refresh)
+
+    def step(self, engine: Any) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self.bar is None or now - self._shown_at < self.refresh:
+            return
+        self._shown_at = now  # a redraw: the only time the loss is read
+        s = engine.state
+        self.bar.set_postfix_str(f"step {s.step}" + _loss_text(s.loss), refresh=False)
+        self.bar.update(self.count - self.bar.n)
+
+    def epoch_end(self, engine: Any) -> None:
+        s = engine.state
+        metrics = "".join(f"  {k} {v:.4g}" for k, v in s.metrics.items()
+                          if isinstance(v, float))
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"step {s.step}" + _loss_text(s.loss) + metrics,
+                                     refresh=False)
+            self.bar.update(self.count - self.bar.n)
+            self.bar.close()
+            self.bar = None
+            return
+        total = f"/{s.max_epochs}" if s.max_epochs is not None else ""
+        elapsed = time.monotonic() - self._epoch_began
+        print(f"{s.mode} epoch {s.epoch}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
+              f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
+
+    def teardown(self, engine: Any) -> None:
+        if self.bar is not None:  # an error ended the epoch
+            self.bar.close()
+            self.bar = None
+
+
+def _epoch_length(engine: Any) -> int | None:
+    data_for = getattr(engine.model, "data_for", None)
+    try:
+        return len(data_for(engine.state.mode if engine.state.mode in ("train", "eval", "infer")
+                            else "train")) if data_for is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _loss_text(loss: Any) -> str:
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return f"  loss {loss.detach().item():.4g}"
+    return f"  loss {loss:.4g}" if isinstance(loss, float) else ""
