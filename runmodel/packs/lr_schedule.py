@@ -1,0 +1,278 @@
+"""Step a ``torch.optim.lr_scheduler`` scheduler with the run, with an optional linear
+warm-up; the learning rate goes into ``state.metrics["lr"]``."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim import lr_scheduler
+
+from ..core import Hook, HookOptions, Pack
+
+if TYPE_CHECKING:
+    from ..core import Engine
+
+__all__ = ["LRSchedule"]
+
+Scheduler = lr_scheduler.LRScheduler | lr_scheduler.ReduceLROnPlateau
+Factory = Callable[[torch.optim.Optimizer], Any]
+INTERVALS = ("step", "epoch")
+_FACTORY_EXAMPLE = "lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)"
+#: Schedulers that take Python callables or other schedulers: not nameable in a config.
+_NOT_BY_NAME = ("LRScheduler", "_LRScheduler", "LambdaLR", "MultiplicativeLR", "SequentialLR",
+                "ChainedScheduler")
+
+
+class LRSchedule(Pack):
+    """Step ``scheduler`` after every optimizer step (``interval="step"``) or at the end
+    of every epoch (``interval="epoch"``), in train runs.
+
+    ``scheduler`` is a ``torch.optim.lr_scheduler`` scheduler, a factory called with the
+    model's optimizer when the run starts (after setup hooks that regroup it, such as
+    ``Unfreeze(lr_scale=)``), the name of one of torch's schedulers (``"StepLR"``,
+    ``"cosine_annealing_lr"``) or ``{"type": name, "args": {...}}`` (for configs), or None
+    for a warm-up alone. ``ReduceLROnPlateau`` is stepped at epoch ends with
+    ``state.metrics[metric]`` (``metric="eval_loss"``, as ``Evaluate`` puts it there).
+
+    ``warmup_steps=N`` scales the scheduled learning rates by ``k/N`` for the k-th of the
+    first N steps (k = 1..N), then leaves them as scheduled. Group 0's learning rate goes
+    into ``state.metrics["lr"]`` whenever it changes (a float; no device sync). The
+    scheduler's state is in ``state_dict()``, so a resumed run continues the curve exactly.
+    """
+
+    name = "lr_schedule"
+
+    def __init__(self, scheduler: Scheduler | Factory | str | Mapping[str, Any] | None = None,
+                 interval: str = "step", warmup_steps: int = 0,
+                 metric: str | None = None) -> None:
+        if interval not in INTERVALS:
+            close = difflib.get_close_matches(str(interval), INTERVALS, n=1, cutoff=0.4)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"LRSchedule(interval=) must be 'step' (after every optimizer step) "
+                             f"or 'epoch' (at every epoch end); got {interval!r}.{hint}")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"LRSchedule(warmup_steps=) must be a whole number >= 0 (0: no "
+                             f"warm-up); got {warmup_steps!r}")
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise TypeError(f"LRSchedule(metric=) names a metric in state.metrics, such as "
+                            f"'eval_loss'; got {metric!r}")
+        if scheduler is None and warmup_steps == 0:
+            raise ValueError("LRSchedule needs a scheduler, warmup_steps= or both; as in "
+                             f"LRSchedule({_FACTORY_EXAMPLE})")
+        self.interval, self.warmup_steps, self.metric = interval, warmup_steps, metric
+        self.scheduler: Scheduler | None = None  # the one stepping, from the run's start
+        self._given: Scheduler | None = None
+        self._factory: Factory | None = None
+        if isinstance(scheduler, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)):
+            self._given = self.scheduler = scheduler
+            self._check_kind(scheduler)
+        elif isinstance(scheduler, (str, Mapping)):
+            self._factory = _named(scheduler)
+        elif callable(scheduler):
+            self._factory = scheduler
+        elif scheduler is not None:
+            raise TypeError(f"LRSchedule takes a torch.optim.lr_scheduler scheduler, a factory "
+                            f"called with the optimizer ({_FACTORY_EXAMPLE}), a scheduler's "
+                            f"name such as 'StepLR', or None; got {scheduler!r}")
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._base: list[Any] = []  # the lrs without a scheduler: each group's initial_lr
+        self._pending: dict[str, Any] | None = None  # a checkpoint's, until the run starts
+
+    def hooks(self) -> Iterator[Hook]:
+        # after setup hooks that regroup the optimizer (Unfreeze's runs at priority 50)
+        yield Hook(self.setup, "setup", HookOptions.of(
+            priority=-50, after="unfreeze.setup", modes="train", name="lr_schedule.setup"))
+        has_scheduler = self._given is not None or self._factory is not None
+        if self.warmup_steps or (has_scheduler and self.interval == "step"):
+            # after the step's other hooks, before a checkpoint saves it (priority -1000)
+            yield Hook(self.step, "runstep", HookOptions.of(
+                priority=-500, modes="train", name="lr_schedule.step"))
+        if has_scheduler and self.interval == "epoch":
+            # after Evaluate put its metrics and TensorBoard logged this epoch's lr; before
+            # a checkpoint saves the epoch
+            yield Hook(self.epoch_end, "epoch_end", HookOptions.of(
+                priority=-150, after="evaluate", modes="train", name="lr_schedule.epoch"))
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def setup(self, engine: Engine) -> None:
+        optimizer = getattr(engine.model, "optimizer", None)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"LRSchedule needs the model's optimizer when the run starts; "
+                            f"{type(engine.model).__name__}.optimizer is {optimizer!r}")
+        self._optimizer, groups = optimizer, optimizer.param_groups
+        if self._factory is not None:
+            self.scheduler = self._build(optimizer)
+        elif self._given is not None:
+            self._check_given(self._given, optimizer)
+        if self._pending is not None:
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(self._pending)
+            self._pending = None
+        # the lr before warm-up: the scheduler's, or the group's own (kept in initial_lr as
+        # torch's schedulers do, so that a second run of the same optimizer finds it)
+        self._base = [g.setdefault("initial_lr", g["lr"]) for g in groups]
+        if engine.state.step < self.warmup_steps:
+            self._warm(groups, engine.state.step)
+        engine.state.metrics["lr"] = float(groups[0]["lr"])
+
+    def step(self, engine: Engine) -> None:
+        """After each train step: step the scheduler (interval="step"), then set the
+        warm-up's lr for the next step."""
+        groups = self._groups(engine)
+        s = engine.state
+        warming = s.step < self.warmup_steps
+        if self.interval == "step" and (scheduler := self.scheduler) is not None:
+            if warming:
+                self._unwarm(groups)
+            scheduler.step()
+        if warming:
+            self._warm(groups, s.step + 1)
+        s.metrics["lr"] = float(groups[0]["lr"])
+
+    def epoch_end(self, engine: Engine) -> None:
+        """At the end of each full epoch: step the scheduler (interval="epoch")."""
+        s = engine.state
+        scheduler = self.scheduler
+        if not s.epoch_complete or scheduler is None:
+            return  # an epoch cut short is run again by a resume: no step for it
+        groups = self._groups(engine)
+        warming = s.step < self.warmup_steps  # s.step: the next step's index
+        if warming:
+            self._unwarm(groups)
+        if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+            scheduler.step(self._metric_value(s))
+        else:
+            scheduler.step()
+        if warming:
+            self._warm(groups, s.step)
+        s.metrics["lr"] = float(groups[0]["lr"])
+
+    # -- warm-up -------------------------------------------------------------------------------
+
+    def _scheduled(self) -> list[Any]:
+        return self.scheduler.get_last_lr() if self.scheduler is not None else self._base
+
+    def _warm(self, groups: list[dict[str, Any]], step: int) -> None:
+        """The lr of step ``step`` (0-based): ``(step + 1) / warmup_steps`` of the
+        scheduled lr during the warm-up, the scheduled lr after it."""
+        factor = (step + 1) / self.warmup_steps
+        for group, lr in zip(groups, self._scheduled(), strict=True):
+            group["lr"] = lr * factor if factor < 1 else lr
+
+    def _unwarm(self, groups: list[dict[str, Any]]) -> None:
+        """The scheduled lrs back in the groups, for a scheduler that reads them."""
+        for group, lr in zip(groups, self._scheduled(), strict=True):
+            group["lr"] = lr
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _groups(self, engine: Engine) -> list[dict[str, Any]]:
+        optimizer = self._optimizer
+        if engine.model.optimizer is not optimizer or optimizer is None:
+            raise RuntimeError("LRSchedule: the model's optimizer was replaced during the run, "
+                               "and the scheduler drives the old one; replace it in a setup "
+                               "hook of higher priority, before LRSchedule builds its scheduler")
+        return optimizer.param_groups
+
+    def _build(self, optimizer: torch.optim.Optimizer) -> Scheduler:
+        assert self._factory is not None
+        try:
+            scheduler = self._factory(optimizer)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"LRSchedule: the scheduler factory failed when called with the "
+                              f"optimizer: {error}; a factory takes the optimizer, as in "
+                              f"{_FACTORY_EXAMPLE}") from None
+        if not isinstance(scheduler, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)):
+            raise TypeError(f"LRSchedule: the factory returned {type(scheduler).__name__}, not a "
+                            f"torch.optim.lr_scheduler scheduler; as in {_FACTORY_EXAMPLE}")
+        self._check_kind(scheduler)
+        return scheduler
+
+    def _check_kind(self, scheduler: Scheduler) -> None:
+        plateau = isinstance(scheduler, lr_scheduler.ReduceLROnPlateau)
+        if plateau and (self.metric is None or self.interval != "epoch"):
+            raise ValueError("LRSchedule: ReduceLROnPlateau steps on a metric at epoch ends; give "
+                             "interval='epoch' and metric= (as in metric='eval_loss', which "
+                             "the Evaluate pack puts into state.metrics)")
+        if not plateau and self.metric is not None:
+            raise ValueError(f"LRSchedule(metric={self.metric!r}) is for ReduceLROnPlateau; "
+                             f"{type(scheduler).__name__} steps without a metric: leave it out")
+
+    def _check_given(self, scheduler: Scheduler, optimizer: torch.optim.Optimizer) -> None:
+        if scheduler.optimizer is not optimizer:
+            raise ValueError("LRSchedule: the scheduler was made for another optimizer than the "
+                             "model's (its setup() makes a new one); pass a factory instead, as "
+                             f"in LRSchedule({_FACTORY_EXAMPLE})")
+        made_for = len(getattr(scheduler, "min_lrs", None) or getattr(scheduler, "base_lrs", []))
+        if made_for != len(optimizer.param_groups):
+            raise ValueError(f"LRSchedule: the scheduler was made for {made_for} param group(s) "
+                             f"but the optimizer has {len(optimizer.param_groups)} now (a setup "
+                             f"hook such as Unfreeze(lr_scale=) regrouped it); pass a factory, "
+                             f"which is called after that: LRSchedule({_FACTORY_EXAMPLE})")
+
+    def _metric_value(self, state: Any) -> float:
+        value = state.metrics.get(self.metric)
+        if value is None:
+            names = sorted(state.metrics)
+            close = difflib.get_close_matches(str(self.metric), names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"LRSchedule(metric={self.metric!r}): no such metric in "
+                             f"state.metrics at the end of epoch {state.epoch}.{hint} There "
+                             f"are: {', '.join(names) or 'none'} (attach Evaluate() for "
+                             f"eval_loss and the other eval metrics)")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"LRSchedule(metric={self.metric!r}): state.metrics holds "
+                            f"{type(value).__name__} {value!r}, not a number")
+        return float(value)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else self._pending
+        return {"scheduler": scheduler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # given to the scheduler when the run starts: a factory's is made only then
+        self._pending = state.get("scheduler")
+
+
+def _named(spec: str | Mapping[str, Any]) -> Factory:
+    """A factory of the torch scheduler a config names: ``"StepLR"`` (any case, ``_`` and
+    all: ``"step_lr"``) or ``{"type": "StepLR", "args": {"step_size": 2}}``; checked now on
+    a stand-in optimizer, so a bad name or bad arguments fail when the pack is made."""
+    args: dict[str, Any] = {}
+    if isinstance(spec, str):
+        name = spec
+    else:
+        kind, given = spec.get("type"), spec.get("args") or {}
+        if set(spec) - {"type", "args"} or not isinstance(kind, str) or not isinstance(
+                given, Mapping):
+            raise TypeError(f"LRSchedule: a scheduler spec is {{'type': 'StepLR', 'args': "
+                            f"{{'step_size': 2}}}}; got {dict(spec)!r}")
+        name, args = kind, dict(given)
+    known = {n.lower(): n for n in dir(lr_scheduler) if n not in _NOT_BY_NAME and isinstance(
+        getattr(lr_scheduler, n), type) and issubclass(getattr(lr_scheduler, n), (
+            lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))}
+    key = name.replace("_", "").lower()
+    if key not in known:
+        choices = sorted(known.values())
+        close = difflib.get_close_matches(name, choices + list(_NOT_BY_NAME), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"LRSchedule: no torch.optim.lr_scheduler scheduler named {name!r} that "
+                         f"a name can make.{hint} Named: {', '.join(choices)}; the others "
+                         f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory")
+    cls = getattr(lr_scheduler, known[key])
+    stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    try:
+        cls(stand_in, **args)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"LRSchedule: {cls.__name__}(optimizer, **{args!r}) fails: "
+                          f"{error}") from None
+    return functools.partial(cls, **args)

@@ -1,0 +1,324 @@
+"""The LRSchedule pack: torch schedulers stepped by the run, warm-up, the lr in
+state.metrics and TensorBoard, resume, and how it composes with Unfreeze and Evaluate.
+
+The model (``helpers.Tiny``) is a linear regression on 4 fixed batches an epoch, trained
+with SGD(lr=0.1) unless a test says otherwise. ``lrs_used`` records the learning rate of
+group 0 at the start of every step: the one its optimizer step uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import Tiny, assert_equal_params, make_data
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.optim import lr_scheduler
+
+import runmodel
+from runmodel.packs import Checkpoint, TensorBoard
+from runmodel.packs.evaluate import Evaluate
+from runmodel.packs.lr_schedule import LRSchedule
+from runmodel.packs.unfreeze import Unfreeze
+
+
+def lrs_used(engine: runmodel.Engine, group: int = 0) -> list[float]:
+    used: list[float] = []
+    engine.on("step_start", lambda e: used.append(e.model.optimizer.param_groups[group]["lr"]))
+    return used
+
+
+def train(*packs: runmodel.Pack, epochs: int = 2, model: Any = None, resume: Any = None
+          ) -> tuple[list[float], runmodel.RunResult, Any]:
+    model = model if model is not None else Tiny()
+    engine = runmodel.Engine()
+    engine.attach(*packs)
+    used = lrs_used(engine)
+    result = engine.run(model, epochs=epochs, resume=resume)
+    return used, result, model
+
+
+# -- stepping ----------------------------------------------------------------------------------
+
+def test_a_factory_is_stepped_after_every_step() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
+    used, result, model = train(pack)
+    assert used == [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025]
+    # the lr the next step would use: 8 steps done, 8 // 3 = 2 halvings
+    assert result.metrics["lr"] == 0.025 == model.optimizer.param_groups[0]["lr"]
+    assert type(result.metrics["lr"]) is float
+    assert pack.state_dict()["scheduler"]["last_epoch"] == 8
+
+
+def test_interval_epoch_steps_at_each_epoch_end() -> None:
+    used, result, _ = train(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
+                                       interval="epoch"), epochs=3)
+    assert used == [0.1] * 4 + [0.05] * 4 + [0.025] * 4
+    assert result.metrics["lr"] == 0.0125
+
+
+def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler() -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
+                             interval="epoch"))
+    model = Tiny()
+    result = engine.run(model, steps=6)  # epoch 0, and half of epoch 1
+    assert result.ended == "budget"
+    assert model.optimizer.param_groups[0]["lr"] == 0.05  # one step, for the full epoch
+
+
+def test_a_scheduler_named_as_in_a_config() -> None:
+    by_factory, _, _ = train(LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2)))
+    by_spec, _, _ = train(LRSchedule({"type": "StepLR", "args": {"step_size": 2}}))
+    by_snake_case, _, _ = train(LRSchedule({"type": "step_lr", "args": {"step_size": 2}}))
+    assert by_factory == by_spec == by_snake_case
+    assert by_factory == pytest.approx([0.1, 0.1, 0.01, 0.01, 1e-3, 1e-3, 1e-4, 1e-4])
+    by_name, _, _ = train(LRSchedule("constant_lr"))  # a name alone: the defaults
+    assert by_name == pytest.approx([0.1 / 3] * 5 + [0.1] * 3)
+
+
+def test_an_instance_for_the_models_own_optimizer() -> None:
+    torch.manual_seed(0)
+    module = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=nn.MSELoss(),
+                                           train_data=make_data(), device="cpu")
+    pack = LRSchedule(lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=2))
+    used, _, _ = train(pack, epochs=1, model=model)
+    assert used == pytest.approx([0.05, 0.075, 0.1, 0.1])
+    assert pack.scheduler is not None and pack.scheduler.optimizer is optimizer
+
+
+# -- warm-up -------------------------------------------------------------------------------------
+
+def test_warmup_alone_rises_linearly_to_the_lr() -> None:
+    used, result, _ = train(LRSchedule(warmup_steps=4), epochs=2)
+    assert used == [0.1 * ((k + 1) / 4) for k in range(4)] + [0.1] * 4
+    assert used[0] == pytest.approx(0.025) and used[3] == 0.1
+    assert result.metrics["lr"] == 0.1
+
+
+def test_warmup_scales_the_scheduled_lr_without_compounding() -> None:
+    # StepLR reads the group's lr at each step: the warm-up must not leak into it
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+                      warmup_steps=3)
+    used, _, _ = train(pack)
+    expected = [0.1 * 0.5 ** (k // 2) * min(1.0, (k + 1) / 3) for k in range(8)]
+    assert used == pytest.approx(expected, rel=1e-12)
+    assert used[3:] == [0.05, 0.025, 0.025, 0.0125, 0.0125]
+
+
+def test_warmup_with_an_epoch_scheduler() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch",
+                      warmup_steps=6)
+    used, _, _ = train(pack, epochs=3)
+    scheduled = [0.1] * 4 + [0.05] * 4 + [0.025] * 4
+    assert used == pytest.approx([lr * min(1.0, (k + 1) / 6) for k, lr in enumerate(scheduled)],
+                                 rel=1e-12)
+
+
+# -- with other packs ----------------------------------------------------------------------------
+
+def test_plateau_reads_the_eval_metric_evaluate_puts_there() -> None:
+    # mode="max" on a falling loss: every epoch after the first is "worse", so with
+    # patience=0 the lr halves at the end of epochs 1 and 2
+    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
+        opt, mode="max", factor=0.5, patience=0), interval="epoch", metric="eval_loss")
+    losses: list[float] = []
+    engine = runmodel.Engine()
+    engine.attach(pack, Evaluate())  # attached after it: the order comes from the options
+    engine.on("epoch_end", lambda e: losses.append(e.state.metrics["eval_loss"]), priority=-10)
+    used = lrs_used(engine)
+    engine.run(Tiny(), epochs=4)
+    assert losses == sorted(losses, reverse=True) and len(set(losses)) == 4
+    assert used == [0.1] * 8 + [0.05] * 4 + [0.025] * 4
+
+
+def test_a_missing_metric_fails_at_the_first_epoch_end_naming_the_metrics() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch",
+                      metric="eval_los")
+    engine = runmodel.Engine()
+    engine.attach(pack, Evaluate())
+    steps = lrs_used(engine)
+    with pytest.raises(ValueError) as caught:
+        engine.run(Tiny(), epochs=3)
+    assert str(caught.value) == (
+        "LRSchedule(metric='eval_los'): no such metric in state.metrics at the end of epoch 0. "
+        "Did you mean 'eval_loss'? There are: eval_loss, lr (attach Evaluate() for eval_loss "
+        "and the other eval metrics)")
+    assert len(steps) == 4
+
+
+def test_with_unfreeze_each_stage_keeps_its_scale() -> None:
+    model = Tiny(hidden=8)  # Sequential: "0" (Linear), "1" (ReLU), "2" (Linear)
+    engine = runmodel.Engine()
+    # attached first, still built after Unfreeze regrouped the optimizer
+    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
+                             interval="epoch"),
+                  Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}))
+    seen: list[float] = []
+    engine.on("epoch_start", lambda e: seen.extend(
+        g["lr"] for g in e.model.optimizer.param_groups))
+    engine.run(model, epochs=3)
+    assert seen == pytest.approx([0.1, 0.01, 0.05, 0.005, 0.025, 0.0025], rel=1e-12)
+
+
+def test_tensorboard_logs_the_lr_as_train_lr(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
+                             interval="epoch"), TensorBoard(tmp_path))
+    engine.run(Tiny(), epochs=3)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    logged = {tag: [(s.step, s.value) for s in events.Scalars(tag)]
+              for tag in events.Tags()["scalars"]}
+    as_f32 = [torch.tensor(v, dtype=torch.float32).item() for v in (0.1, 0.05, 0.025)]
+    # each epoch's lr, as the optimizer's group shows it at the same moment
+    assert logged["train/lr"] == list(zip((4, 8, 12), as_f32, strict=True))
+    assert logged["lr/group0"] == logged["train/lr"]
+
+
+# -- resume ---------------------------------------------------------------------------------------
+
+def cosine_with_warmup() -> LRSchedule:
+    return LRSchedule(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=12), warmup_steps=6)
+
+
+def one_cycle() -> LRSchedule:
+    return LRSchedule(lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=16))
+
+
+def halving_per_epoch() -> LRSchedule:
+    return LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+                      interval="epoch", warmup_steps=3)
+
+
+def plateau() -> LRSchedule:
+    return LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
+        opt, mode="max", factor=0.5, patience=1), interval="epoch", metric="eval_loss")
+
+
+@pytest.mark.parametrize("make", [cosine_with_warmup, one_cycle, halving_per_epoch, plateau])
+def test_a_resumed_run_continues_the_lr_curve_exactly(tmp_path: Path, make: Any) -> None:
+    def model() -> Tiny:
+        return Tiny(hidden=8, optimizer=torch.optim.Adam, lr=0.01)
+
+    def packs() -> list[runmodel.Pack]:
+        return [make(), Evaluate()] if make is plateau else [make()]
+
+    straight_lrs, straight_result, straight = train(*packs(), epochs=4, model=model())
+    first_lrs, _, _ = train(*packs(), Checkpoint(tmp_path), epochs=2, model=model())
+    second_lrs, result, resumed = train(*packs(), Checkpoint(tmp_path / "again"), epochs=4,
+                                        model=model(), resume=tmp_path)
+    assert len(straight_lrs) == 16 and len(set(straight_lrs)) > 1
+    assert first_lrs + second_lrs == straight_lrs  # exactly
+    assert result.metrics["lr"] == straight_result.metrics["lr"]
+    assert_equal_params(resumed, straight)
+
+
+# -- mistakes --------------------------------------------------------------------------------------
+
+def step_lr(opt: torch.optim.Optimizer) -> lr_scheduler.StepLR:
+    return lr_scheduler.StepLR(opt, step_size=2)
+
+
+@pytest.mark.parametrize(("args", "error", "match"), [
+    ({"scheduler": step_lr, "interval": "steps"}, ValueError,
+     r"interval=\) must be 'step' .* or 'epoch' .*; got 'steps'. Did you mean 'step'\?"),
+    ({"scheduler": step_lr, "warmup_steps": -1}, ValueError, r"warmup_steps=\) must be a whole"),
+    ({"scheduler": step_lr, "warmup_steps": 1.5}, ValueError, r"warmup_steps=\) must be a whole"),
+    ({}, ValueError, r"needs a scheduler, warmup_steps= or both"),
+    ({"scheduler": 42}, TypeError, r"takes a torch.optim.lr_scheduler scheduler, a factory"),
+    ({"scheduler": "StepLRR"}, ValueError, r"no torch.optim.lr_scheduler scheduler named "
+                                           r"'StepLRR'.*Did you mean 'StepLR'\?"),
+    ({"scheduler": "LambdaLR"}, ValueError, r"take Python functions: pass a factory"),
+    ({"scheduler": "StepLR"}, TypeError, r"StepLR\(optimizer, \*\*\{\}\) fails: .*step_size"),
+    ({"scheduler": {"type": "StepLR", "args": {"step_size": 2, "gama": 0.5}}}, TypeError,
+     r"StepLR\(optimizer, .*\) fails: .*'gama'"),
+    ({"scheduler": {"kind": "StepLR"}}, TypeError, r"a scheduler spec is \{'type'"),
+    ({"scheduler": step_lr, "metric": ""}, TypeError, r"metric=\) names a metric"),
+])
+def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str
+                                          ) -> None:
+    with pytest.raises(error, match=match) as caught:
+        LRSchedule(**args)
+    assert "\n" not in str(caught.value)
+
+
+def test_plateau_and_metric_are_checked_together() -> None:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric at epoch ends; "
+                                         r"give interval='epoch' and metric="):
+        LRSchedule(lr_scheduler.ReduceLROnPlateau(optimizer), metric="eval_loss")
+    with pytest.raises(ValueError, match=r"metric='eval_loss'\) is for ReduceLROnPlateau; StepLR"):
+        LRSchedule(lr_scheduler.StepLR(optimizer, 2), interval="epoch", metric="eval_loss")
+    # a factory's scheduler is checked when it is made, before the first step
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt)))
+    steps = lrs_used(engine)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric"):
+        engine.run(Tiny(), epochs=1)
+    assert steps == []
+
+
+@pytest.mark.parametrize(("factory", "error", "match"), [
+    (lr_scheduler.StepLR, TypeError, r"the scheduler factory failed when called with the "
+                                     r"optimizer: .*step_size.*; a factory takes the optimizer"),
+    (lambda opt: torch.optim.SGD, TypeError, r"the factory returned type, not a "
+                                             r"torch.optim.lr_scheduler scheduler"),
+])
+def test_a_bad_factory_fails_before_the_first_step(factory: Any, error: type, match: str
+                                                   ) -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(factory))
+    steps = lrs_used(engine)
+    with pytest.raises(error, match=match) as caught:
+        engine.run(Tiny(), epochs=1)
+    assert steps == [] and "\n" not in str(caught.value)
+
+
+def test_an_instance_for_another_optimizer_is_refused_at_setup() -> None:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lr_scheduler.StepLR(optimizer, 2)))
+    with pytest.raises(ValueError, match=r"made for another optimizer than the model's .* pass "
+                                         r"a factory instead"):
+        engine.run(Tiny(), epochs=1)
+
+
+def test_an_instance_made_before_unfreeze_regrouped_is_refused() -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=nn.MSELoss(),
+                                           train_data=make_data(), device="cpu")
+    engine = runmodel.Engine()
+    engine.attach(Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}),
+                  LRSchedule(lr_scheduler.StepLR(optimizer, 2)))
+    with pytest.raises(ValueError, match=r"made for 1 param group\(s\) but the optimizer has 2"):
+        engine.run(model, epochs=1)
+
+
+def test_an_optimizer_replaced_mid_run_is_an_error_not_a_silent_no_op() -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(step_lr))
+
+    @engine.on("epoch_end")
+    def replace(engine: runmodel.Engine) -> None:
+        engine.model.optimizer = torch.optim.SGD(engine.model.module.parameters(), lr=1.0)
+
+    with pytest.raises(RuntimeError, match=r"optimizer was replaced during the run"):
+        engine.run(Tiny(), epochs=2)
+
+
+def test_eval_runs_are_left_alone() -> None:
+    engine, model = runmodel.Engine(), Tiny()
+    engine.attach(LRSchedule(functools.partial(lr_scheduler.StepLR, step_size=1), warmup_steps=2))
+    result = engine.run(model, mode="eval")
+    assert "lr" not in result.metrics and model.optimizer.param_groups[0]["lr"] == 0.1
+    assert math.isfinite(result.metrics["loss"])
