@@ -14,15 +14,16 @@ import random
 from pathlib import Path
 from typing import Any
 
-import helpers
 import pytest
 import torch
-from helpers import Tiny, assert_equal_params, assert_same, dropout_mlp, files, params
 
 import runmodel
 from runmodel import checkpoint
 from runmodel.checkpoint import checkpoints_in
 from runmodel.packs import Checkpoint
+
+import helpers
+from helpers import Tiny, assert_equal_params, assert_same, dropout_mlp, files, params
 
 Log = list[tuple[str, int, int]]
 

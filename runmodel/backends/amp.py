@@ -83,4 +83,5 @@ class ScaledAutocast(Autocast):
         return {"scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scaler.load_state_dict(state["scaler"])
+        if "scaler" in state:  # a checkpoint of a run without a scaler starts a fresh one
+            self.scaler.load_state_dict(state["scaler"])

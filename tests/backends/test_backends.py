@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, assert_equal_params, make_data, plain_sgd
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,6 +19,8 @@ import runmodel
 from runmodel.backends import AMP, Backend, Compile, FineTuneSpec, Plain
 from runmodel.config.registry import Spec, optimizer_factory
 from runmodel.packs import Checkpoint
+
+from helpers import Tiny, assert_equal_params, make_data, plain_sgd
 
 
 def tiny(device: str = "cpu", data: Any = None) -> Tiny:
@@ -294,10 +295,6 @@ def test_amp_float16_scales_the_loss_on_cuda_only_and_checkpoints_the_scaler(
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device: float16 AMP scales the loss on CUDA only")
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "runmodel bug: ScaledAutocast.load_state_dict reads state['scaler'], but a checkpoint "
-    "saved by float16 AMP on the CPU holds no scaler (the amp pack's state is {}), so "
-    "resuming it with float16 AMP on CUDA raises KeyError: 'scaler'"))
 def test_a_cpu_amp_checkpoint_resumes_with_a_fresh_scaler_on_cuda(tmp_path: Path) -> None:
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "cpu"))

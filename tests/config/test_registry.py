@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, params
 from torch import nn
 
 import runmodel
@@ -20,6 +19,8 @@ from runmodel.config import registry
 from runmodel.config.registry import Spec
 from runmodel.models.loader import load_source
 from runmodel.packs import Checkpoint, TensorBoard
+
+from helpers import Tiny, params
 
 HERE = str(Path(__file__).resolve())
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_data
 from torch import nn
 
 import runmodel
@@ -36,6 +35,8 @@ import runmodel.config.rundir
 from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
 from runmodel.config.rundir import RunExists, execute, prepare, read_status, run_dir_for
+
+from helpers import make_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "configs" / "digits.toml"

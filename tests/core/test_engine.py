@@ -6,9 +6,10 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from helpers import Counting, record_all
 
 import runmodel
+
+from helpers import Counting, record_all
 
 # -- phase order ------------------------------------------------------------------------
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runmodel
 import runmodel.core.filters
 from runmodel.core.phases import MODES, PHASES
+
+from helpers import Tiny
 
 ACTION_PHASES = [p for p, spec in PHASES.items() if spec.has_action]
 

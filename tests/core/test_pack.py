@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import Counting
 
 import runmodel
+
+from helpers import Counting
 
 
 class Recorder(runmodel.Pack):

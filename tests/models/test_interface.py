@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, make_data, params
 from torch import nn
 
 import runmodel
+
+from helpers import Tiny, make_data, params
 
 
 def classifier(device: str = "cpu") -> Tiny:

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_data
 from torch import nn
 
 import runmodel
 from runmodel.models import resolve_options, torch_device
+
+from helpers import make_data
 
 
 class Options(runmodel.TorchModel):

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting, Tiny, make_data
 from torch import nn
 
 import runmodel
+
+from helpers import Counting, Tiny, make_data
 
 #: 2 classes of 6 features, in batches of 32
 SHAPE = {"classes": 2, "features": 6, "batch_size": 32}

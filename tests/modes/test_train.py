@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, make_data, params, plain_sgd
 from torch import nn
 
 import runmodel
+
+from helpers import Tiny, make_data, params, plain_sgd
 
 #: 8 batches of 16 rows of 8 features an epoch
 SHAPE = {"features": 8, "batches": 8, "batch_size": 16}

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same, dropout_mlp, files, train_with_checkpoints
 
 import runmodel
 from runmodel.checkpoint import checkpoints_in
 from runmodel.packs import Checkpoint
+
+from helpers import assert_same, dropout_mlp, files, train_with_checkpoints
 
 BATCHES = 4  # per epoch
 

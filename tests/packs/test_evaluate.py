@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting, Tiny, assert_equal_params, dropout_mlp, make_data
 from ignite.metrics import Accuracy, MeanAbsoluteError
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
@@ -20,6 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import runmodel
 from runmodel.packs import Checkpoint, TensorBoard
 from runmodel.packs.evaluate import Evaluate
+
+from helpers import Counting, Tiny, assert_equal_params, dropout_mlp, make_data
 
 
 def watch(model: Tiny) -> list[tuple[bool, bool]]:

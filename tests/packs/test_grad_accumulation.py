@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, assert_equal_params, build_module, make_data, params
 from torch import nn
 
 import runmodel
@@ -23,6 +22,8 @@ from runmodel.backends.amp import Autocast, ScaledAutocast
 from runmodel.packs import Checkpoint
 from runmodel.packs.grad_accumulation import GradAccumulation
 from runmodel.packs.grad_clip import GradClip
+
+from helpers import Tiny, assert_equal_params, build_module, make_data, params
 
 OPTIMIZERS = [torch.optim.SGD, torch.optim.Adam]
 

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting, Tiny, build_module, make_data, params
 from torch import nn
 
 import runmodel
 from runmodel.backends.amp import Autocast, ScaledAutocast
 from runmodel.packs.grad_clip import GradClip
+
+from helpers import Counting, Tiny, build_module, make_data, params
 
 
 def mlp(device: str = "cpu") -> Tiny:

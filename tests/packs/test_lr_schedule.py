@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny, assert_equal_params, make_data
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.optim import lr_scheduler
@@ -25,6 +24,8 @@ from runmodel.packs import Checkpoint, TensorBoard
 from runmodel.packs.evaluate import Evaluate
 from runmodel.packs.lr_schedule import LRSchedule
 from runmodel.packs.unfreeze import Unfreeze
+
+from helpers import Tiny, assert_equal_params, make_data
 
 
 def lrs_used(engine: runmodel.Engine, group: int = 0) -> list[float]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting, Tiny, assert_equal_params, build_module, files, make_data, params
 from torch import nn
 
 import runmodel
@@ -26,6 +25,8 @@ from runmodel.packs import Checkpoint
 from runmodel.packs.grad_accumulation import GradAccumulation
 from runmodel.packs.grad_clip import GradClip
 from runmodel.packs.nan_guard import NaNGuard
+
+from helpers import Counting, Tiny, assert_equal_params, build_module, files, make_data, params
 
 OPTIMIZERS = [torch.optim.SGD, torch.optim.Adam]
 NAN = float("nan")

@@ -15,10 +15,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import Tiny
 
 import runmodel
 from runmodel.packs.progress import Progress
+
+from helpers import Tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Tiny
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import runmodel
 from runmodel.packs import TensorBoard
+
+from helpers import Tiny
 
 
 def tiny(fail_at: int | None = None) -> Tiny:

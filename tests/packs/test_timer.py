@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from helpers import Tiny
-
 import runmodel
 from runmodel.packs.timer import Timer
+
+from helpers import Tiny
 
 
 def test_timer_times_phases_and_hooks_into_the_result() -> None:

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Counting, Tiny, assert_equal_params, assert_same, make_data
 from torch import nn
 
 import runmodel
 from runmodel.packs import Checkpoint
 from runmodel.packs.unfreeze import Unfreeze
+
+from helpers import Counting, Tiny, assert_equal_params, assert_same, make_data
 
 NAMES = ("layer1", "layer2", "layer10", "head")
 
