@@ -222,7 +222,7 @@ class Engine:
     def _start(self, model: Any, mode: Mode, steps: int | None, epochs: int | None,
                backend: Backend | None) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
-        self.state.start(mode.name, steps, epochs, keep_counters=self._resuming)
+        self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
         self._resuming = False
         self.model, self._loop = model, Loop(self, steps, epochs)
         self.table.where = Where.of_run(model, mode, backend, self._restore_model)

@@ -165,6 +165,7 @@ class Loop:
         """The ``teardown`` hooks, then ``model.teardown()``, each even if the other raised;
         a failure of theirs is raised only when no error ended the run."""
         error, failure = self.state.error, None
+        self.state.ended = self.ended
         try:
             failure = self._fire_guarded("teardown", error)
         finally:

@@ -23,12 +23,13 @@ class State:
     counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
     """
 
-    __slots__ = ("batch", "epoch", "epoch_complete", "epoch_step", "error", "grad_scaler", "loss",
-                 "max_epochs", "max_steps", "metrics", "mode", "output", "rank", "skipped",
-                 "step", "timings")
+    __slots__ = ("batch", "ended", "epoch", "epoch_complete", "epoch_step", "error",
+                 "grad_scaler", "kind", "loss", "max_epochs", "max_steps", "metrics", "mode",
+                 "output", "rank", "skipped", "step", "timings")
 
     def __init__(self) -> None:
-        self.mode = "train"
+        self.mode = self.kind = "train"  # kind: the step a runstep is (train, eval, infer)
+        self.ended: str | None = None  # in teardown hooks: how the run ended (as the result)
         self.epoch = self.step = self.epoch_step = self.skipped = self.rank = 0
         self.max_steps: int | None = None
         self.max_epochs: int | None = None
@@ -46,12 +47,13 @@ class State:
         self.grad_scaler: Any = None
         self.error: BaseException | None = None
 
-    def start(self, mode: str, max_steps: int | None, max_epochs: int | None,
+    def start(self, mode: str, kind: str, max_steps: int | None, max_epochs: int | None,
               keep_counters: bool) -> None:
         """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
         if not keep_counters:
             self.step = self.epoch = self.epoch_step = self.skipped = 0
-        self.mode, self.max_steps, self.max_epochs = mode, max_steps, max_epochs
+        self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
+        self.ended = None
         self.rank = current_rank()
         self.batch = self.output = self.loss = self.error = self.grad_scaler = None
         self.metrics, self.timings = {}, {}

@@ -1,0 +1,1 @@
+"""Bridges to other libraries' ecosystems: ``ignite`` (``engine.ignite``)."""
