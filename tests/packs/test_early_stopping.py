@@ -89,7 +89,7 @@ def test_an_epoch_cut_short_is_not_a_check() -> None:
     pack = EarlyStopping("score", patience=1)
     result = run(pack, [1.0, 2.0], epochs=2, steps=6)  # epoch 1 ends after 2 of its steps
     assert (result.ended, result.reason) == ("budget", None)
-    assert pack.state_dict() == {"best": 1.0, "best_epoch": 0, "bad": 0}
+    assert pack.state_dict() == {"best": 1.0, "best_epoch": 0, "bad": 0, "last": 1.0}
 
 
 def test_eval_runs_are_left_alone() -> None:
@@ -138,7 +138,7 @@ def test_a_run_from_the_start_forgets_the_last_runs_count() -> None:
     script(engine, [1.0, 2.0, 2.0, 0.5])
     assert engine.run(Tiny(), epochs=4).epochs == 3
     assert engine.run(Tiny(), epochs=1).ended == "completed"
-    assert pack.state_dict() == {"best": 1.0, "best_epoch": 0, "bad": 0}
+    assert pack.state_dict() == {"best": 1.0, "best_epoch": 0, "bad": 0, "last": 1.0}
 
 
 # -- mistakes ----------------------------------------------------------------------------------
