@@ -283,6 +283,18 @@ def test_with_grad_accumulation_stop_mid_window_takes_no_step_at_the_epoch_end()
     torch.testing.assert_close(params(model), params(reference), rtol=0, atol=1e-6)
 
 
+def test_with_grad_accumulation_a_later_check_finds_an_unchecked_steps_gradient() -> None:
+    # every=2 checks steps 1, 3, 5, 7; step 4's NaN gradient is in the window's
+    # accumulated gradient when step 5 is checked
+    model, engine = mlp(torch.optim.Adam, batches=8), runmodel.Engine()
+    engine.attach(NaNGuard("stop", every=2), GradAccumulation(4))
+    nan_grad_at(engine, 4)
+    result = engine.run(model, epochs=2)
+    assert result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 5 (epoch 0, " \
+                            "batch 5)"
+    assert steps_taken(model) == 1 and finite(model)
+
+
 def test_with_accumulation_clipping_and_a_scaler_in_any_attach_order() -> None:
     results = []
     for order in itertools.permutations(range(4)):
