@@ -15,6 +15,7 @@ __all__ = ["NaNGuard"]
 #: The modes whose steps may be train steps (benchmark and profile can measure them).
 TRAIN_MODES = ("train", "benchmark", "profile")
 ACTIONS = ("skip", "stop")
+_get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
 
 
 class NaNGuard(Pack):
@@ -79,7 +80,7 @@ class NaNGuard(Pack):
         if state.grad_scaler is None:
             grads = self._grads(engine)
             if grads:
-                norm = torch.nn.utils.get_total_norm(grads)
+                norm = _total_norm(grads)
                 finite = finite & torch.isfinite(norm).to(finite.device)
         if not finite:  # a sync, on a GPU
             self._handle(engine)
@@ -139,3 +140,11 @@ class NaNGuard(Pack):
         return [p.grad for group in engine.model.optimizer.param_groups
                 for p in group["params"] if p.grad is not None]
 
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all of ``grads`` together (NaN if one holds a NaN, inf if one an inf)."""
+    if _get_total_norm is not None:  # torch >= 2.6: grouped by device and dtype, fused
+        return _get_total_norm(grads)
+    device = grads[0].device
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).to(device)
+                                                 for g in grads]))
