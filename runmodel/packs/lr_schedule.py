@@ -12,6 +12,7 @@ import torch
 from torch.optim import lr_scheduler
 
 from ..core import Hook, HookOptions, Pack
+from ..models import TorchModel
 
 if TYPE_CHECKING:
     from ..core import Engine
@@ -28,8 +29,9 @@ _NOT_BY_NAME = ("LRScheduler", "_LRScheduler", "LambdaLR", "MultiplicativeLR", "
 
 
 class LRSchedule(Pack):
-    """Step ``scheduler`` after every optimizer step (``interval="step"``) or at the end
-    of every epoch (``interval="epoch"``), in train runs.
+    """Step ``scheduler`` after every optimizer step (``interval="step"``; the steps the
+    optimizer really takes, so with ``GradAccumulation`` once per window) or at the end of
+    every full epoch (``interval="epoch"``), in train runs.
 
     ``scheduler`` is a ``torch.optim.lr_scheduler`` scheduler, a factory called with the
     model's optimizer when the run starts (after setup hooks that regroup it, such as
@@ -39,9 +41,10 @@ class LRSchedule(Pack):
     ``state.metrics[metric]`` (``metric="eval_loss"``, as ``Evaluate`` puts it there).
 
     ``warmup_steps=N`` scales the scheduled learning rates by ``k/N`` for the k-th of the
-    first N steps (k = 1..N), then leaves them as scheduled. Group 0's learning rate goes
+    first N optimizer steps (k = 1..N), then leaves them as scheduled. Group 0's lr goes
     into ``state.metrics["lr"]`` whenever it changes (a float; no device sync). The
-    scheduler's state is in ``state_dict()``, so a resumed run continues the curve exactly.
+    scheduler's state and the count of optimizer steps are in ``state_dict()``, so a
+    resumed run continues the curve exactly.
     """
 
     name = "lr_schedule"
@@ -81,6 +84,10 @@ class LRSchedule(Pack):
         self._optimizer: torch.optim.Optimizer | None = None
         self._base: list[Any] = []  # the lrs without a scheduler: each group's initial_lr
         self._pending: dict[str, Any] | None = None  # a checkpoint's, until the run starts
+        self._restored = False
+        self._phased = True  # whether the model's train step fires optimizer_step
+        #: optimizer steps taken (in the whole training: it resumes); the warm-up's clock
+        self.optimizer_steps = 0
 
     def hooks(self) -> Iterator[Hook]:
         # after setup hooks that regroup the optimizer (Unfreeze's runs at priority 50)
@@ -88,7 +95,12 @@ class LRSchedule(Pack):
             priority=-50, after="unfreeze.setup", modes="train", name="lr_schedule.setup"))
         has_scheduler = self._given is not None or self._factory is not None
         if self.warmup_steps or (has_scheduler and self.interval == "step"):
-            # after the step's other hooks, before a checkpoint saves it (priority -1000)
+            # around the optimizer step itself, inside the overrides that may skip it
+            # (GradAccumulation, NaNGuard, GradClip: priorities 300..100) and outside the
+            # amp backend's scaler step (-100): it counts the optimizer's real steps
+            yield Hook(self.stepped, "optimizer_step", HookOptions.of(
+                priority=-50, modes="train", name="lr_schedule.stepped"), override=True)
+            # a train step of the model's own has no optimizer_step phase: each step is one
             yield Hook(self.step, "runstep", HookOptions.of(
                 priority=-500, modes="train", name="lr_schedule.step"))
         if has_scheduler and self.interval == "epoch":
@@ -113,26 +125,42 @@ class LRSchedule(Pack):
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(self._pending)
             self._pending = None
+        if not self._restored:  # a run from the start
+            self.optimizer_steps = 0
+        self._restored = False
+        model = engine.model
+        self._phased = isinstance(model, TorchModel) and model.interface.phased
         # the lr before warm-up: the scheduler's, or the group's own (kept in initial_lr as
         # torch's schedulers do, so that a second run of the same optimizer finds it)
         self._base = [g.setdefault("initial_lr", g["lr"]) for g in groups]
-        if engine.state.step < self.warmup_steps:
-            self._warm(groups, engine.state.step)
+        if self.optimizer_steps < self.warmup_steps:
+            self._warm(groups, self.optimizer_steps)
         engine.state.metrics["lr"] = float(groups[0]["lr"])
 
+    def stepped(self, engine: Engine, default: Callable[[Engine], Any]) -> None:
+        """The optimizer step, then this pack's step after it."""
+        default(engine)
+        self._after_optimizer_step(engine)
+
     def step(self, engine: Engine) -> None:
-        """After each train step: step the scheduler (interval="step"), then set the
-        warm-up's lr for the next step."""
+        """After a train step of the model's own (no optimizer_step phase)."""
+        if not self._phased:
+            self._after_optimizer_step(engine)
+
+    def _after_optimizer_step(self, engine: Engine) -> None:
+        """Step the scheduler (interval="step"), then set the warm-up's lr for the next
+        optimizer step."""
         groups = self._groups(engine)
-        s = engine.state
-        warming = s.step < self.warmup_steps
+        done = self.optimizer_steps
+        warming = done < self.warmup_steps
         if self.interval == "step" and (scheduler := self.scheduler) is not None:
             if warming:
                 self._unwarm(groups)
             scheduler.step()
+        self.optimizer_steps = done + 1
         if warming:
-            self._warm(groups, s.step + 1)
-        s.metrics["lr"] = float(groups[0]["lr"])
+            self._warm(groups, done + 1)
+        engine.state.metrics["lr"] = float(groups[0]["lr"])
 
     def epoch_end(self, engine: Engine) -> None:
         """At the end of each full epoch: step the scheduler (interval="epoch")."""
@@ -141,7 +169,7 @@ class LRSchedule(Pack):
         if not s.epoch_complete or scheduler is None:
             return  # an epoch cut short is run again by a resume: no step for it
         groups = self._groups(engine)
-        warming = s.step < self.warmup_steps  # s.step: the next step's index
+        warming = self.optimizer_steps < self.warmup_steps
         if warming:
             self._unwarm(groups)
         if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
@@ -149,7 +177,7 @@ class LRSchedule(Pack):
         else:
             scheduler.step()
         if warming:
-            self._warm(groups, s.step)
+            self._warm(groups, self.optimizer_steps)
         s.metrics["lr"] = float(groups[0]["lr"])
 
     # -- warm-up -------------------------------------------------------------------------------
@@ -158,8 +186,8 @@ class LRSchedule(Pack):
         return self.scheduler.get_last_lr() if self.scheduler is not None else self._base
 
     def _warm(self, groups: list[dict[str, Any]], step: int) -> None:
-        """The lr of step ``step`` (0-based): ``(step + 1) / warmup_steps`` of the
-        scheduled lr during the warm-up, the scheduled lr after it."""
+        """The lr of optimizer step ``step`` (0-based): ``(step + 1) / warmup_steps`` of
+        the scheduled lr during the warm-up, the scheduled lr after it."""
         factor = (step + 1) / self.warmup_steps
         for group, lr in zip(groups, self._scheduled(), strict=True):
             group["lr"] = lr * factor if factor < 1 else lr
@@ -236,11 +264,12 @@ class LRSchedule(Pack):
 
     def state_dict(self) -> dict[str, Any]:
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else self._pending
-        return {"scheduler": scheduler}
+        return {"scheduler": scheduler, "optimizer_steps": self.optimizer_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # given to the scheduler when the run starts: a factory's is made only then
         self._pending = state.get("scheduler")
+        self.optimizer_steps, self._restored = int(state.get("optimizer_steps", 0)), True
 
 
 def _named(spec: str | Mapping[str, Any]) -> Factory:

@@ -22,6 +22,7 @@ from torch.optim import lr_scheduler
 import runmodel
 from runmodel.packs import Checkpoint, TensorBoard
 from runmodel.packs.evaluate import Evaluate
+from runmodel.packs.grad_accumulation import GradAccumulation
 from runmodel.packs.lr_schedule import LRSchedule
 from runmodel.packs.unfreeze import Unfreeze
 
@@ -93,6 +94,31 @@ def test_an_instance_for_the_models_own_optimizer() -> None:
     used, _, _ = train(pack, epochs=1, model=model)
     assert used == pytest.approx([0.05, 0.075, 0.1, 0.1])
     assert pack.scheduler is not None and pack.scheduler.optimizer is optimizer
+
+
+class OwnStep(runmodel.Supervised):
+    def train_step(self, model: Any, batch: Any) -> dict[str, Any]:
+        return super().train_step(model, batch)  # its own: no optimizer_step phase
+
+
+def test_a_train_step_of_the_models_own_steps_the_scheduler_after_each_step() -> None:
+    model = Tiny()
+    model.interface = OwnStep()
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
+    used, _, _ = train(pack, model=model)
+    assert used == [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025]
+    assert pack.optimizer_steps == 8
+
+
+def test_with_grad_accumulation_it_counts_optimizer_steps() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+                      warmup_steps=3)
+    used, _, _ = train(GradAccumulation(2), pack)
+    # 4 optimizer steps, each for 2 steps (micro-batches); the warm-up is 3 of them
+    per_optimizer_step = [0.1 * 0.5 ** k * min(1.0, (k + 1) / 3) for k in range(4)]
+    assert used == pytest.approx([lr for lr in per_optimizer_step for _ in range(2)], rel=1e-12)
+    assert pack.optimizer_steps == 4
+    assert pack.state_dict()["scheduler"]["last_epoch"] == 4
 
 
 # -- warm-up -------------------------------------------------------------------------------------
@@ -186,31 +212,37 @@ def test_tensorboard_logs_the_lr_as_train_lr(tmp_path: Path) -> None:
 
 # -- resume ---------------------------------------------------------------------------------------
 
-def cosine_with_warmup() -> LRSchedule:
-    return LRSchedule(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=12), warmup_steps=6)
+def cosine_with_warmup() -> list[runmodel.Pack]:
+    return [LRSchedule(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=12),
+                       warmup_steps=6)]
 
 
-def one_cycle() -> LRSchedule:
-    return LRSchedule(lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=16))
+def one_cycle() -> list[runmodel.Pack]:
+    return [LRSchedule(lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=16))]
 
 
-def halving_per_epoch() -> LRSchedule:
-    return LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
-                      interval="epoch", warmup_steps=3)
+def halving_per_epoch() -> list[runmodel.Pack]:
+    return [LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+                       interval="epoch", warmup_steps=3)]
 
 
-def plateau() -> LRSchedule:
-    return LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
-        opt, mode="max", factor=0.5, patience=1), interval="epoch", metric="eval_loss")
+def plateau() -> list[runmodel.Pack]:
+    return [LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
+        opt, mode="max", factor=0.5, patience=1), interval="epoch", metric="eval_loss"),
+        Evaluate()]
 
 
-@pytest.mark.parametrize("make", [cosine_with_warmup, one_cycle, halving_per_epoch, plateau])
-def test_a_resumed_run_continues_the_lr_curve_exactly(tmp_path: Path, make: Any) -> None:
+def accumulated() -> list[runmodel.Pack]:
+    # optimizer steps after the 3rd and the 4th step of each epoch (a short last window)
+    return [GradAccumulation(3), LRSchedule(
+        lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.8), warmup_steps=3)]
+
+
+@pytest.mark.parametrize("packs", [cosine_with_warmup, one_cycle, halving_per_epoch, plateau,
+                                   accumulated])
+def test_a_resumed_run_continues_the_lr_curve_exactly(tmp_path: Path, packs: Any) -> None:
     def model() -> Tiny:
         return Tiny(hidden=8, optimizer=torch.optim.Adam, lr=0.01)
-
-    def packs() -> list[runmodel.Pack]:
-        return [make(), Evaluate()] if make is plateau else [make()]
 
     straight_lrs, straight_result, straight = train(*packs(), epochs=4, model=model())
     first_lrs, _, _ = train(*packs(), Checkpoint(tmp_path), epochs=2, model=model())
