@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,10 @@ def test_a_scheduler_named_as_in_a_config() -> None:
     by_factory, _, _ = train(LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2)))
     by_spec, _, _ = train(LRSchedule({"type": "StepLR", "args": {"step_size": 2}}))
     by_snake_case, _, _ = train(LRSchedule({"type": "step_lr", "args": {"step_size": 2}}))
-    assert by_factory == by_spec == by_snake_case
+    from_toml = tomllib.loads('scheduler = { type = "StepLR", args = { step_size = 2 } }\n'
+                              'interval = "step"')
+    by_toml, _, _ = train(LRSchedule(**from_toml))
+    assert by_factory == by_spec == by_snake_case == by_toml
     assert by_factory == pytest.approx([0.1, 0.1, 0.01, 0.01, 1e-3, 1e-3, 1e-4, 1e-4])
     by_name, _, _ = train(LRSchedule("constant_lr"))  # a name alone: the defaults
     assert by_name == pytest.approx([0.1 / 3] * 5 + [0.1] * 3)
