@@ -182,7 +182,8 @@ def calls(models: Path) -> dict[str, Call]:
         "eval": at_models("run", "tiny.py", "--mode", "eval", "--device", "cpu"),
         "infer": at_models("run", "tiny.py", "--mode", "infer", "--device", "cpu"),
         "train-json": at_models("run", "tiny.py", "--epochs", "2", "--json", "--set", "lr=0.01",
-                                "--set", "setup.batch_size=32", "--device", "cpu"),
+                                "--set", "setup.batch_size=32", "--device", "cpu",
+                                "--no-progress"),
         "eval-json": at_models("run", "tiny.py", "--mode", "eval", "--json", "--set", "scale=2",
                                "--device", "cpu"),
         "infer-json": at_models("run", "tiny.py", "--mode", "infer", "--json",
@@ -530,6 +531,12 @@ def test_set_unknown_keys_warn_and_the_run_goes_on(cli: Results) -> None:
     assert "UserWarning: Tiny: unknown init option 'other' ignored" in err
     assert "setup options: lr=0.1 batch_size=16" in lines(err)
     assert "Traceback" not in err
+    # training shows its progress by default: off a terminal, a line per epoch
+    assert re.fullmatch(r"train epoch 0  step 4  loss \S+  \(\d+\.\d+s\)", lines(err)[-1])
+
+
+def test_no_progress_leaves_stderr_to_the_model(cli: Results) -> None:
+    assert not any(line.startswith("train epoch") for line in lines(cli["train-json"].stderr))
 
 
 def test_set_with_a_bad_type_is_a_one_line_error(cli: Results) -> None:

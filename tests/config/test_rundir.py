@@ -458,7 +458,11 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     directory = runs / load_config(cfg).run_name()
     first = cli_process("run", str(cfg), "--runs-dir", str(runs), cwd=project.dir)
     assert first.returncode == 0, first.stderr
-    assert first.stderr.splitlines() == [f"run directory: {directory}"]
+    # a config run shows its progress: off a terminal, a line per epoch
+    assert first.stderr.splitlines()[0] == f"run directory: {directory}"
+    assert [re.sub(r"loss \S+  \(\S+s\)", "loss L (Ts)", line)
+            for line in first.stderr.splitlines()[1:]] == [
+        f"train epoch {e}/3  step {4 * (e + 1)}  loss L (Ts)" for e in range(3)]
     assert first.stdout.startswith("train: completed after 12 steps, 3 epochs in ")
     assert read_status(directory)["status"] == "finished"
     before = snapshot(directory)
@@ -475,13 +479,13 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     assert main(["run", str(cfg), "--runs-dir", str(runs), "--resume", "--restart"]) == 2
     assert "--resume and --restart exclude each other" in one_error_line(capsys)
 
-    assert main(["run", str(cfg), "--runs-dir", str(runs), "--restart"]) == 0
+    assert main(["run", str(cfg), "--runs-dir", str(runs), "--restart", "--no-progress"]) == 0
     assert capsys.readouterr().err.splitlines() == [f"run directory: {directory}"]
     [old] = [p for p in runs.iterdir() if ".old-" in p.name]
     assert old.name.startswith(f"{directory.name}.old-") and snapshot(old) == before
 
     assert main(["run", str(cfg), "--runs-dir", str(runs), "--set",
-                 "optimizer.args.lr=0.01"]) == 0
+                 "optimizer.args.lr=0.01", "--no-progress"]) == 0
     other = runs / load_config(cfg, ["optimizer.args.lr=0.01"]).run_name()
     assert capsys.readouterr().err.splitlines() == [f"run directory: {other}"]
     assert other != directory and other.name.startswith(f"{project.name}_sgd-lr0.01_")
@@ -572,7 +576,9 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     runs = digits_run["cwd"] / "runs"
     directory = runs / config.run_name()
     assert directory.name.startswith("digits-hidden128_adam-lr0.005_")
-    assert err.splitlines() == [f"run directory: {directory}"]
+    assert err.splitlines()[0] == f"run directory: {directory}"
+    assert [line.split("  ")[0] for line in err.splitlines()[1:]] == [
+        f"train epoch {e}/3" for e in range(3)]
     assert out.startswith("train: completed after 69 steps, 3 epochs in ")
     assert os.listdir(runs) == [directory.name]
     assert read_json(directory / "config.json") == config.to_dict()
