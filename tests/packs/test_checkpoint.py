@@ -145,3 +145,85 @@ def test_no_checkpoints_in_eval_mode(tmp_path: Path) -> None:
     engine.attach(Checkpoint(tmp_path / "ckpt", every="1st"))
     result = engine.run(dropout_mlp(), mode="eval")
     assert result.steps == BATCHES and not (tmp_path / "ckpt").exists()
+
+
+# -- the best K by a metric -------------------------------------------------------------------
+
+SCORES = [0.5, 0.9, 0.7, 0.95, 0.6, 0.8]  # eval_accuracy at the end of epochs 0..5
+
+
+def scored(engine: runmodel.Engine, scores: list[float] = SCORES) -> None:
+    """A hook that puts a known eval_accuracy into the metrics at each epoch's end, before
+    the checkpoint is saved (as an Evaluate pack would)."""
+    engine.on("epoch_end", lambda e: e.state.metrics.update(
+        eval_accuracy=scores[e.state.epoch], eval_loss=1 - scores[e.state.epoch]))
+
+
+def best_files(directory: Path) -> list[str]:
+    return [name for name in files(directory) if name.startswith("best-")]
+
+
+def test_best_k_by_a_metric_beside_the_newest(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    scored(engine)
+    engine.attach(Checkpoint(tmp_path, keep=2, best=("eval_accuracy", "max"), keep_best=2))
+    engine.run(dropout_mlp(), epochs=6)
+    assert best_files(tmp_path) == ["best-eval_accuracy=0.9-00002-0000000008.pt",
+                                    "best-eval_accuracy=0.95-00004-0000000016.pt"]
+    assert checkpoints_in(tmp_path)[0].name == "ckpt-00006-0000000024.pt"  # resume: the newest
+    assert sorted(set(files(tmp_path)) - set(best_files(tmp_path))) == [
+        "ckpt-00005-0000000020.pt", "ckpt-00006-0000000024.pt"]
+    # a best file is that epoch's checkpoint: it resumes where it was taken
+    best = torch.load(tmp_path / "best-eval_accuracy=0.95-00004-0000000016.pt",
+                      weights_only=True)
+    assert best["engine"]["counters"]["step"] == 16 and best["engine"]["counters"]["epoch"] == 4
+    model, steps = dropout_mlp(), []
+    again = runmodel.Engine()
+    again.on("step_start", lambda e: steps.append(e.state.step))
+    with pytest.warns(UserWarning, match="saved state of pack 'checkpoint' has no attached"):
+        again.run(model, epochs=5,
+                  resume=tmp_path / "best-eval_accuracy=0.95-00004-0000000016.pt")
+    assert steps == [16, 17, 18, 19]
+
+
+def test_best_by_a_loss_keeps_the_lowest(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    scored(engine)
+    engine.attach(Checkpoint(tmp_path, keep=1, best=("eval_loss", "min")))
+    engine.run(dropout_mlp(), epochs=6)
+    [best] = best_files(tmp_path)
+    assert best.startswith("best-eval_loss=0.05") and best.endswith("-00004-0000000016.pt")
+
+
+def test_the_best_ranking_carries_over_a_resume(tmp_path: Path) -> None:
+    first = runmodel.Engine()
+    scored(first)
+    first.attach(Checkpoint(tmp_path, best=("eval_accuracy", "max")))
+    first.run(dropout_mlp(), epochs=3)  # best so far: 0.9 at epoch 1
+    second = runmodel.Engine()
+    scored(second, [1.0, 1.0, 1.0, 0.85, 0.6, 0.8])  # after the resume, none beats 0.9
+    second.attach(Checkpoint(tmp_path, best=("eval_accuracy", "max")))
+    second.run(dropout_mlp(), epochs=6, resume=tmp_path)
+    assert best_files(tmp_path) == ["best-eval_accuracy=0.9-00002-0000000008.pt"]
+
+
+def test_a_best_metric_that_is_not_there_is_a_clear_error_at_the_first_save(
+        tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    engine.on("epoch_end", lambda e: e.state.metrics.update(eval_loss=0.3))
+    engine.attach(Checkpoint(tmp_path, best=("eval_acc", "max")))
+    with pytest.raises(ValueError, match=r"no metric 'eval_acc' in engine.state.metrics at "
+                                         r"epoch 1, step 4; there are: eval_loss"):
+        engine.run(dropout_mlp(), epochs=3)
+    assert files(tmp_path) == []  # nothing half-written
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"best": "eval_accuracy"}, r"best= names a metric and whether lower or higher is better"),
+    ({"best": ("eval_accuracy", "maximum")}, r"best= names a metric"),
+    ({"best": ("eval_accuracy", "max"), "keep_best": 0}, r"keep_best= must be a whole number"),
+])
+def test_bad_best_options_fail_at_construction(tmp_path: Path, options: dict[str, Any],
+                                               match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Checkpoint(tmp_path, **options)
