@@ -189,3 +189,17 @@ def test_a_metric_that_is_not_a_number_is_a_clear_error() -> None:
     engine.on("epoch_end", lambda e: e.state.metrics.__setitem__("score", "high"))
     with pytest.raises(TypeError, match=r"state.metrics\['score'\] is str 'high', not a number"):
         engine.run(Tiny(), epochs=1)
+
+
+def test_checkpoint_keeps_the_best_epoch_by_the_metric_early_stopping_watches(
+        tmp_path: Path) -> None:
+    # mode="max" on a falling eval loss: epoch 0 is the best, and stays the kept one
+    engine = runmodel.Engine()
+    engine.attach(Evaluate(), EarlyStopping("eval_loss", patience=2, mode="max"),
+                  Checkpoint(tmp_path, best=("eval_loss", "max")))
+    losses: list[float] = []
+    engine.on("epoch_end", lambda e: losses.append(e.state.metrics["eval_loss"]), priority=-10)
+    result = engine.run(Tiny(), epochs=10)
+    assert result.epochs == 3
+    best = sorted(p.name for p in tmp_path.glob("best-*.pt"))
+    assert best == [f"best-eval_loss={losses[0]:.6g}-00001-0000000004.pt"]
