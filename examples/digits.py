@@ -6,13 +6,12 @@
     runmodel describe examples/digits.py
     python examples/digits.py                 # the same training, from Python
 
-``configure(engine)`` is what the runmodel command calls before a run: here it prints a
-progress line per epoch, with the test accuracy measured by ``runmodel.evaluate``.
+``configure(engine)`` is what the runmodel command calls before a run: here it attaches
+an ``Evaluate`` pack, so each epoch's progress line shows the test accuracy.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
+from runmodel.packs import Evaluate, Progress
 
 
 def digits_split(seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -63,32 +63,15 @@ runmodel.register_model("digits", Digits)  # so configs can name it (configs/dig
 
 
 def configure(engine: runmodel.Engine) -> None:
-    """A progress line per training epoch: train loss, test accuracy, time."""
-    started = [0.0]
-    losses: list[torch.Tensor] = []
-
-    @engine.on("epoch_start", modes="train")
-    def start(engine: runmodel.Engine) -> None:
-        started[0] = time.perf_counter()
-        losses.clear()
-
-    @engine.on("runstep", modes="train")
-    def keep_loss(engine: runmodel.Engine) -> None:
-        losses.append(engine.state.loss.detach())  # a tensor: no sync until the epoch ends
-
-    @engine.on("epoch_end", modes="train")
-    def progress(engine: runmodel.Engine) -> None:
-        s = engine.state
-        metrics = runmodel.evaluate(engine.model)
-        total = f"/{s.max_epochs}" if s.max_epochs else ""
-        print(f"epoch {s.epoch + 1:>3}{total}  loss {torch.stack(losses).mean().item():.4f}  "
-              f"test accuracy {metrics['accuracy']:.2%}  "
-              f"({time.perf_counter() - started[0]:.2f}s)", flush=True)
+    """What the runmodel command calls before a run of this model (a source or a config
+    run): evaluate on the test split at each training epoch's end, so that the progress
+    line (and TensorBoard, and metrics.json) shows the test accuracy."""
+    engine.attach(Evaluate())
 
 
 if __name__ == "__main__":
     engine = runmodel.Engine()
     configure(engine)
-    model = Digits()
-    engine.run(model, epochs=20)
-    print(runmodel.Engine().run(model, mode="eval").metrics)
+    engine.attach(Progress())
+    result = engine.run(Digits(), epochs=20)
+    print(f"test accuracy {result.metrics['eval_accuracy']:.2%}")

@@ -1,7 +1,8 @@
 """The ``runmodel`` command: run, benchmark, profile and describe a model from source.
 
-A source file may define ``configure(engine)``; it is called with the run's engine before
-the run, to attach the hooks and packs that the file's model wants.
+A model's file may define ``configure(engine)``; it is called with the run's engine before
+the run (of a source, or of a config naming the model), to attach the hooks and packs that
+the file's model wants.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], di
 
 def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
     from .engine import Engine
-    from .models import load_model_class, resolve_options
+    from .models import configure_engine, load_model_class, resolve_options
 
     cls = load_model_class(args.source)
     init, setup = _options(args.options, cls)
@@ -133,9 +134,7 @@ def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
     if getattr(cls, "setup_defaults", None):  # bad setup options are bad input too
         setup = resolve_options(model, "setup", setup, cls.setup_defaults)
     engine = Engine()
-    configure = getattr(sys.modules[cls.__module__], "configure", None)
-    if callable(configure):
-        configure(engine)
+    configure_engine(cls, engine)
     return model, engine, setup
 
 

@@ -32,9 +32,17 @@ import torch
 from ..checkpoint import checkpoints_in
 from ..core import Pack, RunResult
 from ..engine import Engine
-from ..models import load_source
+from ..models import configure_engine, load_source
 from ..packs import RunLog
-from .registry import Spec, make_backend, make_interface, make_model, make_pack, optimizer_factory
+from .registry import (
+    Spec,
+    make_backend,
+    make_interface,
+    make_model,
+    make_pack,
+    optimizer_factory,
+    registries,
+)
 from .runconfig import RunConfig
 
 __all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
@@ -214,6 +222,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                             f"may be starting; if not, remove the empty directory") from None
     engine = engine or Engine()
     engine.attach(*made)
+    configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
 
 

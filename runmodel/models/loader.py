@@ -14,7 +14,7 @@ from typing import Any
 
 from .model import Model
 
-__all__ = ["load_model", "load_model_class", "load_source"]
+__all__ = ["configure_engine", "load_model", "load_model_class", "load_source"]
 
 _loads = itertools.count()
 _FORMS = "'path/file.py', 'path/file.py:ClassName' or 'package.module:ClassName'"
@@ -58,6 +58,18 @@ def _load_file(path: Path, source: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def configure_engine(model_type: Any, engine: Any) -> bool:
+    """Call ``configure(engine)`` of the module that defines ``model_type`` (a model class
+    or factory), if it has one: how a model file attaches the hooks and packs it wants,
+    for command-line and config runs alike. Returns whether there was one."""
+    module = sys.modules.get(getattr(model_type, "__module__", "") or "")
+    configure = getattr(module, "configure", None)
+    if not callable(configure):
+        return False
+    configure(engine)
+    return True
 
 
 def load_model_class(source: str) -> type[Model]:

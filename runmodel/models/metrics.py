@@ -56,15 +56,24 @@ class MetricSet:
 def evaluate(model: TorchModel, data: Iterable[Any] | None = None,
              metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
     """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
-    data), without grad and outside any run: for a hook that checks a model mid-training
-    (no ``setup()`` is called, so training state is untouched)."""
+    data), without grad and outside any run: for a hook that checks a model mid-training.
+    Training state is untouched: no ``setup()`` is called, and torch's random number
+    generators (CPU, and the model's CUDA device) are as they were afterwards, although
+    iterating a DataLoader draws from them."""
     metric_set = MetricSet(model.metrics() if metrics is None else metrics)
     metric_set.reset()
     data = model.data_for("eval") if data is None else data
     move = None if model.device.type == "cpu" else model.to_device
     output_of = model.interface.output_fn(model)
-    with inference(model):
+    with inference(model), _generators_kept(model.device):
         for batch in data:
             batch = batch if move is None else move(batch)
             metric_set.update(output_of(batch), model.target(batch))
     return metric_set.compute()
+
+
+def _generators_kept(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.random.fork_rng(devices=[index], device_type="cuda")
+    return torch.random.fork_rng(devices=[])

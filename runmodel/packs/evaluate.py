@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from ..core import Hook, HookOptions, Pack
 from ..core.options import parse_duration
@@ -90,8 +87,7 @@ class Evaluate(Pack):
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
         model = engine.model
-        with _generators_kept(model.device):
-            values = evaluate(model, self.data, self._metrics)
+        values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)
         return self.last
@@ -114,12 +110,3 @@ def _check_metrics(metrics: object) -> dict[str, Metric] | None:
                         f"in {{'accuracy': ignite.metrics.Accuracy()}}, or None (the model's "
                         f"metrics()); got {metrics!r}")
     return dict(metrics)
-
-
-def _generators_kept(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The CPU generator (and the model's CUDA device's) restored on exit: evaluation
-    draws (a DataLoader's seed, a shuffled sampler) do not shift the training's."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return torch.random.fork_rng(devices=[index], device_type="cuda")
-    return torch.random.fork_rng(devices=[])

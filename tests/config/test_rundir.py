@@ -577,8 +577,11 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     directory = runs / config.run_name()
     assert directory.name.startswith("digits-hidden128_adam-lr0.005_")
     assert err.splitlines()[0] == f"run directory: {directory}"
+    # the model file's configure(engine) applies to config runs: its Evaluate pack's
+    # metrics show in the progress lines
     assert [line.split("  ")[0] for line in err.splitlines()[1:]] == [
         f"train epoch {e}/3" for e in range(3)]
+    assert all("eval_accuracy" in line for line in err.splitlines()[1:])
     assert out.startswith("train: completed after 69 steps, 3 epochs in ")
     assert os.listdir(runs) == [directory.name]
     assert read_json(directory / "config.json") == config.to_dict()

@@ -91,6 +91,20 @@ def test_evaluate_outside_a_run_matches_eval_mode(device: str) -> None:
     assert model.optimizer is not optimizer  # the eval *run* called setup; evaluate() doesn't
 
 
+def test_evaluate_leaves_the_random_generators_as_they_were() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = Classifier("cpu")
+    runmodel.Engine().run(model, epochs=1)
+    x, y = (torch.cat(parts) for parts in zip(*make_data(4, **SHAPE), strict=True))
+    model.eval_data = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)  # draws
+    before = torch.get_rng_state()
+    runmodel.evaluate(model)
+    assert torch.equal(torch.get_rng_state(), before)
+    iter(model.eval_data)  # the control: iterating it does draw from the generator
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
 def manual_accuracy(model: Classifier, data: list[Any]) -> float:
     with torch.no_grad():
         right = sum(int((model.module(x.to(model.device)).argmax(1).cpu() == y).sum())
