@@ -19,9 +19,17 @@ counters; ignite's counters stay 1-based, as its handlers expect::
     exception        EXCEPTION_RAISED(error)
     teardown         [TERMINATE], COMPLETED (when no error ended the run)
 
+``state.output`` is made (``output_transform``) only when an event that has handlers
+fires after the step, and at the run's end, so ITERATION_COMPLETED, EPOCH_COMPLETED and
+COMPLETED handlers and a read after the run all see the last step's, as in ignite.
+
 ``ignite_engine.terminate()`` stops the runmodel run (``engine.stop()``), at once when
 called before a step; ``terminate_epoch()`` ends the epoch (``engine.end_epoch()``).
+Called from outside ignite's events (a runmodel hook, another engine's handler), they
+take effect at the mirror's next event, dropping the batch that would start next.
 Unlike ignite, an error is always raised again after the EXCEPTION_RAISED handlers.
+``engine.ignite`` must be read before a run starts (its first read builds the hooks).
+Guide: ``docs/ignite.md``.
 """
 
 from __future__ import annotations
@@ -46,22 +54,33 @@ def default_output(engine: Any) -> Any:
     For a model with ``target(batch)`` (a ``TorchModel``) outside infer steps: ignite's
     dict form ``{"y_pred", "y", "loss", "criterion_kwargs"}``, detached, which every
     ignite ``Metric`` reads unchanged and from which a logger takes
-    ``output_transform=lambda o: o["loss"]``. Otherwise runmodel's ``state.output``.
-    Set ``engine.ignite.output_transform`` to change it (ignite's own trainer puts
-    ``loss.item()`` there: ``lambda e: e.state.loss.item()``, a sync per step on a GPU).
+    ``output_transform=lambda o: o["loss"]``; with an ``Interface`` whose own
+    ``train_step`` returns ``{"loss", "output"}``, ``y_pred`` is that ``"output"``.
+    Otherwise runmodel's ``state.output`` as it is. Set ``engine.ignite.output_transform``
+    to change it (ignite's own trainer puts ``loss.item()`` there:
+    ``lambda e: e.state.loss.item()``, a sync per step on a GPU).
     """
     s = engine.state
     target = getattr(engine.model, "target", None)
     output = s.output
-    if isinstance(output, dict) and "output" in output:  # an Interface's train_step result
-        output = output["output"]
     if target is None or s.kind == "infer" or output is None:
         return output
+    if s.kind == "train" and _own_train_step(engine.model):
+        # the step was interface.train_step(model, batch): {"loss": ..., "output": ...}
+        if not isinstance(output, dict) or output.get("output") is None:
+            return output  # no model output in it to hand ignite as y_pred
+        output = output["output"]
     try:
         y = target(s.batch)
     except Exception:  # a batch without a target: runmodel's output as it is
         return output
     return {"y_pred": _detach(output), "y": y, "loss": _detach(s.loss), "criterion_kwargs": {}}
+
+
+def _own_train_step(model: Any) -> bool:
+    """Whether a train step of ``model`` is its interface's own ``train_step``."""
+    interface = getattr(model, "interface", None)
+    return interface is not None and not interface.phased
 
 
 def _detach(value: Any) -> Any:
@@ -93,8 +112,15 @@ class IgniteView:
     """Hooks ``engine``'s phases and fires ``self.engine``'s (ignite's) events from them."""
 
     def __init__(self, engine: Any) -> None:
+        if engine.model is not None and engine.state.ended is None:  # a run is under way
+            raise RuntimeError("engine.ignite was first read during a run: its events start "
+                               "with a run's setup, so read it (and attach ignite's handlers) "
+                               "before engine.run()")
         self.engine = MirrorEngine()
         self._cut = False  # the last epoch ended before its data did (budget, stop())
+        # the last step's state.output is still to be made (output_transform): made when
+        # an event that has handlers fires, so a step nobody reads it at costs nothing
+        self._pending = False
         self._t_run = self._t_epoch = 0.0
         for phase in _PHASES:
             engine.on(phase, getattr(self, "_" + phase), name="ignite")
@@ -112,6 +138,7 @@ class IgniteView:
         st.dataloader = _data_of(engine.model, s.kind)
         st.epoch_length = _length(st.dataloader)  # else set at the first epoch's end
         st.batch = st.output = None
+        self._pending = False
         st.metrics = s.metrics  # one dict: ignite's metrics land in runmodel's result too
         st.times = {Events.EPOCH_COMPLETED.name: 0.0, Events.COMPLETED.name: 0.0}
         self._cut, self._t_run = False, time.time()
@@ -119,6 +146,8 @@ class IgniteView:
         self._no_epoch_to_end("STARTED")
 
     def _epoch_start(self, engine: Any) -> None:
+        if self._terminated(engine):  # terminate() outside ignite's events: no new epoch
+            return
         self.engine.state.epoch = engine.state.epoch + 1  # ignite counts epochs from 1
         self._t_epoch = time.time()
         self._fire(engine, Events.EPOCH_STARTED)
@@ -126,17 +155,22 @@ class IgniteView:
 
     def _step_start(self, engine: Any) -> None:
         s, ie = engine.state, self.engine
-        if ie.should_terminate:  # terminated where runmodel would still run a step
+        self._pending = False
+        # terminate() or terminate_epoch() called outside ignite's events (a runmodel
+        # hook, another engine's handler): this batch is dropped, as ignite's next check
+        # would, before its batch is counted
+        if self._terminated(engine) or ie.should_terminate_single_epoch:
             engine.skip_step()
+            self._maybe_end_epoch(engine, counted=False)
             return
         st = ie.state
         if ie._event_handlers.get(Events.GET_BATCH_STARTED) or ie._event_handlers.get(
                 Events.GET_BATCH_COMPLETED):  # the model fetched it already: data time ~0
             st.batch = None
-            if self._fire_in_step(engine, Events.GET_BATCH_STARTED):
+            if self._fire_in_step(engine, Events.GET_BATCH_STARTED, counted=False):
                 return
             st.batch, st.output = s.batch, None
-            if self._fire_in_step(engine, Events.GET_BATCH_COMPLETED):
+            if self._fire_in_step(engine, Events.GET_BATCH_COMPLETED, counted=False):
                 return
         # ignite's own rule, +1 per batch started (step + 1 unless a batch was dropped
         # after ITERATION_STARTED, which ignite would have counted too)
@@ -147,9 +181,7 @@ class IgniteView:
             s.batch = st.batch
 
     def _runstep(self, engine: Any) -> None:
-        ie = self.engine
-        if ie._event_handlers.get(Events.ITERATION_COMPLETED):  # no handler, no transform
-            ie.state.output = ie.output_transform(engine)
+        self._pending = True  # output_transform runs only if a handler may read it
         self._fire(engine, Events.ITERATION_COMPLETED)
         self._maybe_end_epoch(engine)
 
@@ -160,7 +192,7 @@ class IgniteView:
         if st.epoch_length is None and s.epoch_complete:
             st.epoch_length = s.epoch_step  # as ignite does for data without len()
         st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
-        if (s.epoch_complete and not ie.should_terminate
+        if (s.epoch_complete and not self._terminated(engine)
                 and ie.should_terminate_single_epoch != "skip_epoch_completed"):
             self._fire(engine, Events.EPOCH_COMPLETED)
             st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
@@ -168,7 +200,7 @@ class IgniteView:
 
     def _exception(self, engine: Any) -> None:
         # runmodel raises the error again in any case; ignite swallows it when handled
-        self.engine._fire_event(Events.EXCEPTION_RAISED, engine.state.error)
+        self._fire_now(engine, Events.EXCEPTION_RAISED, engine.state.error)
 
     def _teardown(self, engine: Any) -> None:
         if engine.state.error is not None:
@@ -177,10 +209,12 @@ class IgniteView:
         if not ie.should_terminate and (self._cut or engine.state.ended == "stopped"):
             ie.should_terminate = True  # stop() or the budget cut the run: as max_iters does
         ie.state.times[Events.COMPLETED.name] = time.time() - self._t_run
+        if self._pending:  # as after ignite's run(): the last step's output
+            self._make_output(engine)
         if ie.should_terminate:
-            ie._fire_event(Events.TERMINATE)
+            self._fire_now(engine, Events.TERMINATE)
         if ie.should_terminate != "skip_completed":
-            ie._fire_event(Events.COMPLETED)
+            self._fire_now(engine, Events.COMPLETED)
             ie.state.times[Events.COMPLETED.name] = time.time() - self._t_run
 
     # -- helpers --------------------------------------------------------------------------
@@ -188,28 +222,50 @@ class IgniteView:
     def _fire(self, engine: Any, event: Events) -> None:
         ie = self.engine
         if ie._event_handlers.get(event):
+            if self._pending:
+                self._make_output(engine)
             ie._fire_event(event)  # ignite's own: filters, last_event_name, its logging
         else:
             ie.last_event_name = event  # nothing listens: skip ignite's per-fire logging
         if ie.should_terminate:
             engine.stop("ignite: terminate()")
 
-    def _fire_in_step(self, engine: Any, event: Events) -> bool:
+    def _fire_now(self, engine: Any, event: Events, *args: Any, **kwargs: Any) -> None:
+        """Fire ``event`` through ``_fire_event`` whether or not it has handlers."""
+        if self._pending and self.engine._event_handlers.get(event):
+            self._make_output(engine)
+        self.engine._fire_event(event, *args, **kwargs)
+
+    def _make_output(self, engine: Any) -> None:
+        self._pending = False
+        self.engine.state.output = self.engine.output_transform(engine)
+
+    def _terminated(self, engine: Any) -> bool:
+        """Whether ``terminate()`` was called; a call from outside ignite's events (a
+        runmodel hook, another engine's handler) stops the run at the next event."""
+        if self.engine.should_terminate:
+            engine.stop("ignite: terminate()")
+            return True
+        return False
+
+    def _fire_in_step(self, engine: Any, event: Events, counted: bool = True) -> bool:
         """Fire ``event`` before the step runs; True when a handler ended the run or the
-        epoch: then the step is dropped, as ignite skips its process function."""
+        epoch: then the step is dropped, as ignite skips its process function.
+        ``counted``: whether ignite has counted this batch in its epoch by then."""
         self._fire(engine, event)
         ie = self.engine
         if not (ie.should_terminate or ie.should_terminate_single_epoch):
             return False
         engine.skip_step()
-        self._maybe_end_epoch(engine)
+        self._maybe_end_epoch(engine, counted)
         return True
 
-    def _maybe_end_epoch(self, engine: Any) -> None:
+    def _maybe_end_epoch(self, engine: Any, counted: bool = True) -> None:
         ie = self.engine
         if ie.should_terminate_single_epoch and not ie.should_terminate:
-            ie._fire_event(Events.TERMINATE_SINGLE_EPOCH,
-                           iter_counter=engine.state.epoch_step + 1)
+            # iter_counter: the batches ignite has taken in this epoch, as its own kwarg
+            self._fire_now(engine, Events.TERMINATE_SINGLE_EPOCH,
+                           iter_counter=engine.state.epoch_step + counted)
             engine.end_epoch()  # without runstep.epochs() in the model, this ends the run
 
     def _no_epoch_to_end(self, event: str) -> None:
