@@ -47,6 +47,11 @@ __all__ = ["IgniteView", "MirrorEngine", "default_output"]
 _PHASES = ("setup", "epoch_start", "step_start", "runstep", "epoch_end", "exception",
            "teardown")
 
+# read once: reading an ignite event off ``Events`` and hashing it each cost ~0.2 µs,
+# too much for the per-step path
+_GET_BATCH_STARTED, _GET_BATCH_COMPLETED = Events.GET_BATCH_STARTED, Events.GET_BATCH_COMPLETED
+_ITERATION_STARTED, _ITERATION_COMPLETED = Events.ITERATION_STARTED, Events.ITERATION_COMPLETED
+
 
 def default_output(engine: Any) -> Any:
     """What the ignite engine's ``state.output`` holds after a step.
@@ -91,13 +96,41 @@ def _not_run_by_ignite(engine: IgniteEngine, batch: Any) -> Any:
     raise RuntimeError("engine.ignite mirrors runmodel's runs; it has no process function")
 
 
+class _Handled:
+    """Which per-step events have handlers, as plain attributes the step path reads."""
+
+    __slots__ = ("get_batch", "iteration_completed", "iteration_started")
+
+    def __init__(self) -> None:
+        self.get_batch = self.iteration_started = self.iteration_completed = False
+
+    def update(self, handlers: dict[Any, list[Any]]) -> None:
+        self.get_batch = bool(handlers.get(_GET_BATCH_STARTED) or
+                              handlers.get(_GET_BATCH_COMPLETED))
+        self.iteration_started = bool(handlers.get(_ITERATION_STARTED))
+        self.iteration_completed = bool(handlers.get(_ITERATION_COMPLETED))
+
+
 class MirrorEngine(IgniteEngine):
     """An ignite ``Engine`` whose events come from a runmodel engine's runs;
-    ``output_transform(runmodel_engine)`` makes its ``state.output`` at each step."""
+    ``output_transform(runmodel_engine)`` makes its ``state.output`` at each step.
+    Adding or removing a handler notes which step events have handlers, so that the
+    step path skips the others' fire without looking them up."""
 
     def __init__(self) -> None:
         super().__init__(_not_run_by_ignite)
         self.output_transform: Callable[[Any], Any] = default_output
+        self._handled = _Handled()
+
+    def add_event_handler(self, event_name: Any, handler: Callable[..., Any], *args: Any,
+                          **kwargs: Any) -> Any:
+        handle = super().add_event_handler(event_name, handler, *args, **kwargs)
+        self._handled.update(self._event_handlers)
+        return handle
+
+    def remove_event_handler(self, handler: Callable[..., Any], event_name: Any) -> None:
+        super().remove_event_handler(handler, event_name)
+        self._handled.update(self._event_handlers)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("engine.ignite mirrors a runmodel engine's runs; start a run with "
@@ -156,34 +189,43 @@ class IgniteView:
     def _step_start(self, engine: Any) -> None:
         s, ie = engine.state, self.engine
         self._pending = False
-        # terminate() or terminate_epoch() called outside ignite's events (a runmodel
-        # hook, another engine's handler): this batch is dropped, as ignite's next check
-        # would, before its batch is counted
-        if self._terminated(engine) or ie.should_terminate_single_epoch:
+        if ie.should_terminate or ie.should_terminate_single_epoch:
+            # terminate() or terminate_epoch() called outside ignite's events (a runmodel
+            # hook, another engine's handler): this batch is dropped, as ignite's next
+            # check would, before its batch is counted
+            self._terminated(engine)
             engine.skip_step()
             self._maybe_end_epoch(engine, counted=False)
             return
-        st = ie.state
-        if ie._event_handlers.get(Events.GET_BATCH_STARTED) or ie._event_handlers.get(
-                Events.GET_BATCH_COMPLETED):  # the model fetched it already: data time ~0
+        st, handled = ie.state, ie._handled
+        if handled.get_batch:  # the model fetched it already: data time ~0
             st.batch = None
-            if self._fire_in_step(engine, Events.GET_BATCH_STARTED, counted=False):
+            if self._fire_in_step(engine, _GET_BATCH_STARTED, counted=False):
                 return
             st.batch, st.output = s.batch, None
-            if self._fire_in_step(engine, Events.GET_BATCH_COMPLETED, counted=False):
+            if self._fire_in_step(engine, _GET_BATCH_COMPLETED, counted=False):
                 return
         # ignite's own rule, +1 per batch started (step + 1 unless a batch was dropped
         # after ITERATION_STARTED, which ignite would have counted too)
-        st.iteration, st.batch, st.output = st.iteration + 1, s.batch, None
-        if self._fire_in_step(engine, Events.ITERATION_STARTED):
+        st.iteration += 1
+        st.batch = s.batch
+        st.output = None
+        if not handled.iteration_started:
+            ie.last_event_name = _ITERATION_STARTED
+        elif self._fire_in_step(engine, _ITERATION_STARTED, handled=True):
             return
-        if st.batch is not s.batch:  # ignite lets ITERATION_STARTED handlers replace it
+        elif st.batch is not s.batch:  # ignite lets ITERATION_STARTED handlers replace it
             s.batch = st.batch
 
     def _runstep(self, engine: Any) -> None:
         self._pending = True  # output_transform runs only if a handler may read it
-        self._fire(engine, Events.ITERATION_COMPLETED)
-        self._maybe_end_epoch(engine)
+        ie = self.engine
+        if ie._handled.iteration_completed:
+            self._fire(engine, _ITERATION_COMPLETED, True)
+            if ie.should_terminate_single_epoch:
+                self._maybe_end_epoch(engine)
+        else:
+            ie.last_event_name = _ITERATION_COMPLETED
 
     def _epoch_end(self, engine: Any) -> None:
         s, ie = engine.state, self.engine
@@ -219,9 +261,10 @@ class IgniteView:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _fire(self, engine: Any, event: Events) -> None:
+    def _fire(self, engine: Any, event: Events, handled: bool | None = None) -> None:
+        """Fire ``event`` (``handled``: whether it has handlers, when known already)."""
         ie = self.engine
-        if ie._event_handlers.get(event):
+        if handled if handled is not None else ie._event_handlers.get(event):
             if self._pending:
                 self._make_output(engine)
             ie._fire_event(event)  # ignite's own: filters, last_event_name, its logging
@@ -248,11 +291,12 @@ class IgniteView:
             return True
         return False
 
-    def _fire_in_step(self, engine: Any, event: Events, counted: bool = True) -> bool:
+    def _fire_in_step(self, engine: Any, event: Events, counted: bool = True,
+                      handled: bool | None = None) -> bool:
         """Fire ``event`` before the step runs; True when a handler ended the run or the
         epoch: then the step is dropped, as ignite skips its process function.
         ``counted``: whether ignite has counted this batch in its epoch by then."""
-        self._fire(engine, event)
+        self._fire(engine, event, handled)
         ie = self.engine
         if not (ie.should_terminate or ie.should_terminate_single_epoch):
             return False
