@@ -212,6 +212,31 @@ def test_ignites_event_filters_work_on_the_mirror() -> None:
     assert ("i%5==1", 3, 11) in b.extra and ("COMPLETED", 3) in b.extra
 
 
+def test_handlers_added_and_removed_during_the_run_take_effect_as_in_ignite() -> None:
+    """The mirror skips ignite's fire for step events nobody handles; a handler added by
+    another (or removed through its handle, as Metric.detach does) counts from then on."""
+    def attach(engine: Engine, *_: Any) -> list[Any]:
+        hits: list[Any] = []
+        handles: list[Any] = []
+
+        def add(e: Engine) -> None:
+            handles.append(e.add_event_handler(Events.ITERATION_STARTED, lambda e: hits.append(
+                ("started", e.state.iteration))))
+            handles.append(e.add_event_handler(Events.ITERATION_COMPLETED, lambda e: hits.append(
+                ("completed", e.state.iteration))))
+
+        engine.add_event_handler(Events.EPOCH_COMPLETED(once=1), add)
+        engine.add_event_handler(Events.ITERATION_COMPLETED(once=6),
+                                 lambda e: handles.pop().remove())
+        engine.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: handles.pop().remove())
+        return hits
+
+    a, b = run_ignite(attach, 3, events=()), run_runmodel(attach, 3, events=())
+    assert b.extra == a.extra
+    assert b.extra == [("started", 5), ("completed", 5), ("started", 6), ("completed", 6),
+                       ("started", 7), ("started", 8)]
+
+
 @pytest.mark.parametrize("steps", [6, 8], ids=["mid-epoch", "epoch-boundary"])
 def test_the_step_budget_ends_the_run_as_ignites_max_iters(steps: int) -> None:
     a, b = run_ignite(None, None, max_iters=steps), run_runmodel(None, None, steps=steps)
