@@ -27,6 +27,9 @@ COMPLETED handlers and a read after the run all see the last step's, as in ignit
 called before a step; ``terminate_epoch()`` ends the epoch (``engine.end_epoch()``).
 Called from outside ignite's events (a runmodel hook, another engine's handler), they
 take effect at the mirror's next event, dropping the batch that would start next.
+In a train run, a handler that leaves the model's module in eval mode (an evaluator's
+``run()``, which ignite's ``create_supervised_evaluator`` ends in eval mode) has it put
+back in train mode before the next step, as ignite's trainer step does.
 Unlike ignite, an error is always raised again after the EXCEPTION_RAISED handlers.
 ``engine.ignite`` must be read before a run starts (its first read builds the hooks).
 Guide: ``docs/ignite.md``.
@@ -154,6 +157,10 @@ class IgniteView:
         # the last step's state.output is still to be made (output_transform): made when
         # an event that has handlers fires, so a step nobody reads it at costs nothing
         self._pending = False
+        # a train run's module, and whether a handler (an evaluator's run) left it in eval
+        # mode: put back in train mode before the next step, as ignite's trainer step does
+        self._module: torch.nn.Module | None = None
+        self._retrain = False
         self._t_run = self._t_epoch = 0.0
         for phase in _PHASES:
             engine.on(phase, getattr(self, "_" + phase), name="ignite")
@@ -171,7 +178,9 @@ class IgniteView:
         st.dataloader = _data_of(engine.model, s.kind)
         st.epoch_length = _length(st.dataloader)  # else set at the first epoch's end
         st.batch = st.output = None
-        self._pending = False
+        self._pending = self._retrain = False
+        module = getattr(engine.model, "module", None) if s.kind == "train" else None
+        self._module = module if isinstance(module, torch.nn.Module) else None
         st.metrics = s.metrics  # one dict: ignite's metrics land in runmodel's result too
         st.times = {Events.EPOCH_COMPLETED.name: 0.0, Events.COMPLETED.name: 0.0}
         self._cut, self._t_run = False, time.time()
@@ -216,6 +225,9 @@ class IgniteView:
             return
         elif st.batch is not s.batch:  # ignite lets ITERATION_STARTED handlers replace it
             s.batch = st.batch
+        if self._retrain:
+            self._retrain = False
+            self._module.train()  # type: ignore[union-attr]  # set with _retrain
 
     def _runstep(self, engine: Any) -> None:
         self._pending = True  # output_transform runs only if a handler may read it
@@ -265,9 +277,7 @@ class IgniteView:
         """Fire ``event`` (``handled``: whether it has handlers, when known already)."""
         ie = self.engine
         if handled if handled is not None else ie._event_handlers.get(event):
-            if self._pending:
-                self._make_output(engine)
-            ie._fire_event(event)  # ignite's own: filters, last_event_name, its logging
+            self._dispatch(engine, event)
         else:
             ie.last_event_name = event  # nothing listens: skip ignite's per-fire logging
         if ie.should_terminate:
@@ -275,9 +285,21 @@ class IgniteView:
 
     def _fire_now(self, engine: Any, event: Events, *args: Any, **kwargs: Any) -> None:
         """Fire ``event`` through ``_fire_event`` whether or not it has handlers."""
-        if self._pending and self.engine._event_handlers.get(event):
+        if self.engine._event_handlers.get(event):
+            self._dispatch(engine, event, *args, **kwargs)
+        else:
+            self.engine._fire_event(event, *args, **kwargs)
+
+    def _dispatch(self, engine: Any, event: Events, *args: Any, **kwargs: Any) -> None:
+        """Run ``event``'s handlers through ignite's own ``_fire_event`` (its filters,
+        ``last_event_name``), with the last step's output made first."""
+        if self._pending:
             self._make_output(engine)
+        module = self._module
+        training = module is not None and module.training
         self.engine._fire_event(event, *args, **kwargs)
+        if training and not module.training:  # type: ignore[union-attr]
+            self._retrain = True
 
     def _make_output(self, engine: Any) -> None:
         self._pending = False

@@ -36,10 +36,13 @@ def data(batches: int = BATCHES, seed: int = 0) -> list[tuple[torch.Tensor, torc
     return make_data(batches, BATCH, FEATURES, classes=CLASSES, seed=seed)
 
 
-def parts(lr: float = 0.1) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
-    """A linear classifier (the same weights every time), SGD and cross-entropy."""
+def parts(lr: float = 0.1, dropout: float | None = None
+          ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
+    """A linear classifier (or with ``dropout``, Linear-Dropout-Linear), the same weights
+    every time and torch's generator seeded, SGD and cross-entropy."""
     torch.manual_seed(0)
-    module = nn.Linear(FEATURES, CLASSES)
+    module = nn.Linear(FEATURES, CLASSES) if dropout is None else nn.Sequential(
+        nn.Linear(FEATURES, 16), nn.Dropout(dropout), nn.Linear(16, CLASSES))
     return module, torch.optim.SGD(module.parameters(), lr=lr), nn.CrossEntropyLoss()
 
 
@@ -99,10 +102,10 @@ def supervised_step(module: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def run_ignite(attach: Attach | None, epochs: int | None, *, batches: Any = None,
-               lr: float = 0.1, events: Iterable[Any] = STEP_EVENTS,
-               **run_kwargs: Any) -> Twin:
+               lr: float = 0.1, dropout: float | None = None,
+               events: Iterable[Any] = STEP_EVENTS, **run_kwargs: Any) -> Twin:
     """(a): ignite's ``Engine.run`` of the training, ``run_kwargs`` passed on."""
-    module, optimizer, loss_fn = parts(lr)
+    module, optimizer, loss_fn = parts(lr, dropout)
     trainer = Engine(supervised_step(module, optimizer, loss_fn))
     trace: list[tuple[Any, ...]] = []
     recorder(trainer, trace, events)
@@ -116,12 +119,13 @@ def run_ignite(attach: Attach | None, epochs: int | None, *, batches: Any = None
 
 
 def run_runmodel(attach: Attach | None, epochs: int | None, *, batches: Any = None,
-                 lr: float = 0.1, events: Iterable[Any] = STEP_EVENTS,
-                 steps: int | None = None, hooks: Callable[[runmodel.Engine], Any] | None = None,
+                 lr: float = 0.1, dropout: float | None = None,
+                 events: Iterable[Any] = STEP_EVENTS, steps: int | None = None,
+                 hooks: Callable[[runmodel.Engine], Any] | None = None,
                  engine: runmodel.Engine | None = None) -> Twin:
     """(b): a runmodel train run of the same training, ``attach`` given ``engine.ignite``;
     ``hooks(engine)`` may add runmodel hooks after it."""
-    module, optimizer, loss_fn = parts(lr)
+    module, optimizer, loss_fn = parts(lr, dropout)
     model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=loss_fn,
                                            train_data=data() if batches is None else batches)
     engine = engine or runmodel.Engine()

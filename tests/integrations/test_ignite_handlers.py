@@ -77,6 +77,25 @@ def test_early_stopping_stops_at_the_same_epoch() -> None:
     assert b.result is not None and (b.result.ended, b.result.epochs) == ("stopped", 7)
 
 
+def test_an_evaluator_run_by_a_handler_does_not_leave_training_in_eval_mode() -> None:
+    """create_supervised_evaluator puts the module in eval mode and leaves it so; ignite's
+    trainer step puts it back in train mode, and so does the mirror before the next step:
+    with dropout, the same weights."""
+    def attach(engine: Engine, module: nn.Module, _: Any) -> list[bool]:
+        evaluator = create_supervised_evaluator(module, metrics={"acc": Accuracy()})
+        engine.add_event_handler(Events.ITERATION_COMPLETED(every=3),
+                                 lambda e: evaluator.run(data(2, seed=1)))
+        modes: list[bool] = []
+        engine.add_event_handler(Events.ITERATION_COMPLETED,
+                                 lambda e: modes.append(module.training))
+        return modes
+
+    a, b = both(attach, 3, dropout=0.5)
+    assert b.extra == a.extra == [True, True, False] * 4  # False: right after evaluating
+    assert all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters(),
+                                                 strict=True))
+
+
 def test_early_stopping_on_the_trainers_own_epoch_completed() -> None:
     def attach(engine: Engine, *_: Any) -> None:
         Accuracy().attach(engine, "acc")
