@@ -36,7 +36,9 @@ class FormatError(ValueError):
 def rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's and torch's (CPU and every CUDA device's) random
     number generators."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(),  # Python's 625 words as a tensor:
+                             "python": (version, torch.tensor(internal), gauss)}  # one record
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
@@ -54,6 +56,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what ``rng_state()`` returned."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
+    internal = internal.tolist() if isinstance(internal, torch.Tensor) else internal
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

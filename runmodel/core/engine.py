@@ -150,12 +150,15 @@ class Engine:
 
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """Everything a checkpoint holds: the engine's state, the model's, the random
-        number generators'. ``counters`` is where a run resumed from it starts."""
+        number generators', where the data stands in the epoch (``position.py``).
+        ``counters`` is where a run resumed from it starts."""
         from .. import checkpoint  # torch: imported when a run needs it
 
         state_dict = getattr(self.model, "state_dict", None)
         return {"engine": self.state_dict(counters), "rng": checkpoint.rng_state(),
-                "model": state_dict() if callable(state_dict) else None}
+                "model": state_dict() if callable(state_dict) else None,
+                "position": {"batches": 0} if self._loop is None else
+                self._loop.position.snapshot(counters)}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
@@ -167,7 +170,10 @@ class Engine:
 
         if snapshot.get("model") is not None:
             self.model.load_state_dict(snapshot["model"])
-        checkpoint.set_rng_state(snapshot["rng"])
+        if self._loop is None:
+            checkpoint.set_rng_state(snapshot["rng"])
+        else:  # in a run: the generators are set where the data is (position.py)
+            self._loop.position.resume(snapshot.get("position", {}), snapshot["rng"])
 
     # -- the run -------------------------------------------------------------------------
 
@@ -198,6 +204,7 @@ class Engine:
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
             with plan.context():
+                loop.position.data_begins(first_epoch_begun=False)
                 with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                     model.run(loop.runstep(mode.kind), steps)
                 loop.finish()
@@ -211,6 +218,7 @@ class Engine:
             finally:  # even when a teardown hook raised
                 while self._for_run:
                     self._for_run.pop().detach()
+                loop.position.close()
                 self._loop = None
                 self.table.stop()
         s = self.state
@@ -248,6 +256,8 @@ class Engine:
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
+        if self._loop is not None:
+            self._loop.position.tracker = plan.data
         self.table.start(self.state, plan)  # filters start counting here
         return plan, saved
 

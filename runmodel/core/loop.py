@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .options import describe_fn
+from .position import Position
 from .state import RunStep, StopRun
 
 if TYPE_CHECKING:
@@ -37,7 +38,16 @@ class Loop:
         self.reason: str | None = None  # what stop() was given
         self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
         self.skip = self.in_step_start = False
+        self.first_epoch = True
+        self.position = Position(self.state, None)  # the plan's data tracker joins later
         self.guard = -1  # runstep takes its slow path while step >= guard
+
+    def _arm(self) -> None:
+        """The fast path while an epoch runs with nothing to do but steps."""
+        p = self.position
+        busy = self.stopping or self.epoch_ending or not self.epoch_open or p.replay or (
+            p.pending is not None)
+        self.guard = -1 if busy else self.budget
 
     # -- run controls -------------------------------------------------------------------
 
@@ -92,7 +102,8 @@ class Loop:
         return step
 
     def _before_step(self) -> bool:
-        """The slow path of runstep: end the run, drop the call, or open an epoch."""
+        """The slow path of runstep: end the run, drop the call, open an epoch, or go on
+        with a resumed epoch (drop a replayed batch; restore the generators)."""
         if self.stopping or self.state.step >= self.budget:
             self.ended = "stopped" if self.stopping else "budget"
             raise StopRun
@@ -102,8 +113,14 @@ class Loop:
             if self.state.epoch >= self.max_epochs:  # epochs=0, or a resume past the end
                 raise StopRun
             self.begin_epoch()  # a loop without runstep.epochs() is one implicit epoch
-        elif self.epoch_open:
-            self.guard = self.budget
+        p = self.position
+        if p.replay:
+            p.replay -= 1  # drawn before the checkpoint: not run again
+            return False
+        if p.pending is not None:
+            restore, p.pending = p.pending, None
+            restore()
+        self._arm()
         return True
 
     def epochs(self) -> Iterator[int]:
@@ -115,14 +132,17 @@ class Loop:
         s = self.state
         while s.epoch < self.max_epochs and not self.stopping and s.step < self.budget:
             steps_before = s.step
+            resumed = self.first_epoch and self.position.pending is not None
             self.begin_epoch()
             if self.stopping:  # stop() from an epoch_start hook
                 self.end_epoch_now(completed=False)
                 break
+            self.position.data_begins(first_epoch_begun=True)
             yield s.epoch
             ended_early = self.epoch_ending
             self.end_epoch_now(completed=True)
-            if s.step == steps_before and self.max_epochs == float("inf") and not ended_early:
+            if (s.step == steps_before and self.max_epochs == float("inf") and not ended_early
+                    and not resumed):  # a resumed epoch may have had no batches left
                 raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
                                    f"run would never end; give the model data, or epochs=")
         if self.stopping:
@@ -131,11 +151,20 @@ class Loop:
             self.ended = "budget"
 
     def begin_epoch(self) -> None:
-        self.state.epoch_step = 0
-        self.epoch_open, self.epoch_ending, self.guard = True, False, self.budget
+        resumed = self.first_epoch and self.position.pending is not None  # mid-epoch
+        if not resumed:
+            self.state.epoch_step = 0
+        self.position.epoch_begins(resumed)
+        self.first_epoch = False
+        self.epoch_open, self.epoch_ending = True, False
+        self._arm()
         self.engine.fire("epoch_start")
 
     def end_epoch_now(self, completed: bool) -> None:
+        p = self.position
+        if p.pending is not None:  # a resumed epoch with no batch left: restore now
+            restore, p.pending, p.replay = p.pending, None, 0
+            restore()
         self.state.epoch_complete = completed
         self.engine.fire("epoch_end")
         if completed:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .state import State
 
-__all__ = ["Action", "Backend", "FineTuneSpec", "Mode", "StepPlan", "Wrapper"]
+__all__ = ["Action", "Backend", "DataTracker", "FineTuneSpec", "Mode", "StepPlan", "Wrapper"]
 
 Action = Callable[[Any], Any]
 #: ``wrap(phase, hook, fn) -> fn``: what dispatch calls instead of ``fn``, a hook's
@@ -37,6 +37,30 @@ class StepPlan:
     context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
     wrap: Wrapper | None = None
     finish: Callable[[Any], dict[str, Any]] = lambda engine: {}
+    data: DataTracker | None = None  # where the run's data stands, for an exact resume
+
+
+class DataTracker(Protocol):
+    """Where the data of a run stands (``runmodel/models/data.py`` has the ones for
+    DataLoaders), so that a run resumed mid-epoch draws the batches a straight run would."""
+
+    def state(self) -> Any:
+        """What a checkpoint keeps (plain values): the epoch's order, generator states."""
+        ...
+
+    def resume(self, state: Any, batches: int, restore: Callable[[], None]
+               ) -> Callable[[], None] | None:
+        """Make the next epoch start after its first ``batches`` batches, as ``state``
+        recorded them. ``restore()`` puts the random generators where they were at the
+        checkpoint; return what must run before that epoch's first step (``restore`` and
+        the tracker's own state), which the tracker may also call earlier, when the
+        epoch's first batch is about to be read. ``None``: it cannot, and the engine
+        replays those batches instead."""
+        ...
+
+    def close(self) -> None:
+        """The run is over: leave the data as it was."""
+        ...
 
 
 class Mode(Protocol):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core import StepPlan
 from ..models import TorchModel
+from ..models.data import track
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
     actions; a custom interface's ``train_step``; a plain ``Model``'s ``step``."""
     interface = getattr(model, "interface", None)
     if interface is not None and not interface.phased:
-        return StepPlan({"runstep": _interface_step(model, interface)})
+        return StepPlan({"runstep": _interface_step(model, interface)},
+                        data=track(getattr(model, "train_data", None)))
     if not isinstance(model, TorchModel):
         return StepPlan({"runstep": model_step(model)})
     check_steps_for("train", model, "module", "optimizer", "loss_fn")
@@ -56,7 +58,8 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
         dispatch.optimizer_step(engine)
 
     return StepPlan({"runstep": train_step, "forward": forward_action,
-                     "backward": backward_action, "optimizer_step": optimizer_step_action})
+                     "backward": backward_action, "optimizer_step": optimizer_step_action},
+                    data=track(model.train_data))
 
 
 def _interface_step(model: Any, interface: Any) -> Any:

@@ -26,10 +26,10 @@ class Checkpoint(Pack):
     ``best-<metric>=<value>-<epoch>-<step>.pt`` beside the newest ones; ``resume=`` with
     the folder still takes the newest checkpoint, not the best.
 
-    Checkpoints at epoch ends resume exactly where the run left off; one taken mid-epoch
-    (by ``"Nst"``, or at the end of an epoch that the step budget or ``stop()`` cut short)
-    restores weights, optimizer and counters, and the model's loop starts that epoch's
-    data again.
+    A run resumed from any of them goes on exactly as a straight run would, also from one
+    taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
+    ``stop()`` cut short): the checkpoint holds where the epoch's data stands
+    (``runmodel/core/position.py``).
     """
 
     name = "checkpoint"

@@ -77,8 +77,9 @@ def test_a_mid_epoch_checkpoint_continues_the_counters(tmp_path: Path) -> None:
     engine.attach(Checkpoint(tmp_path / "again", every="3st"))
     engine.on("step_start", lambda e: starts.append((e.state.epoch, e.state.step)))
     result = engine.run(dropout_mlp(), steps=5, resume=tmp_path / "ckpt-00000-0000000003.pt")
-    assert starts == [(0, 3), (0, 4)]
-    assert (result.steps, result.epochs, result.ended) == (5, 0, "budget")
+    # epoch 0 goes on after its 3 batches: its 4th is step 3; step 4 opens epoch 1
+    assert starts == [(0, 3), (1, 4)]
+    assert (result.steps, result.epochs, result.ended) == (5, 1, "budget")
 
 
 @pytest.mark.parametrize(("every", "error", "match"), [

@@ -1,0 +1,129 @@
+"""Where a run's data stands within its epoch, so that a run resumed mid-epoch draws the
+batches, dropout masks and shuffles a straight run would.
+
+A checkpoint taken mid-epoch keeps the position (the batches drawn in the epoch so far),
+the random generators' states at that moment, the epoch's ``epoch_rng`` (their states
+when the epoch's data began to be drawn) and what the run's ``DataTracker`` keeps (a
+DataLoader's index order for the epoch and its generators; ``models/data.py``). A run
+resumed from it starts that epoch again:
+
+* with a tracker that can skip (a DataLoader over a map-style dataset; a torchdata
+  ``StatefulDataLoader``), the data starts after the drawn batches, none of them loaded,
+  and the generators are set to the checkpoint's states when its first batch is read;
+* without one, the epoch's data is replayed: the generators are set to ``epoch_rng`` when
+  the data begins, the drawn batches are dropped as they come (loaded, not run), then the
+  generators are set to the checkpoint's states. A warning says so, once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plan import DataTracker
+    from .state import State
+
+__all__ = ["Position"]
+
+
+def _rng_state() -> Any:
+    from .. import checkpoint  # torch: imported once a run needs it
+
+    return checkpoint.rng_state()
+
+
+def _set_rng_state(state: Any) -> None:
+    from .. import checkpoint
+
+    checkpoint.set_rng_state(state)
+
+
+class Position:
+    """The data position of one run (``Loop.position``)."""
+
+    def __init__(self, state: State, tracker: DataTracker | None) -> None:
+        self.state, self.tracker = state, tracker
+        self.skipped_before = state.skipped  # skipped batches before this epoch
+        self.epoch_rng: Any = None
+        self.replay = 0  # batches still to drop: a replayed epoch
+        # restore the generators: before the next step, or the epoch's end if none comes
+        self.pending: Callable[[], None] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._replay_rng: Any = None
+
+    def batches(self, counters: dict[str, int] | None = None) -> int:
+        """The batches drawn in this epoch so far, dropped ones (``skip_step``) included,
+        by the counters (``counters`` replacing some: where a resumed run starts)."""
+        counters = counters or {}
+        if counters.get("epoch", self.state.epoch) != self.state.epoch:
+            return 0  # it resumes at the next epoch's start
+        return (counters.get("epoch_step", self.state.epoch_step)
+                + counters.get("skipped", self.state.skipped) - self.skipped_before)
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        """What a checkpoint keeps; ``counters``: where a run resumed from it starts."""
+        batches = self.batches(counters)
+        if not batches:
+            return {"batches": 0}
+        return {"batches": batches, "epoch_rng": self.epoch_rng,
+                "data": None if self.tracker is None else self.tracker.state()}
+
+    def resume(self, saved: dict[str, Any], rng: Any) -> None:
+        """Continue a checkpoint's epoch: arm the tracker now (before any data is drawn),
+        or prepare to replay; ``rng`` is the generators' state at the checkpoint."""
+        batches = int(saved.get("batches", 0))
+        if not batches:
+            _set_rng_state(rng)
+            return
+        self.skipped_before = self.state.skipped - (batches - self.state.epoch_step)
+        self.epoch_rng = saved["epoch_rng"]
+        restore = _once(lambda: _set_rng_state(rng))
+        start = None if self.tracker is None else self.tracker.resume(saved.get("data"),
+                                                                     batches, restore)
+        self.pending = _once(start) if start is not None else restore
+        if start is not None:
+            return
+        self.replay, self._replay_rng = batches, saved["epoch_rng"]
+        if getattr(self.tracker, "quiet", False):  # batches in memory: nothing is loaded
+            return
+        warnings.warn(f"resuming in the middle of epoch {self.state.epoch}: its data cannot "
+                      f"start after the {batches} batches already drawn, so they are drawn "
+                      f"again and dropped (a DataLoader over a map-style dataset, or a "
+                      f"torchdata StatefulDataLoader, skips them without loading them)",
+                      stacklevel=2)
+
+    # -- an epoch's data ---------------------------------------------------------------
+
+    def epoch_begins(self, resumed: bool) -> None:
+        """At ``epoch_start``, before its hooks; ``resumed``: the checkpoint's epoch."""
+        if not resumed:
+            self.skipped_before = self.state.skipped
+
+    def data_begins(self, first_epoch_begun: bool) -> None:
+        """The epoch's data is about to be drawn: after the ``epoch_start`` hooks, or
+        before the model's loop for a loop without ``runstep.epochs()``."""
+        if self._replay_rng is not None:
+            _set_rng_state(self._replay_rng)  # the replayed epoch draws as it did
+            if first_epoch_begun:
+                self._replay_rng = None
+        elif self.pending is None:
+            self.epoch_rng = _rng_state()
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, run the first time only: the tracker's moment, or else the first step's."""
+    done = [False]
+
+    def once() -> None:
+        if not done[0]:
+            done[0] = True
+            fn()
+    return once
