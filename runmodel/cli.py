@@ -196,7 +196,7 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from .config.rundir import list_runs, resume_dir, runs_table
+    from .config.rundir import INTERRUPTED, list_runs, resume_dir, runs_table
     from .modes import Benchmark, Profile
 
     if args.command == "runs":
@@ -215,6 +215,10 @@ def _execute(args: argparse.Namespace) -> int:
               file=sys.stderr)
         result = prepared.run()
         print(_json(result) if args.json else _summary(result))
+        if result.reason == INTERRUPTED:
+            print(f"runmodel: interrupted; continue it with `runmodel resume "
+                  f"{prepared.directory}`", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return EXIT_OK
     try:
         if args.command == "benchmark":

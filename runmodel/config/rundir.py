@@ -20,9 +20,12 @@ import contextlib
 import json
 import os
 import random
+import signal
 import socket
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,12 @@ class PreparedRun:
     base: Path
 
     def run(self) -> RunResult:
-        """Run it, recording status, metrics and the trained model in its directory."""
+        """Run it, recording status, metrics and the trained model in its directory.
+
+        The first Ctrl-C stops the run once the current step is done: the Checkpoint pack
+        saves where it stopped, the run is marked ``interrupted`` and ``runmodel resume``
+        continues it exactly. A second Ctrl-C interrupts at once.
+        """
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
         _write_json(run_dir / "config.json", config.to_dict())
@@ -127,9 +135,14 @@ class PreparedRun:
                   "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or "")}
         _write_json(run_dir / "status.json", status)
         try:
-            result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
-                                     epochs=config.epochs, backend=self.backend,
-                                     resume=self.checkpoint)
+            with _ctrl_c_stops(self.engine):
+                result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
+                                         epochs=config.epochs, backend=self.backend,
+                                         resume=self.checkpoint)
+            if result.reason == INTERRUPTED:
+                status.update(status="interrupted", ended=time.time(), error=INTERRUPTED)
+                _write_json(run_dir / "status.json", status)
+                return result
             if config.mode == "train":
                 self._after_training(result)
         except BaseException as error:
@@ -158,6 +171,30 @@ class PreparedRun:
             with contextlib.suppress(NotImplementedError):
                 evaluated = interface.evaluate(model, eval_data)
                 result.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
+
+
+INTERRUPTED = "interrupted: Ctrl-C"
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(engine: Engine) -> Iterator[None]:
+    """While a config run runs in the main thread: the first SIGINT stops the run after
+    its current step, the second raises KeyboardInterrupt as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)  # the next Ctrl-C interrupts at once
+        print("runmodel: stopping after this step, then saving (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
+        engine.stop(INTERRUPTED)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,

@@ -58,6 +58,18 @@ class Checkpoint(Pack):
         # last: after other hooks' state changes
         yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
                                                       priority=-1000, rank=0))
+        yield Hook(self.save_last, "teardown", HookOptions.of(modes="train", rank=0))
+
+    def save_last(self, engine: Any) -> Path | None:
+        """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) is saved
+        where it stopped, unless the newest checkpoint is there already."""
+        s = engine.state
+        if s.error is not None or s.ended != "stopped":
+            return None
+        counters = {} if not s.epoch_complete else {"epoch_step": 0}
+        if self.saved and self.saved[-1] == _name(s.epoch, s.step):
+            return None
+        return self._write(engine, counters)
 
     def save(self, engine: Any) -> Path:
         s = engine.state
@@ -67,8 +79,12 @@ class Checkpoint(Pack):
             counters = {"epoch": s.epoch + 1, "epoch_step": 0}
         else:  # an epoch cut short by the budget or stop(): where it stopped
             counters = {}
+        return self._write(engine, counters)
+
+    def _write(self, engine: Any, counters: dict[str, int]) -> Path:
+        s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
-        name = f"ckpt-{epoch:05d}-{step:010d}.pt"
+        name = _name(epoch, step)
         previous, previous_best = self.saved, self.best_saved
         # the lists saved inside the checkpoint already hold the checkpoint itself, so a
         # run resumed from it prunes it in its turn
@@ -114,6 +130,11 @@ class Checkpoint(Pack):
         self.saved = list(state.get("saved", []))
         self.best_saved = [(float(value), str(name)) for value, name in
                            state.get("best_saved", [])]
+
+
+def _name(epoch: int, step: int) -> str:
+    """A checkpoint's file name: where a run resumed from it starts."""
+    return f"ckpt-{epoch:05d}-{step:010d}.pt"
 
 
 def _link(source: Path, target: Path) -> None:
