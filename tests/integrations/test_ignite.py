@@ -16,6 +16,11 @@ from typing import Any
 import pytest
 import torch
 from ignite.engine import Engine, Events
+from torch import nn
+
+import runmodel
+from runmodel.integrations.ignite import MirrorEngine, default_output
+
 from ignite_twin import (
     CLASSES,
     CORE,
@@ -27,10 +32,6 @@ from ignite_twin import (
     run_ignite,
     run_runmodel,
 )
-from torch import nn
-
-import runmodel
-from runmodel.integrations.ignite import MirrorEngine, default_output
 
 ROOT = Path(__file__).resolve().parents[2]
 

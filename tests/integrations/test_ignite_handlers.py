@@ -23,8 +23,9 @@ from ignite.handlers import (
     global_step_from_engine,
 )
 from ignite.metrics import Accuracy, Loss, RunningAverage
-from ignite_twin import Twin, data, run_ignite, run_runmodel
 from torch import nn
+
+from ignite_twin import Twin, data, run_ignite, run_runmodel
 
 
 def both(attach: Any, epochs: int, **kwargs: Any) -> tuple[Twin, Twin]:
