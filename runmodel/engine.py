@@ -5,7 +5,9 @@ before anything runs, and ``engine.ignite``, a pytorch-ignite view of the run.""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
 from .config.registry import Spec, make_backend
@@ -28,7 +30,8 @@ class Engine(core.Engine):
     def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
             backend: core.Backend | Spec | str | dict[str, Any] | None = None,
-            resume: str | os.PathLike[str] | None = None) -> core.RunResult:
+            resume: str | os.PathLike[str] | Literal["auto"] | None = None
+            ) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
         ``epochs`` epochs.
@@ -37,9 +40,14 @@ class Engine(core.Engine):
         ``steps``/``epochs`` count from the start of training, so a resumed run given the
         same numbers ends where one straight run would. ``backend`` (a ``Backend`` or a
         registered name; default plain) prepares model and optimizer after
-        ``model.setup()``; ``resume`` is a checkpoint file or a folder of them.
+        ``model.setup()``; ``resume`` is a checkpoint file or a folder of them (its newest
+        readable one), or ``"auto"``: the newest checkpoint of the attached ``Checkpoint``
+        packs when there is one, else a fresh start (which, is said on stderr), so a script
+        rerun after a crash goes on where it was.
         """
         mode = as_mode(mode)
+        if resume == "auto":
+            resume = self._newest_checkpoint_folder()
         prepares = (make_backend(backend or "plain") if backend is None
                     or isinstance(backend, (str, Spec, dict)) else backend)
         if setup_options is not None or getattr(model, "setup_defaults", None):
@@ -47,6 +55,27 @@ class Engine(core.Engine):
                                              getattr(model, "setup_defaults", {}))
         return super().run(model, mode, steps=steps, epochs=epochs,
                            setup_options=setup_options, backend=prepares, resume=resume)
+
+    def _newest_checkpoint_folder(self) -> Path | None:
+        """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest
+        checkpoint (``None`` when they hold none)."""
+        from .checkpoint import checkpoints_in
+        from .packs.checkpoint import Checkpoint
+
+        folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}
+        if not folders:
+            raise ValueError('resume="auto" continues from the newest checkpoint of an attached '
+                             'Checkpoint pack, and none is attached: attach one '
+                             '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
+                             'resume="DIR"')
+        newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
+                     key=lambda c: c.name, default=None)  # names sort by epoch, then step
+        if newest is None:
+            print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
+                  f"starting fresh", file=sys.stderr)
+            return None
+        print(f"runmodel: resuming from {newest}", file=sys.stderr)
+        return newest.parent
 
     @property
     def ignite(self) -> ignite.engine.Engine:

@@ -362,3 +362,80 @@ def test_checkpoints_in_finds_a_run_directorys_checkpoint_folder(tmp_path: Path)
     assert [p.name for p in checkpoints_in(tmp_path)] == [
         "ckpt-00002-0000000008.pt", "ckpt-00001-0000000004.pt"]
     assert checkpoints_in(tmp_path / "empty") == []
+
+
+# -- resume="auto" ---------------------------------------------------------------------------------
+
+def test_resume_auto_starts_fresh_then_continues_exactly(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reference, _, _ = straight(epochs=4)
+    folder = tmp_path / "ckpt"
+
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(folder))
+    first = engine.run(dropout_mlp(), epochs=2, resume="auto")
+    assert f"no checkpoint in {folder} yet: starting fresh" in capsys.readouterr().err
+    assert (first.steps, first.epochs) == (8, 2)
+
+    torch.manual_seed(7)  # the generators now differ from where the first run left them
+    engine, model = runmodel.Engine(), dropout_mlp()
+    engine.attach(Checkpoint(folder))
+    result = engine.run(model, epochs=4, resume="auto")
+    assert f"resuming from {folder / 'ckpt-00002-0000000008.pt'}" in capsys.readouterr().err
+    assert (result.steps, result.epochs) == (16, 4)
+    assert_equal_params(model, reference)
+
+
+def test_resume_auto_takes_the_newest_of_several_checkpoint_packs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train_with_checkpoints(tmp_path / "a", epochs=1)
+    train_with_checkpoints(tmp_path / "b", epochs=3)
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path / "a"), Checkpoint(tmp_path / "b"))
+    result = engine.run(dropout_mlp(), epochs=4, resume="auto")
+    assert f"resuming from {tmp_path / 'b' / 'ckpt-00003-0000000012.pt'}" in capsys.readouterr().err
+    assert result.steps == 16
+
+
+def test_resume_auto_without_a_checkpoint_pack_is_refused_before_setup() -> None:
+    model = dropout_mlp()
+    with pytest.raises(ValueError, match=r'resume="auto" .* none is attached: attach one'):
+        runmodel.Engine().run(model, epochs=1, resume="auto")
+    assert model.calls == []
+
+
+# -- checkpoints that are not this run's -----------------------------------------------------------
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_parameters(tmp_path: Path) -> None:
+    train_with_checkpoints(tmp_path, epochs=1)
+    written = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    wider = helpers.Tiny(hidden=16, dropout=0.25, optimizer=torch.optim.Adam)
+    steps: list[int] = []
+    engine = runmodel.Engine()
+    engine.on("runstep", lambda e: steps.append(e.state.step))
+    with pytest.raises(ValueError, match=r"another model than Tiny: other shapes: "
+                                         r"0\.bias \(8,\) vs \(16,\), "
+                                         r"0\.weight \(8, 4\) vs \(16, 4\)"):
+        engine.run(wider, epochs=2, resume=tmp_path)
+    flat = helpers.Tiny(optimizer=torch.optim.Adam)  # Linear(4, 1): other names
+    with pytest.raises(ValueError, match=r"missing \['bias', 'weight'\]; not in .*: "
+                                         r"\['0\.bias', '0\.weight', '2\.bias', '2\.weight'\]"):
+        runmodel.Engine().run(flat, epochs=2, resume=tmp_path)
+    assert steps == []
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == written  # untouched
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_versions(tmp_path: Path) -> None:
+    train_with_checkpoints(tmp_path, epochs=2, keep=None)
+    newest = sorted(tmp_path.glob("ckpt-*.pt"))[-1]
+    state = torch.load(newest, weights_only=True)
+    state["format"] = checkpoint.FORMAT + 1
+    torch.save(state, newest)
+    newer = checkpoint.FORMAT + 1
+    message = (rf"written in checkpoint format {newer} by a newer runmodel; this one reads "
+               rf"formats 1 to {checkpoint.FORMAT}: upgrade runmodel")
+    # from the folder too: not skipped for an older checkpoint, which would lose work
+    for resume in (newest, tmp_path):
+        with pytest.raises(checkpoint.FormatError, match=message):
+            runmodel.Engine().run(dropout_mlp(), epochs=3, resume=resume)
+    assert torch.load(newest, weights_only=True)["format"] == newer

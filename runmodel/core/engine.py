@@ -213,14 +213,7 @@ class Engine:
             loop.failed(error)
             raise
         finally:
-            try:
-                loop.teardown(model)
-            finally:  # even when a teardown hook raised
-                while self._for_run:
-                    self._for_run.pop().detach()
-                loop.position.close()
-                self._loop = None
-                self.table.stop()
+            self._end(loop, model)
         s = self.state
         extras["timings"] = {**s.timings, **extras.get("timings", {})}
         return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
@@ -236,6 +229,17 @@ class Engine:
         self.table.where = Where.of_run(model, mode, backend, self._restore_model)
         self.table.start(self.state, StepPlan({}))  # exception and teardown can fire
         return self._loop
+
+    def _end(self, loop: Loop, model: Any) -> None:
+        """Tear down, whatever happened; then the engine is free for another run."""
+        try:
+            loop.teardown(model)
+        finally:  # even when a teardown hook raised
+            while self._for_run:
+                self._for_run.pop().detach()
+            loop.position.close()
+            self._loop = None
+            self.table.stop()
 
     def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
                  backend: Backend | None, resume: str | os.PathLike[str] | None
