@@ -19,14 +19,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
+from runmodel.extras import require
 from runmodel.packs import Evaluate, Progress
 
 
 def digits_split(seed: int) -> tuple[TensorDataset, TensorDataset]:
     """80/20 train/test split of the 1,797 digits, pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
+    # scikit-learn is optional (runmodel[examples]): without it, say what to install
+    datasets = require("sklearn.datasets", needed_by="examples/digits.py")
+    x, y = datasets.load_digits(return_X_y=True)
     x = torch.tensor(x, dtype=torch.float32) / 16.0
     y = torch.tensor(y, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,270 @@
+"""``runmodel plot``: real config runs (``runmodel run CONFIG --set ...``) with different
+learning rates, their curves read back from the TensorBoard files they wrote, the figure
+checked line by line against the values each run logged in its run.log, and the PNG on
+disk checked as a PNG of the figure's size."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+import runmodel.cli
+from runmodel.plot import figure, labels, load_runs, plot, read_curves
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+PLOT = (sys.executable, "-m", "runmodel.plot")  # until `runmodel plot` is wired
+
+MODEL = '''\
+"""A 3-class linear classifier on 4 fixed batches (registered as {name!r})."""
+
+import torch
+from torch import nn
+
+import runmodel
+
+
+class Tiny(runmodel.TorchModel):
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Linear(4, 3)
+
+    def setup(self, setup_options=None):
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)  # the config's wins
+        self.loss_fn = nn.CrossEntropyLoss()
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(32, 4, generator=g)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+        self.train_data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+        self.eval_data = [(x[:16], y[:16]), (x[16:], y[16:])]
+
+
+runmodel.register_model({name!r}, Tiny)
+'''
+
+CONFIG = '''\
+imports = ["tiny.py"]
+epochs = 3
+device = "cpu"
+
+[model]
+type = "{name}"
+
+[optimizer]
+type = "sgd"
+args = {{ lr = 0.1 }}
+
+[[packs]]
+type = "tensorboard"
+args = {{ every_steps = 2 }}
+
+[[packs]]
+type = "evaluate"
+'''
+
+#: --set options of each run, and the label each should get (lr and epochs differ)
+RUNS = {
+    ("optimizer.args.lr=0.05",): "epochs=3, lr=0.05",
+    ("optimizer.args.lr=0.3",): "epochs=3, lr=0.3",
+    ("optimizer.args.lr=0.3", "epochs=2"): "epochs=2, lr=0.3",
+}
+EPOCH_LINE = re.compile(r"epoch (\d+) step (\d+) (.*)")
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three config runs through the command (in-process), in a temporary folder."""
+    folder = tmp_path_factory.mktemp("plot")
+    name = f"tiny-plot-{uuid.uuid4().hex[:8]}"
+    (folder / "tiny.py").write_text(MODEL.format(name=name))
+    (folder / "config.toml").write_text(CONFIG.format(name=name))
+    made = []
+    for options in RUNS:
+        before = set((folder / "runs").glob("*"))
+        sets = [arg for option in options for arg in ("--set", option)]
+        code = runmodel.cli.main(["run", str(folder / "config.toml"), *sets, "--no-progress",
+                                  "--runs-dir", str(folder / "runs")])
+        assert code == 0
+        [new] = set((folder / "runs").glob("*")) - before
+        made.append(new)
+    return made
+
+
+def logged(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """What the run's run.log says at each epoch's end: steps and values by name."""
+    found: dict[str, tuple[list[int], list[float]]] = {}
+    for line in (run_dir / "run.log").read_text().splitlines():
+        match = EPOCH_LINE.search(line)
+        if match:
+            words = match[3].split()
+            for key, value in zip(words[::2], words[1::2], strict=True):
+                steps, values = found.setdefault(key, ([], []))
+                steps.append(int(match[2]))
+                values.append(float(value))
+    return found
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_figure_has_a_panel_per_quantity_and_a_line_per_run(run_dirs: list[Path]) -> None:
+    fig = figure(run_dirs)
+    titles = [axes.get_title() for axes in fig.axes]
+    # the loss first; the learning rates only when asked for
+    assert titles == ["train/loss", "train/loss_step", "train/eval_loss",
+                      "train/eval_accuracy"]
+    expected_labels = list(RUNS.values())
+    for axes in fig.axes:
+        lines = axes.get_lines()
+        assert [line.get_label() for line in lines] == expected_labels
+        assert [t.get_text() for t in axes.get_legend().get_texts()] == expected_labels
+        assert axes.get_xlabel() == "step"
+    for run_dir, epochs in zip(run_dirs, (3, 3, 2), strict=True):
+        log = logged(run_dir)
+        assert set(log) == {"loss", "eval_loss", "eval_accuracy"}
+        index = run_dirs.index(run_dir)
+        for axes in fig.axes:
+            line = axes.get_lines()[index]
+            steps, values = list(line.get_xdata()), list(line.get_ydata())
+            name = axes.get_title().partition("/")[2]
+            if name == "loss_step":  # every 2nd step's loss, at 1-based steps
+                assert steps == list(range(2, 4 * epochs + 1, 2))
+                # the epochs' last steps: the loss run.log has for the epoch
+                at_epoch_end = [values[steps.index(s)] for s in log["loss"][0]]
+                assert at_epoch_end == pytest.approx(log["loss"][1], rel=1e-5)
+            else:
+                assert steps == log[name][0] == [4 * (e + 1) for e in range(epochs)]
+                assert values == pytest.approx(log[name][1], rel=1e-5)
+    # the runs differ: a faster learning rate ends at a lower loss here
+    final = [axes.get_lines()[i].get_ydata()[-1] for axes in fig.axes[:1] for i in range(2)]
+    assert final[1] < final[0]
+
+
+def test_plot_writes_a_png_of_the_figure_size(run_dirs: list[Path], tmp_path: Path) -> None:
+    path = plot(run_dirs, tmp_path / "sub" / "curves.png", metrics=["loss", "eval_accuracy"])
+    assert path == tmp_path / "sub" / "curves.png"
+    assert png_size(path) == (1000, 350)  # two 5 x 3.5 inch panels side by side at 100 dpi
+    from matplotlib.image import imread
+
+    pixels = imread(path)
+    assert pixels.shape[:2] == (350, 1000)
+    assert len({tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[::37]}) > 10  # drawn
+    # no suffix: a PNG
+    assert plot(run_dirs[:1], tmp_path / "one").name == "one.png"
+
+
+def test_metrics_choose_the_panels_in_their_order(run_dirs: list[Path]) -> None:
+    fig = figure(run_dirs, ["eval_accuracy", "lr/group0"])
+    assert [axes.get_title() for axes in fig.axes] == ["train/eval_accuracy", "lr/group0"]
+    rates = [list(line.get_ydata()) for line in fig.axes[1].get_lines()]
+    assert rates == [pytest.approx([0.05] * 3), pytest.approx([0.3] * 3),
+                     pytest.approx([0.3] * 2)]
+
+
+def test_one_run_is_labelled_by_its_name(run_dirs: list[Path]) -> None:
+    fig = figure([run_dirs[0], run_dirs[0]])  # the same run twice counts once
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == [run_dirs[0].name]
+    assert fig.axes[0].get_legend() is None
+
+
+def test_labels_say_what_differs() -> None:
+    a = {"model": {"type": "mlp", "args": {"hidden": 128}}, "optimizer": {"args": {"lr": 0.01}},
+         "seed": 0}
+    b = {"model": {"type": "mlp", "args": {"hidden": 256}}, "optimizer": {"args": {"lr": 0.01}},
+         "seed": 0}
+    c = {"model": {"type": "mlp", "args": {"hidden": 256, "lr": 1}},
+         "optimizer": {"args": {"lr": 0.1}}, "seed": 0}
+    assert labels([a, b], ["ra", "rb"]) == ["hidden=128", "hidden=256"]
+    # two keys end in "lr": each is named by the shortest ending that tells them apart
+    assert labels([a, c], ["ra", "rc"]) == [
+        "hidden=128, model.args.lr=-, optimizer.args.lr=0.01",
+        "hidden=256, model.args.lr=1, optimizer.args.lr=0.1"]
+    # nothing differs, or two runs alike among others: their names
+    assert labels([a, a], ["ra", "ra2"]) == ["ra", "ra2"]
+    assert labels([a, a, b], ["x", "y", "z"]) == ["x", "y", "hidden=256"]
+
+
+def test_a_resumed_runs_repeated_steps_count_once(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    first = SummaryWriter(str(tmp_path), filename_suffix=".1")
+    for step in (1, 2, 3, 4):
+        first.add_scalar("train/loss", 10.0 + step, step, walltime=100.0 + step)
+    first.close()
+    second = SummaryWriter(str(tmp_path), filename_suffix=".2")  # resumed from step 2
+    for step in (3, 4, 5):
+        second.add_scalar("train/loss", 20.0 + step, step, walltime=200.0 + step)
+    second.close()
+    assert len(list(tmp_path.glob("*tfevents*"))) == 2
+    curve = read_curves(tmp_path)["train/loss"]
+    assert curve.steps == (1, 2, 3, 4, 5)
+    assert curve.values == (11.0, 12.0, 23.0, 24.0, 25.0)
+
+
+def test_bad_input_is_a_one_line_error_naming_what_is_there(run_dirs: list[Path],
+                                                           tmp_path: Path) -> None:
+    root = run_dirs[0].parent
+    with pytest.raises(ValueError, match=r"is not a run directory but holds 3 runs: give "
+                       r"them, as in `runmodel plot .*/\*`"):
+        load_runs([root])
+    with pytest.raises(ValueError, match=r"checkpoint is not a run directory \(no config.json; "
+                       r"it holds nothing\)"):
+        (tmp_path / "checkpoint").mkdir()
+        load_runs([tmp_path / "checkpoint"])
+    with pytest.raises(ValueError, match=r"does not exist"):
+        load_runs([tmp_path / "nowhere"])
+    with pytest.raises(ValueError, match=r"give at least one run directory"):
+        load_runs([])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"epochs": 1}))
+    with pytest.raises(ValueError, match=r"has no TensorBoard events in .*bare/tensorboard"):
+        load_runs([bare])
+    with pytest.raises(ValueError) as raised:
+        figure(run_dirs, ["loss", "accuracy", "f1"])
+    assert str(raised.value) == ("no run has 'accuracy', 'f1'; the runs have train/loss, "
+                                 "train/loss_step, train/eval_loss, train/eval_accuracy, "
+                                 "lr/group0")
+
+
+def test_the_command_prints_the_path_or_one_line_error(run_dirs: list[Path],
+                                                       tmp_path: Path) -> None:
+    done = subprocess.run([*PLOT, *map(str, run_dirs), "-o", "runs.png",
+                           "--metrics", "loss, eval_loss"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "runs.png\n", "")
+    assert png_size(tmp_path / "runs.png") == (1000, 350)
+    done = subprocess.run([*PLOT, str(run_dirs[0]), "--metrics", "acc"], cwd=tmp_path,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("runmodel plot: error: no run has 'acc'; the runs have train/loss, "
+                           "train/loss_step, train/eval_loss, train/eval_accuracy, lr/group0\n")
+    assert not (tmp_path / "plot.png").exists()
+
+
+@pytest.mark.skipif('add_parser("plot"' not in (ROOT / "runmodel" / "cli.py").read_text(),
+                    reason="waits for `runmodel plot` in runmodel/cli.py")
+def test_runmodel_plot_in_the_command(run_dirs: list[Path], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.png"
+    assert runmodel.cli.main(["plot", *map(str, run_dirs), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"{out}\n"
+    assert png_size(out) == (1000, 700)
+    assert runmodel.cli.main(["plot", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
