@@ -6,20 +6,27 @@ attached pack's state, the model's state (weights, optimizer) and the random num
 generators' states. It is written to a temporary file, flushed and fsynced, then renamed
 over its name, so a crash leaves either the old file or the new one, never half of one;
 it is read with ``torch.load(weights_only=True)``, so a checkpoint never runs code.
+
+``Writer`` writes them in a background thread: the snapshot's tensors are copied into CPU
+buffers kept from one save to the next (the training goes on changing the originals), and
+the thread writes the copy as ``save`` does.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-__all__ = ["FORMAT", "PATTERN", "FormatError", "checkpoints_in", "load", "read", "rng_state",
-           "save", "set_rng_state"]
+__all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
+           "rng_state", "save", "set_rng_state"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
@@ -70,9 +77,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
     """Write ``snapshot`` to ``path`` atomically, refusing anything that ``read`` could
     not load back."""
-    path = Path(path)
+    _check_snapshot(snapshot)
+    return _write(Path(path), snapshot)
+
+
+def _check_snapshot(snapshot: dict[str, Any]) -> None:
+    """Refuse a snapshot whose pack states ``read`` could not load back, naming the pack
+    and the key."""
     for key, pack_state in snapshot.get("engine", {}).get("packs", {}).items():
         _check_loadable(pack_state, f"pack {key!r} state_dict()")
+
+
+def _write(path: Path, snapshot: dict[str, Any]) -> Path:
+    """To a temporary file, fsynced, renamed over ``path``; then the folder is fsynced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -89,6 +106,132 @@ def save(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
     finally:
         os.close(directory)
     return path
+
+
+class Writer:
+    """Write checkpoints in a background thread, one at a time.
+
+    ``submit`` copies the snapshot's tensors (on the caller's thread: the copy is the
+    state at that moment, whatever the training changes next) into CPU buffers reused
+    from the previous save (pinned, and copied without waiting, for CUDA tensors), and
+    starts a thread that writes the copy as ``save`` does, then calls ``then``. A
+    ``submit`` while a write is under way waits for it first; ``wait`` waits for it and
+    raises the error it met, naming the file. The buffers hold one more copy of the
+    state in CPU memory.
+    """
+
+    __slots__ = ("_buffers", "_error", "_path", "_thread")
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, int, int], torch.UntypedStorage] = {}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._path: Path | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is being written now."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, path: str | os.PathLike[str], snapshot: dict[str, Any],
+               then: Callable[[], None] | None = None) -> None:
+        """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
+        waits for the write before, and raises its error."""
+        self.wait()
+        _check_snapshot(snapshot)
+        fresh: dict[tuple[str, int, int], torch.UntypedStorage] = {}
+        devices: set[torch.device] = set()
+        staged = _stage(snapshot, self._buffers, fresh, devices)
+        self._buffers = fresh  # buffers this snapshot did not use are freed
+        events = []
+        for device in devices:  # the copies are queued on the device's stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self._path = Path(path)
+        self._thread = threading.Thread(target=self._run, args=(self._path, staged, events, then),
+                                        name=f"runmodel checkpoint writer {self._path.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, path: Path, staged: dict[str, Any], events: list[Any],
+             then: Callable[[], None] | None) -> None:
+        try:
+            for event in events:
+                event.synchronize()
+            _write(path, staged)
+            if then is not None:
+                then()
+        except BaseException as error:  # raised on the training thread by wait()
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the checkpoint being written is on disk; raise the error that
+        writing it met (once), naming the file."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            thread.join()
+        except BaseException:  # interrupted: still under way, wait again next time
+            self._thread = thread
+            raise
+        error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"writing checkpoint {str(self._path)!r} in the background "
+                               f"failed: {type(error).__name__}: {error}") from error
+
+
+def _stage(value: Any, buffers: dict[tuple[str, int, int], torch.UntypedStorage],
+           fresh: dict[tuple[str, int, int], torch.UntypedStorage],
+           devices: set[torch.device]) -> Any:
+    """``value`` with every container rebuilt and every tensor copied to the CPU, into
+    ``buffers`` where one fits (moved to ``fresh``). Tensors that shared a storage share
+    the copy, so the file is the one ``save`` writes."""
+    if isinstance(value, torch.Tensor):
+        return _stage_tensor(value, buffers, fresh, devices)
+    if isinstance(value, dict):
+        staged = copy.copy(value)  # keeps an OrderedDict's _metadata (module versions)
+        for key, item in value.items():
+            staged[key] = _stage(item, buffers, fresh, devices)
+        return staged
+    if isinstance(value, list):
+        return [_stage(item, buffers, fresh, devices) for item in value]
+    if isinstance(value, tuple):
+        items = [_stage(item, buffers, fresh, devices) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, (str, int, float, bool, type(None), bytes)):
+        return value
+    return copy.deepcopy(value)
+
+
+def _stage_tensor(tensor: torch.Tensor,
+                  buffers: dict[tuple[str, int, int], torch.UntypedStorage],
+                  fresh: dict[tuple[str, int, int], torch.UntypedStorage],
+                  devices: set[torch.device]) -> torch.Tensor:
+    if (type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided
+            or tensor.is_quantized or tensor.is_conj() or tensor.is_neg()
+            or tensor.device.type == "meta"):
+        return tensor.detach().to("cpu", copy=True)  # rare kinds: a plain blocking copy
+    storage = tensor.untyped_storage()
+    nbytes = storage.nbytes()
+    if nbytes == 0:
+        return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype)
+    key = (str(tensor.device), storage.data_ptr(), nbytes)
+    buffer = fresh.get(key)
+    if buffer is None:  # the first tensor of this storage: copy the whole storage
+        buffer = buffers.pop(key, None)
+        cuda = tensor.device.type == "cuda"
+        if buffer is None:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda).untyped_storage()
+        source = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+        torch.empty(0, dtype=torch.uint8).set_(buffer).copy_(source, non_blocking=cuda)
+        if cuda:
+            devices.add(tensor.device)
+        fresh[key] = buffer
+    staged = torch.empty(0, dtype=tensor.dtype).set_(buffer, tensor.storage_offset(),
+                                                     tensor.size(), tensor.stride())
+    return staged.requires_grad_() if tensor.requires_grad else staged
 
 
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)

@@ -30,13 +30,21 @@ class Checkpoint(Pack):
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
     ``stop()`` cut short): the checkpoint holds where the epoch's data stands
     (``runmodel/core/position.py``).
+
+    ``async_save=True`` copies the state into CPU buffers at the save (the training waits
+    only for that copy) and writes the file in a background thread, with the same
+    temporary file, rename and pruning. At most one checkpoint is written at a time: a
+    save that comes while the previous one is still being written waits for it. The end
+    of the run (also one ended by an error) waits for the last write; an error that a
+    background write met is raised at the next save or at the end of the run, naming the
+    file. ``wait()`` waits for the write under way.
     """
 
     name = "checkpoint"
 
     def __init__(self, directory: str | os.PathLike[str], every: int | str = "1ep",
                  keep: int | None = 2, best: tuple[str, str] | None = None,
-                 keep_best: int = 1) -> None:
+                 keep_best: int = 1, async_save: bool = False) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
@@ -48,10 +56,16 @@ class Checkpoint(Pack):
                              f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}")
         if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 1:
             raise ValueError(f"keep_best= must be a whole number >= 1, got {keep_best!r}")
+        if not isinstance(async_save, bool):
+            raise TypeError(f"async_save= takes True or False, got {async_save!r}")
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
         self.saved: list[str] = []
         self.best_saved: list[tuple[float, str]] = []  # (metric value, file), best first
+        self.async_save = async_save
+        self._writer = checkpoint.Writer() if async_save else None
+        # the lists before the save being written: put back if writing it fails
+        self._rollback: tuple[list[str], list[tuple[float, str]]] | None = None
 
     def hooks(self) -> Iterator[Hook]:
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
@@ -62,14 +76,18 @@ class Checkpoint(Pack):
 
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) is saved
-        where it stopped, unless the newest checkpoint is there already."""
+        where it stopped, unless the newest checkpoint is there already. Waits for the
+        background write, however the run ended."""
         s = engine.state
-        if s.error is not None or s.ended != "stopped":
-            return None
-        counters = {} if not s.epoch_complete else {"epoch_step": 0}
-        if self.saved and self.saved[-1] == _name(s.epoch, s.step):
-            return None
-        return self._write(engine, counters)
+        try:
+            if s.error is not None or s.ended != "stopped":
+                return None
+            counters = {} if not s.epoch_complete else {"epoch_step": 0}
+            if self.saved and self.saved[-1] == _name(s.epoch, s.step):
+                return None
+            return self._write(engine, counters)
+        finally:
+            self.wait()
 
     def save(self, engine: Any) -> Path:
         s = engine.state
@@ -81,28 +99,49 @@ class Checkpoint(Pack):
             counters = {}
         return self._write(engine, counters)
 
+    def wait(self) -> None:
+        """Wait until the checkpoint being written in the background (``async_save``) is
+        on disk; raise the error that writing it met, naming the file."""
+        if self._writer is None:
+            return
+        try:
+            self._writer.wait()
+        except Exception:  # not on disk: the newest are the ones before it
+            if self._rollback is not None:
+                self.saved, self.best_saved = self._rollback
+            self._rollback = None
+            raise
+        self._rollback = None
+
     def _write(self, engine: Any, counters: dict[str, int]) -> Path:
+        self.wait()  # at most one write under way
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
         name = _name(epoch, step)
         previous, previous_best = self.saved, self.best_saved
-        # the lists saved inside the checkpoint already hold the checkpoint itself, so a
-        # run resumed from it prunes it in its turn
-        kept = [n for n in previous if n != name] + [name]
-        self.saved = kept[-self.keep:] if self.keep is not None else kept
-        best_name = self._rank_best(s.metrics, epoch, step)
+        path = self.directory / name
         try:
-            path = checkpoint.save(self.directory / name, engine.snapshot(counters))
-            if best_name is not None:
-                _link(path, self.directory / best_name)
+            # the lists saved inside the checkpoint already hold the checkpoint itself, so
+            # a run resumed from it prunes it in its turn
+            kept = [n for n in previous if n != name] + [name]
+            self.saved = kept[-self.keep:] if self.keep is not None else kept
+            best_name = self._rank_best(s.metrics, epoch, step)
+            # deleted only once the new ones are on disk
+            old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
+                n for _, n in self.best_saved}
+            finish = _Finish(path, None if best_name is None else self.directory / best_name,
+                             [self.directory / n for n in sorted(old)])
+            snapshot = engine.snapshot(counters)
+            if self._writer is not None:
+                self._writer.submit(path, snapshot, finish)
+                self._rollback = (previous, previous_best)
+                return path
+            checkpoint.save(path, snapshot)
+            finish.link()
         except BaseException:
             self.saved, self.best_saved = previous, previous_best
             raise
-        # only once the new ones are on disk
-        for old in set(previous) - set(self.saved):
-            (self.directory / old).unlink(missing_ok=True)
-        for _, old in set(previous_best) - set(self.best_saved):
-            (self.directory / old).unlink(missing_ok=True)
+        finish.prune()
         return path
 
     def _rank_best(self, metrics: dict[str, Any], epoch: int, step: int) -> str | None:
@@ -130,6 +169,27 @@ class Checkpoint(Pack):
         self.saved = list(state.get("saved", []))
         self.best_saved = [(float(value), str(name)) for value, name in
                            state.get("best_saved", [])]
+
+
+class _Finish:
+    """After a checkpoint is on disk: its best-K name, then the files it replaces go."""
+
+    __slots__ = ("best", "old", "path")
+
+    def __init__(self, path: Path, best: Path | None, old: list[Path]) -> None:
+        self.path, self.best, self.old = path, best, old
+
+    def __call__(self) -> None:
+        self.link()
+        self.prune()
+
+    def link(self) -> None:
+        if self.best is not None:
+            _link(self.path, self.best)
+
+    def prune(self) -> None:
+        for old in self.old:
+            old.unlink(missing_ok=True)
 
 
 def _name(epoch: int, step: int) -> str:
