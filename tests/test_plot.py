@@ -5,6 +5,7 @@ disk checked as a PNG of the figure's size."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import runmodel.cli
-from runmodel.plot import figure, labels, load_runs, plot, read_curves
+from runmodel.plot import add_arguments, figure, labels, load_runs, main, plot, read_curves
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
@@ -243,19 +244,28 @@ def test_bad_input_is_a_one_line_error_naming_what_is_there(run_dirs: list[Path]
                                  "lr/group0")
 
 
-def test_the_command_prints_the_path_or_one_line_error(run_dirs: list[Path],
-                                                       tmp_path: Path) -> None:
+def test_the_command_prints_the_path(run_dirs: list[Path], tmp_path: Path) -> None:
     done = subprocess.run([*PLOT, *map(str, run_dirs), "-o", "runs.png",
                            "--metrics", "loss, eval_loss"], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "runs.png\n", "")
     assert png_size(tmp_path / "runs.png") == (1000, 350)
-    done = subprocess.run([*PLOT, str(run_dirs[0]), "--metrics", "acc"], cwd=tmp_path,
-                          env=ENV, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == ("runmodel plot: error: no run has 'acc'; the runs have train/loss, "
-                           "train/loss_step, train/eval_loss, train/eval_accuracy, lr/group0\n")
-    assert not (tmp_path / "plot.png").exists()
+
+
+def test_the_command_says_what_is_wrong_in_one_line(run_dirs: list[Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    output = tmp_path / "plot.png"
+    args = parser.parse_args([str(run_dirs[0]), "--metrics", "acc", "-o", str(output)])
+    assert main(args) == 2
+    assert capsys.readouterr() == ("", "runmodel plot: error: no run has 'acc'; the runs have "
+                                   "train/loss, train/loss_step, train/eval_loss, "
+                                   "train/eval_accuracy, lr/group0\n")
+    assert not output.exists()
+    with pytest.raises(SystemExit):
+        parser.parse_args([str(run_dirs[0]), "--metrics", " , "])
+    assert "give metric names, as in --metrics loss,eval_accuracy" in capsys.readouterr().err
 
 
 @pytest.mark.skipif('add_parser("plot"' not in (ROOT / "runmodel" / "cli.py").read_text(),
