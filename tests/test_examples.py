@@ -1,21 +1,54 @@
-"""The examples run as users run them: as scripts, in a fresh process."""
+"""The examples run as users run them: as scripts or runmodel commands, in a fresh process
+whose current directory is a temporary one, with tiny settings; each test checks what the
+example printed or wrote."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+# one thread: the examples' models are tiny, and torch's thread pool only contends with
+# the other processes of a busy 2-core test machine
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def test_quickstart_converges_and_prints_the_table() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "converged after" in result.stdout
-    assert "stopped:" in result.stdout
-    assert "epoch_end       1  report" in result.stdout
+def start(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
+    """An example's command, started: a python script, or a runmodel command."""
+    command = [str(a) for a in args]
+    if command[0].endswith(".py"):
+        command.insert(0, sys.executable)
+    elif command[0] == "runmodel":
+        command[0:1] = [sys.executable, "-m", "runmodel"]
+    return subprocess.Popen(command, cwd=cwd, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """The process's stdout and stderr, once it exited 0."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"exit {process.returncode}\n{out}\n{err}"
+    return out, err
+
+
+def run(*args: str | Path, cwd: Path) -> str:
+    """An example's stdout, once it ran and exited 0."""
+    return finish(start(*args, cwd=cwd))[0]
+
+
+def test_quickstart_converges_and_prints_the_table(tmp_path: Path) -> None:
+    out = run(EXAMPLES / "quickstart.py", cwd=tmp_path)
+    assert "converged after" in out
+    assert "stopped:" in out
+    assert "epoch_end       1  report" in out
 
 
 def code_lines(path: Path) -> int:
@@ -30,18 +63,109 @@ def code_lines(path: Path) -> int:
 
 
 def test_the_everyday_packs_script_trains_digits_in_25_lines(tmp_path: Path) -> None:
-    script = ROOT / "examples" / "digits_packs.py"
+    script = EXAMPLES / "digits_packs.py"
     assert code_lines(script) <= 25
-    result = subprocess.run([sys.executable, str(script), "--epochs", "4"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    progress = [line for line in result.stderr.splitlines() if line.startswith("train epoch")]
+    out, err = finish(start(script, "--epochs", "4", cwd=tmp_path))
+    progress = [line for line in err.splitlines() if line.startswith("train epoch")]
     assert len(progress) == 4 and all("eval_accuracy" in line for line in progress)
-    assert result.stdout.startswith("completed after 4 epochs (all epochs ran); test accuracy ")
-    accuracy = float(result.stdout.rstrip().rpartition(" ")[2].rstrip("%"))
+    assert out.startswith("completed after 4 epochs (all epochs ran); test accuracy ")
+    accuracy = float(out.rstrip().rpartition(" ")[2].rstrip("%"))
     assert accuracy > 85
     folder = tmp_path / "runs" / "digits-packs"
     assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.pt")) == [
         "ckpt-00003-0000000069.pt", "ckpt-00004-0000000092.pt"]
     assert len(list((folder / "checkpoints").glob("best-eval_accuracy=*.pt"))) == 1
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def percent(pattern: str, text: str) -> float:
+    found = re.search(pattern + r" ([\d.]+)%", text)
+    assert found, f"no {pattern!r} in:\n{text}"
+    return float(found.group(1))
+
+
+def test_finetune_unfreezes_layer_by_layer_and_frozen_layers_stay_put(tmp_path: Path) -> None:
+    out = run(EXAMPLES / "finetune_unfreeze.py", "--pretrain-epochs", "3", "--epochs", "3",
+              cwd=tmp_path)
+    assert percent("accuracy on 0-4", out) > 60  # pretraining learned 0-4 (chance: 20%)
+    assert percent("before fine-tuning: accuracy on 5-9", out) < 5  # never saw them
+    assert percent("after fine-tuning: accuracy on 5-9", out) > 50
+    assert "epoch 0: trained head (moved: yes); frozen lower, upper (unchanged: yes)" in out
+    assert "epoch 1: trained head, upper (moved: yes); frozen lower (unchanged: yes)" in out
+    assert "epoch 2: trained head, lower, upper (moved: yes); frozen nothing" in out
+    # and from outside the script: the weights it saved at each epoch's start and end
+    snapshots = torch.load(tmp_path / "finetune_weights.pt", weights_only=True)
+    trained_from = {"head": 0, "upper": 1, "lower": 2}
+    assert len(snapshots) == 3
+    for epoch, snapshot in enumerate(snapshots):
+        for name, start in snapshot["start"].items():
+            same = torch.equal(start, snapshot["end"][name])
+            assert same == (epoch < trained_from[name.split(".")[0]]), (epoch, name)
+
+
+def test_gan_with_two_optimizers_moves_the_generator_to_the_ring(tmp_path: Path) -> None:
+    out = run(EXAMPLES / "gan.py", "--epochs", "4", "--steps-per-epoch", "50", cwd=tmp_path)
+    assert len(re.findall(r"^epoch +\d+  d_loss [\d.]+  g_loss [\d.]+$", out, re.M)) == 4
+    found = re.search(r"^200 steps: distance to the nearest centre ([\d.]+) -> ([\d.]+)", out,
+                      re.M)
+    assert found, out
+    before, after = map(float, found.groups())
+    assert before > 1.5 and after < 0.6 * before  # from near the origin toward the ring
+
+
+def test_reinforce_loop_raises_the_return(tmp_path: Path) -> None:
+    out = run(EXAMPLES / "rl_loop.py", "--epochs", "3", "--updates", "5", cwd=tmp_path)
+    returns = [float(r) for r in re.findall(r"mean return ([-+][\d.]+)", out)]
+    assert len(returns) == 4, out  # untrained, then one per epoch
+    assert returns[0] < 0 and returns[-1] > 0.6, out  # the best possible is 0.82
+    assert "15 updates" in out
+
+
+def test_one_pack_reused_by_two_scripts(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    shared = EXAMPLES / "packs_shared"
+    line = start(shared / "line_fit.py", "--epochs", "200", cwd=tmp_path)
+    blobs = start(shared / "blobs_tensorboard.py", "--epochs", "3", "--every", "4",
+                  cwd=tmp_path)
+    out = finish(line)[0]
+    # GradNorm stopped the regression once converged, before the 200 epochs
+    found = re.search(r"^stopped after (\d+) epochs: grad_norm: the epoch's mean gradient "
+                      r"norm ([\d.e+-]+) fell below 0.01$", out, re.M)
+    assert found, out
+    assert int(found.group(1)) < 200 and float(found.group(2)) < 0.01
+    assert re.search(r"y = 2\.99\dx -0\.99\d|y = 3\.00\dx -1\.00\d", out), out
+    out, err = finish(blobs)
+    progress = [line for line in err.splitlines() if line.startswith("train epoch")]
+    assert len(progress) == 3 and all(" grad_norm " in line for line in progress)
+    assert percent("test accuracy", out) > 90
+    events = EventAccumulator(str(tmp_path / "runs" / "blobs" / "tensorboard"))
+    events.Reload()
+    norms = events.Scalars("train/grad_norm")
+    assert [e.step for e in norms] == [24, 48, 72]
+    assert all(e.value > 0 for e in norms)
+    printed = re.search(r"train grad_norm ([\d.]+)", out)
+    assert printed and abs(norms[-1].value - float(printed.group(1))) < 1e-4
+
+
+def test_benchmark_and_profile_from_the_command_line(tmp_path: Path) -> None:
+    model = EXAMPLES / "bench_model.py"
+    bench = start("runmodel", "benchmark", model, "--steps", "30", "--warmup", "5", "--json",
+                  cwd=tmp_path)
+    profile = start("runmodel", "profile", model, "--steps", "8", "--warmup", "2",
+                    "--dir", "runs/profile-mlp", "--json", cwd=tmp_path)
+    result = json.loads(finish(bench)[0])
+    assert result["mode"] == "benchmark" and result["steps"] == 30
+    timings = result["timings"]
+    assert timings["measured_steps"] == 25 and timings["device"] == "cpu"
+    assert 0 < timings["step_ms_median"] <= timings["step_ms_p90"]
+    assert timings["samples_per_s"] == pytest.approx(timings["steps_per_s"] * 128, rel=1e-6)
+    result = json.loads(finish(profile)[0])
+    trace = tmp_path / result["files"]["trace"]
+    assert trace.parent == tmp_path / "runs" / "profile-mlp" and trace.name.endswith(
+        ".pt.trace.json")
+    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
+    assert {"runmodel/forward", "runmodel/backward", "runmodel/optimizer_step",
+            "runmodel/optimizer_step/grad_clip.clip"} <= names
+    assert "grad_clip.clip" in {hook["hook"] for hook in result["timings"]["hooks"]}
+
