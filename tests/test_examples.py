@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,27 @@ def test_benchmark_and_profile_from_the_command_line(tmp_path: Path) -> None:
             "runmodel/optimizer_step/grad_clip.clip"} <= names
     assert "grad_clip.clip" in {hook["hook"] for hook in result["timings"]["hooks"]}
 
+
+
+def test_resume_after_sigkill_ends_with_the_weights_of_a_straight_run(tmp_path: Path) -> None:
+    script = EXAMPLES / "resume.py"
+    straight = start(script, "--dir", "straight", cwd=tmp_path)
+    killed = start(script, "--dir", "killed", "--pace", "0.01", cwd=tmp_path)
+    assert killed.stdout is not None
+    for line in killed.stdout:  # kill it in epoch 3, after epoch 2's checkpoints
+        if line.startswith("epoch 2 done"):
+            killed.send_signal(signal.SIGKILL)
+            break
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    killed.communicate()
+    assert not (tmp_path / "killed" / "final.pt").exists()
+    assert "starting fresh" in finish(straight)[1]
+    out, err = finish(start(script, "--dir", "killed", cwd=tmp_path))  # the same command
+    found = re.search(r"runmodel: resuming from (\S+ckpt-(\d+)-(\d+)\.pt)", err)
+    assert found, err
+    assert int(found.group(3)) >= 48  # from epoch 2's end or later: it did not start over
+    assert out.endswith("completed: 128 steps, 8 epochs; weights in killed/final.pt\n")
+    expected = torch.load(tmp_path / "straight" / "final.pt", weights_only=True)
+    resumed = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
+    assert expected.keys() == resumed.keys()
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)
