@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import runmodel
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 # one thread: the examples' models are tiny, and torch's thread pool only contends with
@@ -194,3 +196,23 @@ def test_resume_after_sigkill_ends_with_the_weights_of_a_straight_run(tmp_path: 
     resumed = torch.load(tmp_path / "killed" / "final.pt", weights_only=True)
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+
+def test_config_run_with_set_lands_in_the_run_directory_its_config_names(tmp_path: Path) -> None:
+    config = EXAMPLES / "configs" / "digits_packs.toml"
+    overrides = ["optimizer.args.lr=0.002", "epochs=2"]
+    out, err = finish(start("runmodel", "run", config, *(f"--set={o}" for o in overrides),
+                            "--runs-dir", "experiments", "--no-progress", cwd=tmp_path))
+    name = runmodel.load_config(config, overrides).run_name()
+    assert name.startswith("digits-hidden64_adam-lr0.002_")  # the overridden value in it
+    assert err.startswith(f"run directory: {Path('experiments') / name}\n")
+    run_dir = tmp_path / "experiments" / name
+    assert [p.name for p in (tmp_path / "experiments").iterdir()] == [name]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["optimizer"] == {"type": "adam", "args": {"lr": 0.002}}
+    assert saved["epochs"] == 2 and saved["model"]["args"] == {"hidden": 64}
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and metrics["metrics"]["eval_accuracy"] > 0.5
+    assert "completed after 46 steps, 2 epochs" in out
+    assert len(list((run_dir / "checkpoint").glob("best-eval_accuracy=*.pt"))) == 1
