@@ -216,3 +216,24 @@ def test_config_run_with_set_lands_in_the_run_directory_its_config_names(tmp_pat
     assert metrics["epochs"] == 2 and metrics["metrics"]["eval_accuracy"] > 0.5
     assert "completed after 46 steps, 2 epochs" in out
     assert len(list((run_dir / "checkpoint").glob("best-eval_accuracy=*.pt"))) == 1
+
+
+def test_ignite_handlers_stop_and_checkpoint_a_runmodel_run(tmp_path: Path) -> None:
+    out = run(EXAMPLES / "ignite_handlers.py", "--patience", "2", cwd=tmp_path)
+    rows = re.findall(r"^epoch +(\d+)  running_loss ([\d.]+)  train_acc ([\d.]+)  "
+                      r"val_loss ([\d.]+)  val_acc ([\d.]+)$", out, re.M)
+    epochs = [int(r[0]) for r in rows]
+    val_loss = [float(r[3]) for r in rows]
+    assert epochs == list(range(1, len(rows) + 1)) and len(rows) < 30
+    # EarlyStopping: the run stopped 2 epochs (patience) after the best val_loss
+    best = min(range(len(val_loss)), key=val_loss.__getitem__)
+    assert len(rows) == best + 1 + 2
+    assert f"runmodel: stopped after {len(rows)} epochs (ignite: terminate())" in out
+    assert out.split("running_loss in result.metrics: ")[1].startswith(rows[-1][1])
+    # ModelCheckpoint: the two best epochs by -val_loss, named by the trainer's epoch
+    top = sorted(range(len(val_loss)), key=val_loss.__getitem__)[:2]
+    expected = sorted(f"best_model_{i + 1}_neg_val_loss={-val_loss[i]:.4f}.pt" for i in top)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == expected
+    assert f"ModelCheckpoint kept: {', '.join(expected)}" in out
+    weights = torch.load(tmp_path / "checkpoints" / expected[0], weights_only=True)
+    assert set(weights) == {"0.weight", "0.bias", "2.weight", "2.bias"}
