@@ -237,3 +237,13 @@ def test_ignite_handlers_stop_and_checkpoint_a_runmodel_run(tmp_path: Path) -> N
     assert f"ModelCheckpoint kept: {', '.join(expected)}" in out
     weights = torch.load(tmp_path / "checkpoints" / expected[0], weights_only=True)
     assert set(weights) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+def test_the_examples_readme_lists_every_example() -> None:
+    readme = (EXAMPLES / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)]+)\)", readme))
+    files = {str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*")
+             if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts}
+    assert files - linked == set()
+    # torchrun_digits.py is another change's; listed here ahead of it
+    assert {link for link in linked if not (EXAMPLES / link).exists()} <= {"torchrun_digits.py"}
