@@ -1,4 +1,9 @@
-"""The ``runmodel`` command: run, benchmark, profile and describe a model from source.
+"""The ``runmodel`` command: run, benchmark, profile and describe a model from source,
+list and plot config runs.
+
+``runmodel run SOURCE --nproc-per-node N`` (and torchrun's other options) hands the run to
+torchrun (``launch.py``); each process it starts runs the command again with the ``ddp``
+backend, and process rank 0 prints the result.
 
 A model's file may define ``configure(engine)``; it is called with the run's engine before
 the run (of a source, or of a config naming the model), to attach the hooks and packs that
@@ -10,13 +15,15 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, launch
+from . import plot as plotting  # its module imports only the standard library
 from .core.phases import MODES
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
@@ -67,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a config whose run exists: continue it from its newest checkpoint")
     run.add_argument("--restart", action="store_true",
                      help="a config whose run exists: move that run aside and start again")
+    launch.add_arguments(run)
     for name, text in (("benchmark", "time a model's steps (warm-up dropped)"),
                        ("profile", "profile a model's steps with torch.profiler")):
         timed = command(name, text)
@@ -90,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (or line per epoch)")
     resume.add_argument("--debug", action="store_true", help="show full tracebacks")
+    plot = commands.add_parser("plot", help="plot config runs' loss and metric curves (PNG)",
+                               description="plot the loss and metric curves of config runs "
+                               "into one PNG")
+    plotting.add_arguments(plot)
     return parser
 
 
@@ -203,6 +215,10 @@ def _execute(args: argparse.Namespace) -> int:
         print(runs_table(list_runs(args.dir)))
         return EXIT_OK
     if args.command == "resume" or (args.command == "run" and _is_config(args.source)):
+        if launch.under_torchrun():
+            raise UsageError("config runs do not run in several processes yet; run the "
+                             "config's model as a source (runmodel run SOURCE "
+                             "--nproc-per-node N) or from a script with backend='ddp'")
         try:
             prepared = resume_dir(args.run_dir, progress=args.progress,
                                   packs=_packs_asked_for(args)) if args.command == "resume" else (
@@ -240,10 +256,16 @@ def _execute(args: argparse.Namespace) -> int:
 
         engine.attach(Progress())
     engine.attach(*_packs_asked_for(args))
+    distributed = args.command == "run" and launch.under_torchrun()
     result = engine.run(model, mode, steps=args.steps, epochs=getattr(args, "epochs", None),
-                        setup_options=setup or None)
-    print(_json(result) if args.json else _summary(result))
+                        setup_options=setup or None, backend="ddp" if distributed else None)
+    if not distributed or _rank() == 0:  # the processes of a ddp run have the same result
+        print(_json(result) if args.json else _summary(result))
     return EXIT_OK
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 def _packs_asked_for(args: argparse.Namespace) -> list[Any]:
@@ -269,22 +291,37 @@ def _describe(source: str, model: Model, engine: Engine, setup: dict[str, Any]) 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runmodel`` command; returns the exit code."""
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return plotting.main(args)
     try:
+        if args.command == "run" and launch.asked_for(args):
+            if _is_config(args.source):
+                raise UsageError("--nproc-per-node and torchrun's other options run a model "
+                                 "source (runmodel run SOURCE --nproc-per-node N); config runs "
+                                 "do not run in several processes yet")
+            source_file = args.source.partition(":")[0]
+            if source_file.endswith(".py") and not Path(source_file).is_file():
+                raise UsageError(f"{args.source}: no such file {source_file!r}")
+            return launch.launch(args, argv)
         return _execute(args)
     except KeyboardInterrupt:
         print("runmodel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except UsageError as error:
+        launch.record_error(error)
         if args.debug:
             traceback.print_exception(error.__cause__ or error)
         print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as error:
+        launch.record_error(error)  # a process torchrun started: for the launcher's report
+        where = f" [rank {_rank()}]" if launch.under_torchrun() else ""
         if args.debug:
             traceback.print_exception(error)
         else:
-            print(f"runmodel {args.command}: error: {type(error).__name__}: {error}",
+            print(f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
                   file=sys.stderr)
             for note in getattr(error, "__notes__", ()):
                 print(f"  {note}", file=sys.stderr)

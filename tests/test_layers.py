@@ -10,7 +10,9 @@ for type checkers only and do not count; imports inside functions do.
     config.builtins, .registry, .runconfig   things by name, runs as data
     engine                runmodel.Engine: the core engine with modes and backends by name
     config.rundir         a config run in its directory, run by runmodel.Engine
-    runmodel (__init__), cli, __main__
+    runmodel (__init__), plot   the package's names | plots of config runs' curves
+    launch                runmodel run --nproc-per-node: the hand-off to torchrun
+    cli, __main__
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 
 # Modules in one layer are peers: neither imports the other.
 LAYERS: list[tuple[str, ...]] = [
-    ("runmodel.checkpoint", "runmodel.config"),  # config's __init__ is only a docstring
+    # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
+    ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
     ("runmodel.core",),
     ("runmodel.models",),
     ("runmodel.modes", "runmodel.backends"),
@@ -34,7 +37,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("runmodel.config.runconfig",),
     ("runmodel.engine",),
     ("runmodel.config.rundir",),
-    ("runmodel",),  # the package's __init__ alone (lazy exports, __version__)
+    ("runmodel", "runmodel.plot"),  # the package's __init__ alone (lazy exports, __version__)
+    ("runmodel.launch",),  # imports torch (and the ddp backend) only when it launches
     ("runmodel.cli",),
     ("runmodel.__main__",),
 ]

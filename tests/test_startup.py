@@ -24,14 +24,17 @@ def probe(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_help_does_not_import_torch() -> None:
-    for args in (["--help"], ["run", "--help"], ["benchmark", "--help"]):
+    for args in (["--help"], ["run", "--help"], ["benchmark", "--help"], ["plot", "--help"]):
         result = probe(*args)
         assert "usage: runmodel" in result.stdout
         assert result.stdout.rstrip().endswith("torch imported: False exit: 0"), result.stdout
 
 
 def test_usage_errors_do_not_import_torch() -> None:
-    for args in (["run"], ["frobnicate"], ["run", "x.py", "--steps", "-3"]):
+    for args in (["run"], ["frobnicate"], ["run", "x.py", "--steps", "-3"],
+                 ["run", "x.py", "--nproc-per-node", "0"], ["run", "x.py", "--nnodes", "two"],
+                 ["run", "missing.py", "--nproc-per-node", "2"],
+                 ["run", "config.toml", "--nproc-per-node", "2"], ["plot"]):
         result = probe(*args)
         assert "error:" in result.stderr
         assert result.stdout.strip() == "torch imported: False exit: 2", (args, result)
@@ -43,3 +46,17 @@ def test_importing_runmodel_does_not_import_torch_until_a_name_needs_it() -> Non
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.stdout.split() == ["False", "True"], result.stderr
+
+
+def test_launcher_options_are_checked_before_torch_is_imported() -> None:
+    result = probe("run", "x.py", "--nproc-per-node", "0")
+    assert "--nproc-per-node: invalid check value: '0'" not in result.stderr
+    assert "argument --nproc-per-node: '0': give a number of processes >= 1" in result.stderr
+    result = probe("run", "missing.py", "--nproc-per-node", "2")
+    assert "runmodel run: error: missing.py: no such file 'missing.py'" in result.stderr
+    result = probe("run", "config.toml", "--nproc-per-node", "2")
+    assert "config runs do not run in several processes yet" in result.stderr
+    help_text = probe("run", "--help").stdout
+    for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+                 "--master-port", "--rdzv-endpoint", "--rdzv-id", "--standalone"):
+        assert flag in help_text

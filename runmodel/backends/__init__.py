@@ -6,9 +6,11 @@ from ..core import FineTuneSpec
 from .amp import AMP
 from .base import Backend, OptimizerFactory, Plain
 from .compile import Compile
+from .ddp import DDP
 
-__all__ = ["AMP", "BACKEND_TYPES", "Backend", "Compile", "FineTuneSpec", "OptimizerFactory",
-           "Plain"]
+__all__ = ["AMP", "BACKEND_TYPES", "DDP", "Backend", "Compile", "FineTuneSpec",
+           "OptimizerFactory", "Plain"]
 
 #: The built-in backends by name (``runmodel.register_backend`` adds others).
-BACKEND_TYPES: dict[str, type[Backend]] = {"plain": Plain, "amp": AMP, "compile": Compile}
+BACKEND_TYPES: dict[str, type[Backend]] = {"plain": Plain, "amp": AMP, "compile": Compile,
+                                           "ddp": DDP}

@@ -16,7 +16,8 @@ __all__ = ["RunLog"]
 
 class RunLog(Pack):
     """Appends a line to ``path`` at the start, each epoch end (the loss and the float
-    metrics) and the end of a run (with the error, if one ended it)."""
+    metrics) and the end of a run (with the error, if one ended it). Only process rank 0
+    writes (the processes of a distributed run would write the same lines)."""
 
     name = "run_log"
 
@@ -27,11 +28,12 @@ class RunLog(Pack):
         with open(self.path, "a") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
+    @hook(rank=0)
     def setup(self, engine: Any) -> None:
         s = engine.state
         self.write(f"start {s.mode} at epoch {s.epoch}, step {s.step}")
 
-    @hook(priority=-50)  # after hooks that compute metrics
+    @hook(priority=-50, rank=0)  # after hooks that compute metrics
     def epoch_end(self, engine: Any) -> None:
         s = engine.state
         loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
@@ -39,6 +41,7 @@ class RunLog(Pack):
         metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
         self.write(f"epoch {s.epoch} step {s.step}{loss}{metrics}")
 
+    @hook(rank=0)
     def teardown(self, engine: Any) -> None:
         error = engine.state.error
         self.write(f"end at epoch {engine.state.epoch}, step {engine.state.step}"

@@ -19,7 +19,8 @@ class TensorBoard(Pack):
     ``loss`` metric if there is one, else the last step's), every metric in
     ``state.metrics`` and each optimizer group's learning rate, against the
     global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
-    each time, never per step)."""
+    each time, never per step). Only process rank 0 writes (a distributed run's other
+    processes add nothing)."""
 
     name = "tensorboard"
 
@@ -32,13 +33,13 @@ class TensorBoard(Pack):
         self.writer: Any = None
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open"))
+        yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open", rank=0))
         yield Hook(self.log_epoch, "epoch_end", HookOptions.of(
-            name="tensorboard.epoch", priority=-100))  # after hooks that compute metrics
+            name="tensorboard.epoch", priority=-100, rank=0))  # after hooks setting metrics
         if self.every_steps:
-            yield Hook(self.log_step, "runstep", HookOptions.of(every=self.every_steps,
-                                                                name="tensorboard.step"))
-        yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close"))
+            yield Hook(self.log_step, "runstep", HookOptions.of(
+                every=self.every_steps, name="tensorboard.step", rank=0))
+        yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close", rank=0))
 
     def open(self, engine: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -1,0 +1,174 @@
+"""``runmodel run SOURCE --nproc-per-node N``: the run handed off to torchrun.
+
+The ``runmodel`` command started by a user (no torchrun around it) passes its launcher
+options to ``torch.distributed.run``, with ``-m runmodel`` and the command's own arguments
+as the program: torchrun starts the processes (and, across machines, meets the others at
+its rendezvous), each runs ``runmodel run ...`` again, sees torchrun's environment and
+trains with the ``ddp`` backend. When a process fails, torchrun ends the others and this
+module reports the first failure.
+
+Nothing here imports torch until a run is launched, so ``runmodel --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "launch", "record_error",
+           "torchrun_arguments", "under_torchrun"]
+
+
+class LaunchOption(NamedTuple):
+    flag: str
+    takes_value: bool
+    help: str
+
+
+#: torchrun's options that ``runmodel run`` takes, under the same names.
+LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
+    LaunchOption("--nproc-per-node", True, "processes on this machine: a number, or auto, gpu "
+                 "or cpu (torchrun's); the run uses the ddp backend"),
+    LaunchOption("--nnodes", True, "machines, or MIN:MAX for an elastic run (default 1)"),
+    LaunchOption("--node-rank", True, "this machine's rank, for --master-addr/--master-port"),
+    LaunchOption("--master-addr", True, "the address of the machine with node rank 0"),
+    LaunchOption("--master-port", True, "a free port on the machine with node rank 0"),
+    LaunchOption("--rdzv-backend", True, "rendezvous backend (c10d with --rdzv-endpoint)"),
+    LaunchOption("--rdzv-endpoint", True, "HOST:PORT where the machines meet"),
+    LaunchOption("--rdzv-id", True, "the job's id: the same on every machine"),
+    LaunchOption("--rdzv-conf", True, "rendezvous settings, KEY=VALUE,..."),
+    LaunchOption("--standalone", False, "one machine, a free port of its own (the default "
+                 "with one machine and no address given)"),
+    LaunchOption("--max-restarts", True, "restarts of the processes after a failure"),
+    LaunchOption("--local-ranks-filter", True, "show output of these local ranks only (0,1)"),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The launcher options, in a group of their own."""
+    group = parser.add_argument_group(
+        "distributed (torchrun)", "start the run in several processes with torchrun "
+        "(torch.distributed.run), each training with the ddp backend")
+    for option in LAUNCH_OPTIONS:
+        if option.takes_value:
+            group.add_argument(option.flag, dest=_dest(option.flag), metavar="VALUE",
+                               type=_checked(option.flag), help=option.help)
+        else:
+            group.add_argument(option.flag, dest=_dest(option.flag), action="store_true",
+                               help=option.help)
+
+
+def _checked(flag: str) -> Any:
+    """Values torchrun would refuse late (after importing torch), refused at once."""
+    def check(text: str) -> str:
+        if flag == "--nproc-per-node" and text not in ("auto", "cpu", "gpu") and not (
+                text.isdigit() and int(text) >= 1):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes >= 1, or "
+                                             f"auto, cpu or gpu")
+        if flag in ("--node-rank", "--master-port", "--max-restarts") and not text.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+        if flag == "--nnodes" and not all(p.isdigit() and int(p) >= 1
+                                          for p in text.split(":", 1)):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of machines >= 1, or "
+                                             f"MIN:MAX")
+        return text
+    return check
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one that torchrun started (then it runs, never launches)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def asked_for(args: argparse.Namespace) -> bool:
+    """Whether ``args`` ask for a launch: a launcher option given, outside torchrun."""
+    return not under_torchrun() and any(
+        getattr(args, _dest(o.flag), None) not in (None, False) for o in LAUNCH_OPTIONS)
+
+
+def torchrun_arguments(args: argparse.Namespace) -> list[str]:
+    """torchrun's command line for ``args``' launcher options. One machine with no address
+    given is ``--standalone`` (a free port found for it), not torchrun's fixed 29500."""
+    found: list[str] = []
+    for option in LAUNCH_OPTIONS:
+        value = getattr(args, _dest(option.flag), None)
+        if value in (None, False):
+            continue
+        found += [option.flag] if not option.takes_value else [option.flag, str(value)]
+    one_machine = getattr(args, "nnodes", None) in (None, "1", "1:1")
+    addressed = any(getattr(args, name, None) is not None
+                    for name in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend"))
+    if one_machine and not addressed and "--standalone" not in found:
+        found.append("--standalone")
+    return found
+
+
+def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run") -> int:
+    """Run ``python -m runmodel ARGV`` in the processes ``args`` ask torchrun for; the
+    exit code: 0, or 1 when a process failed (the first failure is reported)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    options = get_args_parser().parse_args(
+        [*torchrun_arguments(args), "-m", "runmodel", *argv])
+    try:
+        run(options)  # not torch.distributed.run.main, which prints its own report
+    except ChildFailedError as failed:
+        print(f"runmodel {command}: error: {failure_text(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def failure_text(failed: Any) -> str:
+    """The first failure of a ``ChildFailedError``: which process, how it ended, why.
+    The ddp backend records when each process failed, to the microsecond
+    (``record_failure``); torchrun's own order goes by the second."""
+    timed = [(at, rank) for rank, failure in failed.failures.items()
+             if (at := _failed_at(failure)) is not None]
+    if timed:
+        rank = min(timed)[1]
+        first = failed.failures[rank]
+    else:
+        rank, first = failed.get_first_failure()
+    message = first.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    recorded = bool(first.error_file) and os.path.isfile(first.error_file)
+    why = str(message).strip().splitlines()[0] if message and recorded else ""
+    if first.exitcode < 0:
+        try:
+            ended = f"killed by {signal.Signals(-first.exitcode).name}"
+        except ValueError:
+            ended = f"killed by signal {-first.exitcode}"
+    else:
+        ended = f"exit code {first.exitcode}"
+    # a process that recorded its error may be ended by torchrun before it exits itself
+    return (f"process rank {rank} failed: {why}" if why else
+            f"process rank {rank} failed ({ended})") + (
+        "; every process was ended (their errors are above)")
+
+
+def _failed_at(failure: Any) -> float | None:
+    data = failure.error_file_data
+    try:
+        return float(data["message"]["extraInfo"]["runmodel_time"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def record_error(error: BaseException) -> None:
+    """In a process torchrun started: write ``error`` where torchrun reads why a process
+    failed, so that the launcher reports it (unless the run recorded it already)."""
+    if not under_torchrun() or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    from .backends.ddp import record_failure
+
+    record_failure(error)

@@ -1,0 +1,378 @@
+"""The ddp backend in real processes: torchrun starts 2 on the CPU (gloo), through
+``runmodel run SOURCE --nproc-per-node 2`` and through ``torchrun script.py``.
+
+Launching costs seconds, so the runs are made once per module and shared: a straight
+2-process training (checkpoints every 5 steps, Evaluate, TensorBoard, a run log), a run
+resumed from one of its mid-epoch checkpoints, and a run whose rank 1 fails. The
+reference is the same training in this process, one process with batches twice as large
+drawn in the order the two processes' samplers deal out.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+import runmodel
+from runmodel.checkpoint import checkpoints_in
+from runmodel.checkpoint import load as load_checkpoint
+
+EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
+#: A run that hangs fails the test here rather than never ending.
+LIMIT_S = 240
+
+MODEL = textwrap.dedent('''
+    """A small classifier, and the hooks the ddp tests look at."""
+    import os
+
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import runmodel
+    from runmodel.packs import Checkpoint, Evaluate, RunLog, TensorBoard
+
+    N, EVAL_N, FEATURES, CLASSES = 64, 37, 8, 3  # 37: the eval split is uneven, 19 + 18
+
+
+    def datasets():
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(N + EVAL_N, FEATURES, generator=g)
+        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+        return TensorDataset(x[:N], y[:N]), TensorDataset(x[N:], y[N:])
+
+
+    class Net(runmodel.TorchModel):
+        setup_defaults = {"batch_size": 4}
+
+        def __init__(self, device=None, init_options=None):
+            super().__init__(device, init_options)
+            torch.manual_seed(0)
+            self.module = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(),
+                                        nn.Linear(32, CLASSES))
+
+        def setup(self, setup_options=None):
+            options = setup_options or self.setup_defaults
+            train, test = datasets()
+            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
+            self.loss_fn = nn.CrossEntropyLoss()
+            self.train_data = DataLoader(train, batch_size=options["batch_size"], shuffle=True)
+            self.eval_data = DataLoader(test, batch_size=8)
+
+
+    def configure(engine, out="."):
+        rank = os.environ.get("RANK", "?")
+        os.makedirs(out, exist_ok=True)
+        if os.environ.get("FAIL_AT_STEP"):  # (the packs' imports cost seconds)
+            @engine.on("step_start", rank=1, once=int(os.environ["FAIL_AT_STEP"]))
+            def fail(engine):
+                raise RuntimeError(f"rank 1 fails on purpose at step {engine.state.step}")
+        else:
+            engine.attach(Evaluate(), Checkpoint(f"{out}/ckpt", every="5st", keep=None),
+                          RunLog(f"{out}/run.log"))
+            if out == ".":  # the straight run
+                engine.attach(TensorBoard("tb"))
+
+        @engine.on("setup")
+        def every_rank(engine):
+            with open(f"{out}/setup-{rank}", "w") as f:
+                f.write(f"{engine.state.rank} {os.environ.get('WORLD_SIZE')}")
+
+        @engine.on("epoch_start", rank=1)
+        def rank_1_only(engine):
+            with open(f"{out}/rank-1-hook", "a") as f:
+                f.write(f"{rank}\\n")
+
+        @engine.on("teardown", rank=0)
+        def final_weights(engine):
+            if engine.state.error is None:
+                torch.save(engine.model.state_dict()["module"], f"{out}/final.pt")
+
+''')
+
+RESUME = textwrap.dedent('''
+    """Started by torchrun itself: resume the straight run from a checkpoint."""
+    import os
+    import sys
+
+    import torch
+
+    import runmodel
+    from net import Net, configure
+
+    engine = runmodel.Engine()
+    configure(engine, out="resumed")
+    model = Net()
+    torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
+    result = engine.run(model, epochs=3, backend="ddp", resume=sys.argv[1])
+    if os.environ["RANK"] == "0":
+        print(f"resumed: {result.ended} after {result.steps} steps")
+''')
+
+
+def torchrun_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    return env
+
+
+def launch(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, cwd=cwd, env=torchrun_env(**env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the launch did not end within {LIMIT_S}s:\n{err[-3000:]}")
+    return process.returncode, out, err, time.monotonic() - started
+
+
+class Runs:
+    """The launches, made once: started together, awaited when a test needs one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "net.py").write_text(MODEL)
+        (root / "resume.py").write_text(RESUME)
+        self.straight_dir, self.failing_dir = root / "straight", root / "failing"
+        for folder in (self.straight_dir, self.failing_dir):
+            folder.mkdir()
+        cli = [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
+               "2", "--epochs", str(EPOCHS), "--no-progress"]
+        self._straight = launch([*cli, "--json"], self.straight_dir)
+        self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
+        self._cache: dict[str, Any] = {}
+
+    def straight(self) -> tuple[int, str, str, float]:
+        if "straight" not in self._cache:
+            self._cache["straight"] = finish(self._straight)
+            code, _, err, _ = self._cache["straight"]
+            assert code == 0, err[-4000:]
+        result: tuple[int, str, str, float] = self._cache["straight"]
+        return result
+
+    def failing(self) -> tuple[int, str, str, float]:
+        if "failing" not in self._cache:
+            self._cache["failing"] = finish(self._failing)
+        result: tuple[int, str, str, float] = self._cache["failing"]
+        return result
+
+    def resumed(self) -> tuple[int, str, str, float]:
+        if "resumed" not in self._cache:
+            self.straight()
+            checkpoint = self.straight_dir / "ckpt" / self.mid_epoch_checkpoint()
+            path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+            process = launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", str(self.root / "resume.py"),
+                              str(checkpoint)], self.straight_dir, PYTHONPATH=path)
+            self._cache["resumed"] = finish(process)
+            code, _, err, _ = self._cache["resumed"]
+            assert code == 0, err[-4000:]
+        result: tuple[int, str, str, float] = self._cache["resumed"]
+        return result
+
+    @staticmethod
+    def mid_epoch_checkpoint() -> str:
+        return "ckpt-00001-0000000010.pt"  # step 10: epoch 1, 2 of its 8 steps done
+
+    def close(self) -> None:
+        for process in (self._straight, self._failing):
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    made = Runs(tmp_path_factory.mktemp("ddp"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def net_module(root: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ddp_test_net", root / "net.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class DealtOrder(Sampler[int]):
+    """One process's view of what 2 DistributedSamplers deal out: epoch e's permutation
+    (``randperm`` from ``seed + e``), in order; a batch of 2b of it is the union of the
+    processes' batches of b."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def one_process_reference(root: Path, seed: int) -> Any:
+    """The same training in one process, batch 2b, the dealt order: the trained model."""
+    net = net_module(root)
+    sampler = DealtOrder(net.N, seed)
+
+    class Reference(net.Net):  # type: ignore[misc, name-defined]
+        def setup(self, setup_options: Any = None) -> None:
+            super().setup({"batch_size": 2 * BATCH})
+            self.train_data = DataLoader(self.train_data.dataset, batch_size=2 * BATCH,
+                                         sampler=sampler)
+
+    engine = runmodel.Engine()
+    engine.on("epoch_start", lambda engine: setattr(sampler, "epoch", engine.state.epoch))
+    model = Reference("cpu")
+    result = engine.run(model, epochs=EPOCHS)
+    assert result.steps == EPOCHS * net.N // (2 * BATCH)
+    return model
+
+
+def sampler_seed(checkpoint: Path) -> int:
+    return int(load_checkpoint(checkpoint)[1]["engine"]["packs"]["ddp"]["seed"])
+
+
+# -- training ----------------------------------------------------------------------------
+
+
+def test_two_processes_with_batch_b_train_as_one_with_batch_2b(runs: Runs) -> None:
+    _, out, _, _ = runs.straight()
+    result = json.loads(out)
+    assert (result["ended"], result["steps"], result["epochs"]) == ("completed", 24, EPOCHS)
+    trained = torch.load(runs.straight_dir / "final.pt", weights_only=True)
+    seed = sampler_seed(runs.straight_dir / "ckpt" / "ckpt-00002-0000000020.pt")
+    reference = one_process_reference(runs.root, seed)
+    expected = reference.module.state_dict()
+    assert trained.keys() == expected.keys()
+    initial = net_module(runs.root).Net("cpu").module.state_dict()
+    for name, value in trained.items():
+        assert not torch.equal(value, initial[name]), f"{name} did not train"
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_each_process_reads_its_own_half_of_every_epoch(runs: Runs) -> None:
+    """The checkpoints record the sampler's seed; the orders the two processes draw from
+    it, epoch by epoch, split the data without overlap (set_epoch reshuffles)."""
+    runs.straight()
+    from torch.utils.data import DistributedSampler
+
+    seed = sampler_seed(runs.straight_dir / "ckpt" / "ckpt-00000-0000000005.pt")
+    orders = []
+    for epoch in range(EPOCHS):
+        halves = []
+        for rank in (0, 1):
+            sampler = DistributedSampler(range(64), num_replicas=2, rank=rank, seed=seed)
+            sampler.set_epoch(epoch)
+            halves.append(list(sampler))
+        assert sorted(halves[0] + halves[1]) == list(range(64))
+        orders.append(halves[0])
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_setup_hooks_ran_on_both_ranks_and_rank_1_hooks_on_rank_1_only(runs: Runs) -> None:
+    runs.straight()
+    folder = runs.straight_dir
+    assert (folder / "setup-0").read_text() == "0 2"
+    assert (folder / "setup-1").read_text() == "1 2"
+    assert (folder / "rank-1-hook").read_text().split() == ["1"] * EPOCHS
+
+
+# -- rank 0 only -------------------------------------------------------------------------
+
+
+def test_checkpoints_tensorboard_and_run_log_are_written_by_rank_0_alone(runs: Runs) -> None:
+    _, out, _, _ = runs.straight()
+    metrics = json.loads(out)["metrics"]
+    folder = runs.straight_dir
+    assert [c.name for c in reversed(checkpoints_in(folder / "ckpt"))] == [
+        f"ckpt-{step // 8:05d}-{step:010d}.pt" for step in (5, 10, 15, 20)]
+    log = (folder / "run.log").read_text().splitlines()
+    assert [line.split(" ", 2)[2].split(" loss")[0] for line in log] == [
+        "start train at epoch 0, step 0", "epoch 0 step 8", "epoch 1 step 16",
+        "epoch 2 step 24", "end at epoch 3, step 24"]
+    events = list((folder / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1, events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(events[0]))
+    accumulator.Reload()
+    accuracy = accumulator.Scalars("train/eval_accuracy")
+    assert [e.step for e in accuracy] == [8, 16, 24]
+    assert accuracy[-1].value == pytest.approx(metrics["eval_accuracy"], abs=1e-6)
+
+
+# -- evaluation ----------------------------------------------------------------------------
+
+
+def test_eval_metrics_add_up_across_processes_to_the_whole_eval_set(runs: Runs) -> None:
+    """The 37 eval samples split 19 + 18 (no padding, no sample twice), and ignite's
+    metrics add the processes' counts: the 2-process values are the 1-process ones of
+    the same weights."""
+    _, out, _, _ = runs.straight()
+    metrics = json.loads(out)["metrics"]
+    model = net_module(runs.root).Net("cpu")
+    model.setup()
+    model.module.load_state_dict(torch.load(runs.straight_dir / "final.pt", weights_only=True))
+    whole = runmodel.evaluate(model)
+    assert metrics["eval_accuracy"] == pytest.approx(whole["accuracy"], abs=1e-9)
+    assert metrics["eval_loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    # a metric of one process's part, or of a padded split, would differ from this
+    assert round(whole["accuracy"] * 37) == pytest.approx(whole["accuracy"] * 37, abs=1e-6)
+
+
+# -- resume -------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_of_the_two_process_run_resumes_to_the_same_weights(runs: Runs) -> None:
+    """Resumed mid-epoch (step 10 of 24, epoch 1) by a script that torchrun started, with
+    torch's generator seeded otherwise: the checkpoint gives the sampler's seed, the
+    position in the epoch and the generators back."""
+    _, out, err, _ = runs.resumed()
+    assert "resumed: completed after 24 steps" in out, err[-3000:]
+    straight = torch.load(runs.straight_dir / "final.pt", weights_only=True)
+    resumed = torch.load(runs.straight_dir / "resumed" / "final.pt", weights_only=True)
+    for name, value in straight.items():
+        assert torch.equal(resumed[name], value), name
+    log = (runs.straight_dir / "resumed" / "run.log").read_text().splitlines()
+    assert "start train at epoch 1, step 10" in log[0]
+
+
+# -- failures -------------------------------------------------------------------------------
+
+
+def test_an_error_in_rank_1_ends_both_processes_and_is_reported(runs: Runs) -> None:
+    code, out, err, _ = runs.failing()
+    assert code == 1, err[-3000:]
+    assert out == ""  # no result printed
+    assert ("runmodel run: error: process rank 1 failed: RuntimeError: rank 1 "
+            "fails on purpose at step 3; every process was ended") in err
+    # rank 1's own report, with where it was raised
+    assert "runmodel run [rank 1]: error: RuntimeError: rank 1 fails on purpose at step 3" in err
+    assert "raised in phase 'step_start', hook 'fail'" in err
+    # rank 0 went no further than the step rank 1 never reached
+    assert not (runs.failing_dir / "final.pt").exists()
+    assert (runs.failing_dir / "setup-0").exists() and (runs.failing_dir / "setup-1").exists()
