@@ -252,3 +252,13 @@ def test_a_failing_block_is_reported_with_its_page_and_line(zygote: Zygote,
     assert "DOCS: the block at docs/x.md:9 failed" in output
     assert 'File "' + str(ROOT / "docs" / "x.md") + '", line 11' in output  # the raise
     assert "ValueError: no" in output
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    """README.md shows the command that checks a change; .ci/run must be that command."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    shown = [line for line in readme.splitlines() if line.startswith("python3 -m pip install")
+             and "pytest" in line]
+    assert shown == [ci]
+    assert "mkdocs build --strict" in ci
