@@ -78,7 +78,7 @@ def remember(engine: runmodel.Engine) -> None:
 
 
 def layers(names: list[str]) -> str:
-    return ", ".join(sorted({n.split(".")[0] for n in names})) or "nothing"
+    return ", ".join(sorted({n.split(".")[0] for n in names}))
 
 
 @engine.on("epoch_end")
@@ -91,7 +91,8 @@ def check(engine: runmodel.Engine) -> None:
     unchanged = all(torch.equal(start[n], end[n]) for n in frozen)
     moved = all(not torch.equal(start[n], end[n]) for n in trained)
     print(f"epoch {epoch}: trained {layers(trained)} (moved: {'yes' if moved else 'NO'}); "
-          f"frozen {layers(frozen)} (unchanged: {'yes' if unchanged else 'NO'})")
+          + (f"frozen {layers(frozen)} (unchanged: {'yes' if unchanged else 'NO'})" if frozen
+             else "nothing frozen"))
 
 
 result = engine.run(model, epochs=args.epochs)

@@ -7,7 +7,9 @@ The model is a ``TorchModel`` made from parts (a generator and a discriminator i
 ``ModuleDict``, the generator's optimizer as its optimizer); the step is the script's
 ``engine.override("runstep")``, which never calls the default action: it updates the
 discriminator with its own optimizer, then the generator. Hooks and packs still see each
-step (``state.loss`` is the generator's loss, ``state.output`` both losses).
+step (``state.loss`` is the generator's loss, ``state.output`` both losses). A Checkpoint
+of this run would keep ``model.optimizer`` only: the discriminator's optimizer would need
+a pack of its own whose ``state_dict()`` returns ``d_optimizer.state_dict()``.
 
 Prints, before and after training, the mean distance of generated points to the nearest
 of the eight centres, and how many centres have generated points near them.

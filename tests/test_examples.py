@@ -95,7 +95,7 @@ def test_finetune_unfreezes_layer_by_layer_and_frozen_layers_stay_put(tmp_path: 
     assert percent("after fine-tuning: accuracy on 5-9", out) > 50
     assert "epoch 0: trained head (moved: yes); frozen lower, upper (unchanged: yes)" in out
     assert "epoch 1: trained head, upper (moved: yes); frozen lower (unchanged: yes)" in out
-    assert "epoch 2: trained head, lower, upper (moved: yes); frozen nothing" in out
+    assert "epoch 2: trained head, lower, upper (moved: yes); nothing frozen\n" in out
     # and from outside the script: the weights it saved at each epoch's start and end
     snapshots = torch.load(tmp_path / "finetune_weights.pt", weights_only=True)
     trained_from = {"head": 0, "upper": 1, "lower": 2}
