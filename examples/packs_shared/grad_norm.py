@@ -9,7 +9,9 @@ after ``backward``, before the optimizer step), adding it up on the device: no `
 and no device sync per step. At each epoch's end it puts the epoch's mean into
 ``state.metrics["grad_norm"]`` (so ``Progress``, ``TensorBoard`` and the result show it),
 and, with ``stop_below=``, stops the run once that mean falls below it, saying why in
-``result.reason``. Its history of epoch means is saved in checkpoints.
+``result.reason``. Its history of epoch means is saved in checkpoints. (The built-in
+``GradClip`` pack reports the same mean under the same name while it clips: use this one
+where nothing clips, or to stop.)
 """
 
 from __future__ import annotations
