@@ -104,8 +104,11 @@ def pages() -> list[Path]:
 # SIGALRM after the job's timeout.
 ZYGOTE = r"""
 import json, os, signal, sys, traceback, warnings
+# the pages' models are tiny: one thread is faster than two, and leaves a core to pytest
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 warnings.simplefilter("ignore", DeprecationWarning)  # only while importing, below
 import torch, runmodel, runmodel.engine, runmodel.packs, runmodel.models, runmodel.modes
+torch.set_num_threads(1)
 for name in ("ignite.engine", "ignite.metrics", "ignite.handlers", "sklearn.datasets",
              "torch.utils.tensorboard", "torch.utils.data", "tqdm"):
     try:
@@ -181,7 +184,7 @@ class Zygote:
         assert self.process.stdin is not None
         self.process.stdin.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
