@@ -13,10 +13,14 @@ Variants, in the same processes, a fresh model each repeat and the order rotated
 * ``plain again``: the plain loop once more, to show how much two identical loops differ.
 
 Every iteration is timed from one batch fetch to the next (``StampedData``), framework
-included; a repeat's figure is its median iteration, after 5 warm-up iterations. A step
-costs tens of milliseconds here and runmodel adds microseconds, so the ratio of medians
-per repeat, and their median and spread over the repeats, is what is reported. After each
-repeat the runmodel model's parameters are checked equal to the plain loop's.
+included; a repeat's figure is its median iteration, after 5 warm-up iterations, divided
+by the mean of the two plain loops' in the same repeat. A step costs tens of milliseconds
+here and runmodel adds microseconds, so on a busy machine these block ratios wander by
+more than what they measure. So, last, the two are run step by step side by side
+(``paired``): a model whose loop runs each batch through the plain DDP step and through
+runmodel's ``runstep``, in alternating order, each timed; the ratio of the median step
+times is the cleanest figure. After each repeat the runmodel model's parameters are
+checked equal to the plain loop's.
 
     python benchmarks/ddp_scaling.py            # starts itself under torchrun, 2 processes
     python benchmarks/ddp_scaling.py --quick    # fewer steps and repeats, a smoke test
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -107,6 +112,54 @@ def with_runmodel(batches: Batches) -> tuple[float, nn.Module]:
     return data.median_ms(), net
 
 
+class Paired(runmodel.TorchModel):
+    """Each batch through a plain DDP step and through runmodel's runstep, side by side."""
+
+    def __init__(self, batches: Batches) -> None:
+        super().__init__("cpu")
+        self.module, self.train_data = module(), batches
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=1e-3)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.twin = module()
+        self.twin_ddp = DistributedDataParallel(self.twin)
+        self.twin_optimizer = torch.optim.SGD(self.twin_ddp.parameters(), lr=1e-3)
+        self.times: dict[str, list[int]] = {"plain": [], "runmodel": []}
+
+    def setup(self, setup_options: dict[str, Any] | None = None) -> None:
+        pass  # made in __init__
+
+    def plain_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = batch
+        self.twin_optimizer.zero_grad(set_to_none=True)
+        self.loss_fn(self.twin_ddp(x), y).backward()  # type: ignore[misc]
+        self.twin_optimizer.step()
+
+    def run(self, runstep: Any, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
+        clock, plain_t, runmodel_t = time.perf_counter_ns, self.times["plain"], self.times[
+            "runmodel"]
+        for _ in runstep.epochs():
+            for i, batch in enumerate(self.train_data):  # type: ignore[arg-type]
+                for first in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    t = clock()
+                    if first == 0:
+                        self.plain_step(batch)
+                        plain_t.append(clock() - t)
+                    else:
+                        runstep(batch)
+                        runmodel_t.append(clock() - t)
+
+
+def paired(batches: Batches) -> tuple[float, float]:
+    """Median step (ms) of the plain step and of runmodel's, side by side."""
+    model = Paired(batches)
+    runmodel.Engine().run(model, epochs=1, backend=DDP(shard_data=False))
+    for a, b in zip(model.twin.state_dict().values(),
+                    runmodel.models.unwrap(model.module).state_dict().values(), strict=True):
+        assert torch.equal(a, b), "runmodel's parameters differ from the plain step's"
+    return (statistics.median(model.times["plain"][WARMUP:]) / 1e6,
+            statistics.median(model.times["runmodel"][WARMUP:]) / 1e6)
+
+
 def worker(steps: int, repeats: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -126,22 +179,30 @@ def worker(steps: int, repeats: int) -> None:
         for (key, a), b in zip(trained["plain"].state_dict().items(),
                                trained["runmodel"].state_dict().values(), strict=True):
             assert torch.equal(a, b), f"runmodel's {key} differs from the plain loop's"
+    side_by_side = [paired(batches) for _ in range(repeats)]
     if rank == 0:
-        print(report(times, steps, repeats))
+        print(report(times, side_by_side, steps, repeats))
     dist.destroy_process_group()
 
 
-def report(times: dict[str, list[float]], steps: int, repeats: int) -> str:
-    plain_ms = times["plain"]
+def report(times: dict[str, list[float]], side_by_side: list[tuple[float, float]],
+           steps: int, repeats: int) -> str:
+    plain_ms = [(a + b) / 2 for a, b in zip(times["plain"], times["plain again"], strict=True)]
     lines = [f"2 processes (gloo), {steps} steps each, {repeats} repeats, 1 thread a process; "
              f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH} a process",
-             "", "| variant | median step (ms) | vs plain DDP loop: median [min, max] | "
+             "", "| variant | median step (ms) | vs the plain DDP loops: median [min, max] | "
              "overhead |", "|---|---|---|---|"]
     for name, values in times.items():
         ratios = [v / p for v, p in zip(values, plain_ms, strict=True)]
         ratio = statistics.median(ratios)
         lines.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.4f} "
                      f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |")
+    ratios = [r / p for p, r in side_by_side]
+    ratio = statistics.median(ratios)
+    lines.append(f"| runmodel, step by step beside the plain step | "
+                 f"{statistics.median(r for _, r in side_by_side):.2f} (plain "
+                 f"{statistics.median(p for p, _ in side_by_side):.2f}) | {ratio:.4f} "
+                 f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |")
     lines += ["", f"machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
               f"python {platform.python_version()}"]
     return "\n".join(lines)
