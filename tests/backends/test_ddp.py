@@ -445,3 +445,34 @@ def net_module_from_text(text: str) -> ModuleType:
     module = ModuleType("ddp_test_net_text")
     exec(compile(text, "net.py", "exec"), module.__dict__)
     return module
+
+
+def test_the_launcher_passes_torchruns_options_and_never_relaunches_under_torchrun(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from runmodel import launch
+    from runmodel.cli import _parser
+
+    def parsed(*args: str) -> Any:
+        return _parser().parse_args(["run", "model.py", *args])
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert not launch.asked_for(parsed("--epochs", "2"))
+    one_machine = parsed("--nproc-per-node", "2")
+    assert launch.asked_for(one_machine)
+    assert launch.torchrun_arguments(one_machine) == ["--nproc-per-node", "2", "--standalone"]
+    several = parsed("--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", "node0:29400", "--rdzv-id", "job42")
+    assert launch.torchrun_arguments(several) == [
+        "--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "node0:29400", "--rdzv-id", "job42"]
+    master = parsed("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                    "--master-port", "29500")
+    assert "--standalone" not in launch.torchrun_arguments(master)
+    from torch.distributed.run import get_args_parser
+
+    options = get_args_parser().parse_args([*launch.torchrun_arguments(several), "-m",
+                                            "runmodel", "run", "model.py"])
+    assert (options.nnodes, options.nproc_per_node, options.rdzv_endpoint, options.module,
+            options.training_script) == ("2", "4", "node0:29400", True, "runmodel")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")  # a process torchrun started
+    assert not launch.asked_for(one_machine)
