@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,7 +149,8 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str, float]:
 
 
 class Runs:
-    """The launches, made once: started together, awaited when a test needs one."""
+    """The launches, made once: started together (the resumed run as soon as the straight
+    run's checkpoint is on disk), awaited when a test needs one."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -162,6 +164,22 @@ class Runs:
         self._straight = launch([*cli, "--json"], self.straight_dir)
         self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
         self._cache: dict[str, Any] = {}
+        self._resume: subprocess.Popen[str] | None = None
+        self._resume_starter = threading.Thread(target=self._start_resume, daemon=True)
+        self._resume_starter.start()
+
+    def _start_resume(self) -> None:
+        checkpoint = self.straight_dir / "ckpt" / self.mid_epoch_checkpoint()
+        deadline = time.monotonic() + LIMIT_S
+        while not checkpoint.exists() and self._straight.poll() is None and (
+                time.monotonic() < deadline):
+            time.sleep(0.1)  # checkpoints are renamed into place: there means complete
+        if not checkpoint.exists():
+            return
+        path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+        self._resume = launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", "2", str(self.root / "resume.py"),
+                               str(checkpoint)], self.straight_dir, PYTHONPATH=path)
 
     def straight(self) -> tuple[int, str, str, float]:
         if "straight" not in self._cache:
@@ -180,12 +198,9 @@ class Runs:
     def resumed(self) -> tuple[int, str, str, float]:
         if "resumed" not in self._cache:
             self.straight()
-            checkpoint = self.straight_dir / "ckpt" / self.mid_epoch_checkpoint()
-            path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-            process = launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc-per-node", "2", str(self.root / "resume.py"),
-                              str(checkpoint)], self.straight_dir, PYTHONPATH=path)
-            self._cache["resumed"] = finish(process)
+            self._resume_starter.join()
+            assert self._resume is not None, "the straight run wrote no step-10 checkpoint"
+            self._cache["resumed"] = finish(self._resume)
             code, _, err, _ = self._cache["resumed"]
             assert code == 0, err[-4000:]
         result: tuple[int, str, str, float] = self._cache["resumed"]
@@ -196,8 +211,9 @@ class Runs:
         return "ckpt-00001-0000000010.pt"  # step 10: epoch 1, 2 of its 8 steps done
 
     def close(self) -> None:
-        for process in (self._straight, self._failing):
-            if process.poll() is None:
+        self._resume_starter.join()
+        for process in (self._straight, self._failing, self._resume):
+            if process is not None and process.poll() is None:
                 process.kill()
                 process.communicate()
 
