@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,18 @@ EXAMPLES = ROOT / "examples"
 # one thread: the examples' models are tiny, and torch's thread pool only contends with
 # the other processes of a busy 2-core test machine
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """A test that fails while an example still runs leaves no process behind."""
+    yield
+    for process in STARTED:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    STARTED.clear()
 
 
 def start(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
@@ -31,8 +44,10 @@ def start(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
         command.insert(0, sys.executable)
     elif command[0] == "runmodel":
         command[0:1] = [sys.executable, "-m", "runmodel"]
-    return subprocess.Popen(command, cwd=cwd, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, cwd=cwd, env=ENV, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    STARTED.append(process)
+    return process
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
