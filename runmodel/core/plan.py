@@ -38,6 +38,10 @@ class StepPlan:
     wrap: Wrapper | None = None
     finish: Callable[[Any], dict[str, Any]] = lambda engine: {}
     data: DataTracker | None = None  # where the run's data stands, for an exact resume
+    # per phase, the function its action calls to do the work: an error raised in it is
+    # the phase's, also when a step calls it directly (train mode's step while nothing
+    # hooks the three phases)
+    parts: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 class DataTracker(Protocol):

@@ -181,6 +181,7 @@ class HookTable:
         chain = plan.actions.get(phase) or _no_action(phase, self._run.state.mode
                                                       if self._run else "")
         self.where.add(f"phase {phase!r} (built-in action)", chain)
+        self.where.add(f"phase {phase!r} (built-in action)", plan.parts.get(phase))
         for h in reversed(self.overrides[phase]):
             fn = self._compile(h)
             if fn is not None:

@@ -130,7 +130,7 @@ class TorchModel(Model):
 
     def compute_output(self, batch: Any) -> Any:
         """The module's output for a batch; by default ``module(batch[0])``."""
-        return self.module(batch[0])  # type: ignore[misc]  # set by then
+        return self._module(batch[0])  # type: ignore[misc]  # the property costs a call a step
 
     def target(self, batch: Any) -> Any:
         """What the output is compared with; by default ``batch[1]``."""

@@ -52,14 +52,24 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
         optimizer_step(model)
 
     def train_step(engine: Engine) -> None:
-        # each is the phase's bare action while it has no hooks or overrides
+        if (dispatch.forward is forward_action and dispatch.backward is backward_action
+                and dispatch.optimizer_step is optimizer_step_action):
+            # no hook, override or instrument on the three phases (their dispatch is the
+            # bare action): the same three parts, without three calls between them
+            state = engine.state
+            state.output, state.loss = forward(model, state.batch)
+            backward(model, state.loss)
+            optimizer_step(model)
+            return
         dispatch.forward(engine)
         dispatch.backward(engine)
         dispatch.optimizer_step(engine)
 
     return StepPlan({"runstep": train_step, "forward": forward_action,
                      "backward": backward_action, "optimizer_step": optimizer_step_action},
-                    data=track(model.train_data))
+                    data=track(model.train_data),
+                    parts={"forward": forward, "backward": backward,
+                           "optimizer_step": optimizer_step})
 
 
 def _interface_step(model: Any, interface: Any) -> Any:
