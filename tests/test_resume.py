@@ -439,3 +439,24 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_versions(tmp_path:
         with pytest.raises(checkpoint.FormatError, match=message):
             runmodel.Engine().run(dropout_mlp(), epochs=3, resume=resume)
     assert torch.load(newest, weights_only=True)["format"] == newer
+
+
+def test_a_resume_at_an_epochs_last_step_sees_the_last_loss_and_metrics(tmp_path: Path) -> None:
+    """A step checkpoint taken at an epoch's last step resumes into that epoch's end: its
+    hooks read the loss and metrics the straight run had there."""
+    def run(resume: Path | None, log: list[Any], epochs: int = 3) -> None:
+        engine = runmodel.Engine()
+        engine.attach(Checkpoint(tmp_path / "ckpt", every="4st", keep=None))
+        engine.on("runstep", lambda e: e.state.metrics.update(last_step=e.state.step,
+                                                              doubled=e.state.loss * 2))
+        engine.on("epoch_end", lambda e: log.append(
+            (e.state.epoch, e.state.loss.item(), e.state.metrics["last_step"],
+             float(e.state.metrics["doubled"]))))
+        engine.run(dropout_mlp(), epochs=epochs, resume=resume)
+
+    straight_log: list[Any] = []
+    run(None, straight_log)
+    resumed_log: list[Any] = []
+    run(tmp_path / "ckpt" / "ckpt-00001-0000000008.pt", resumed_log)  # after step 8, epoch 1's last
+    assert resumed_log == straight_log[1:]
+    assert resumed_log[0][2] == 7

@@ -130,16 +130,24 @@ class Engine:
     # -- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
-        """The run's counters (``counters`` replacing some) and every pack's state."""
+        """The run's counters (``counters`` replacing some), the last loss and the
+        metrics a file can hold (numbers, strings, tensors), and every pack's state."""
         s = self.state
         return {"counters": {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step,
                              "skipped": s.skipped, **(counters or {})},
+                "loss": _plain(s.loss),
+                "metrics": {k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items())
+                            if v is not None},
                 "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counters and pack states; the next run continues these counters."""
         for name, value in state.get("counters", {}).items():
             setattr(self.state, name, int(value))
+        # what hooks read before the first step (epoch_end right after a checkpoint taken
+        # at an epoch's last step; a best-K checkpoint before the next evaluation)
+        self.state.loss = state.get("loss")
+        self.state.metrics.update(state.get("metrics", {}))
         self._resuming = True
         for key, pack_state in state.get("packs", {}).items():
             if key in self.table.packs:
@@ -264,6 +272,15 @@ class Engine:
             self._loop.position.tracker = plan.data
         self.table.start(self.state, plan)  # filters start counting here
         return plan, saved
+
+def _plain(value: Any) -> Any:
+    """``value`` if a checkpoint can hold it (a tensor: a copy of its own, so that the
+    file holds its bytes alone, not the rest of a storage it is a view of), else None."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    detach = getattr(value, "detach", None)  # a tensor; torch is not imported here
+    return detach().clone() if callable(detach) else None
+
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

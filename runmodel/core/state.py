@@ -52,11 +52,12 @@ class State:
         """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
         if not keep_counters:
             self.step = self.epoch = self.epoch_step = self.skipped = 0
+            self.loss, self.metrics = None, {}
         self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
         self.ended = None
         self.rank = current_rank()
-        self.batch = self.output = self.loss = self.error = self.grad_scaler = None
-        self.metrics, self.timings = {}, {}
+        self.batch = self.output = self.error = self.grad_scaler = None
+        self.timings = {}
 
     def __repr__(self) -> str:
         return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "

@@ -103,7 +103,7 @@ def test_pack_state_round_trip() -> None:
     first.run(Counting(batches=3), epochs=2)
     saved = first.state_dict()
     assert saved == {"counters": {"step": 6, "epoch": 2, "epoch_step": 3, "skipped": 0},
-                     "packs": {"Recorder": {"steps": 6}}}
+                     "loss": None, "metrics": {}, "packs": {"Recorder": {"steps": 6}}}
 
     second = runmodel.Engine()
     restored = Recorder([])
