@@ -288,6 +288,15 @@ def _describe(source: str, model: Model, engine: Engine, setup: dict[str, Any]) 
     return "\n".join(lines) + "\n\n" + engine.describe()
 
 
+def _print_hint(error: BaseException) -> None:
+    """A missing optional module (scikit-learn, matplotlib...): say which extra brings it."""
+    from .extras import hint
+
+    text = hint(error)
+    if text:
+        print(f"  {text}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runmodel`` command; returns the exit code."""
     parser = _parser()
@@ -314,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exception(error.__cause__ or error)
         print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
+        _print_hint(error)
         return EXIT_USAGE
     except Exception as error:
         launch.record_error(error)  # a process torchrun started: for the launcher's report
@@ -325,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             for note in getattr(error, "__notes__", ()):
                 print(f"  {note}", file=sys.stderr)
+            _print_hint(error)
             print("  (run with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILED
 

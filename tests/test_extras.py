@@ -149,8 +149,6 @@ def test_plot_without_matplotlib(tmp_path: Path) -> None:
                            "(import matplotlib): pip install 'runmodel[plot]'\n")
 
 
-@pytest.mark.skipif("from .extras import hint" not in (ROOT / "runmodel" / "cli.py").read_text(),
-                    reason="waits for the hint in runmodel/cli.py")
 def test_the_command_names_the_extra_for_any_missing_optional_module(
         tmp_path: Path, no_sklearn: None, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "bare.py"
