@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from .loop import Loop
 from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
+from .snapshot import Snapshots
 from .state import RunResult, State, StopRun
 from .table import Dispatch, HookTable
 from .where import Where
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Engine"]
 
 
-class Engine:
+class Engine(Snapshots):
     """Owns the phases, their hooks and overrides, the run state and the run."""
 
     def __init__(self) -> None:
@@ -127,62 +127,6 @@ class Engine:
                                "step_start hook")
         self._loop.skip_step()
 
-    # -- checkpoints ---------------------------------------------------------------------
-
-    def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
-        """The run's counters (``counters`` replacing some), the last loss and the
-        metrics a file can hold (numbers, strings, tensors), and every pack's state."""
-        s = self.state
-        return {"counters": {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step,
-                             "skipped": s.skipped, **(counters or {})},
-                "loss": _plain(s.loss),
-                "metrics": {k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items())
-                            if v is not None},
-                "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore counters and pack states; the next run continues these counters."""
-        for name, value in state.get("counters", {}).items():
-            setattr(self.state, name, int(value))
-        # what hooks read before the first step (epoch_end right after a checkpoint taken
-        # at an epoch's last step; a best-K checkpoint before the next evaluation)
-        self.state.loss = state.get("loss")
-        self.state.metrics.update(state.get("metrics", {}))
-        self._resuming = True
-        for key, pack_state in state.get("packs", {}).items():
-            if key in self.table.packs:
-                self.table.packs[key].load_state_dict(pack_state)
-            else:
-                warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
-                              f"(attached: {sorted(self.table.packs) or 'none'})", stacklevel=2)
-
-    def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
-        """Everything a checkpoint holds: the engine's state, the model's, the random
-        number generators', where the data stands in the epoch (``position.py``).
-        ``counters`` is where a run resumed from it starts."""
-        from .. import checkpoint  # torch: imported when a run needs it
-
-        state_dict = getattr(self.model, "state_dict", None)
-        return {"engine": self.state_dict(counters), "rng": checkpoint.rng_state(),
-                "model": state_dict() if callable(state_dict) else None,
-                "position": {"batches": 0} if self._loop is None else
-                self._loop.position.snapshot(counters)}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
-        self.load_state_dict(snapshot["engine"])
-        self._restore_model(snapshot)
-
-    def _restore_model(self, snapshot: dict[str, Any]) -> None:
-        from .. import checkpoint
-
-        if snapshot.get("model") is not None:
-            self.model.load_state_dict(snapshot["model"])
-        if self._loop is None:
-            checkpoint.set_rng_state(snapshot["rng"])
-        else:  # in a run: the generators are set where the data is (position.py)
-            self._loop.position.resume(snapshot.get("position", {}), snapshot["rng"])
-
     # -- the run -------------------------------------------------------------------------
 
     def run(self, model: Any, mode: Mode, *, steps: int | None = None,
@@ -272,15 +216,6 @@ class Engine:
             self._loop.position.tracker = plan.data
         self.table.start(self.state, plan)  # filters start counting here
         return plan, saved
-
-def _plain(value: Any) -> Any:
-    """``value`` if a checkpoint can hold it (a tensor: a copy of its own, so that the
-    file holds its bytes alone, not the rest of a storage it is a view of), else None."""
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    detach = getattr(value, "detach", None)  # a tensor; torch is not imported here
-    return detach().clone() if callable(detach) else None
-
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
