@@ -7,12 +7,11 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..core import Hook, HookOptions, Pack
+from ._common import metric_value
 
 if TYPE_CHECKING:
-    from ..core import Engine, State
+    from ..core import Engine
 
 __all__ = ["EarlyStopping"]
 
@@ -81,7 +80,7 @@ class EarlyStopping(Pack):
         s = engine.state
         if not s.epoch_complete:
             return  # an epoch cut short is run again by a resume: not a check
-        self.last = value = self._value(s)
+        self.last = value = metric_value(s, self.metric, "EarlyStopping")
         if not math.isnan(value) and (self.best is None or self._improved(value, self.best)):
             self.best, self.best_epoch, self.bad = value, s.epoch, 0
             return
@@ -103,23 +102,6 @@ class EarlyStopping(Pack):
                 else f"best {self.best:.6g} at epoch {self.best_epoch}")
         tail = "" if self.last is None else f", last {self.last:.6g}"
         return f"early stopping: {self.metric} did not improve{by} for {checks} ({best}{tail})"
-
-    def _value(self, state: State) -> float:
-        value = state.metrics.get(self.metric)
-        if value is None:
-            names = sorted(state.metrics)
-            close = difflib.get_close_matches(self.metric, names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"EarlyStopping: no metric {self.metric!r} in state.metrics at the "
-                             f"end of epoch {state.epoch}.{hint} There are: "
-                             f"{', '.join(names) or 'none'} (attach Evaluate() before it for "
-                             f"eval_loss and the other eval metrics)")
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"EarlyStopping: state.metrics[{self.metric!r}] is "
-                            f"{type(value).__name__} {value!r}, not a number")
-        return float(value)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_epoch": self.best_epoch, "bad": self.bad,

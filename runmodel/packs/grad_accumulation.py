@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import Pack, hook, override
+from ._common import require_phased_step
 
 __all__ = ["GradAccumulation"]
 
@@ -48,13 +49,7 @@ class GradAccumulation(Pack):
         """A new run; in train mode, check that its step fires backward and
         optimizer_step (else this pack would never run)."""
         self._step = None
-        model = engine.model
-        if engine.state.mode == "train" and not getattr(getattr(model, "interface", None),
-                                                        "phased", False):
-            raise TypeError(f"{type(self).__name__} works in the backward and optimizer_step "
-                            f"phases, which {type(model).__name__}'s train step does not fire "
-                            f"(its step is its own, not a TorchModel's with the Supervised "
-                            f"interface)")
+        require_phased_step(engine, type(self).__name__)
 
     @override("backward", priority=300, modes=TRAIN_MODES)
     def scaled_backward(self, engine: Any, default: Callable[[Any], Any]) -> None:

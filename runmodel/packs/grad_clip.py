@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..core import Pack, hook, override
+from ._common import require_phased_step
 
 __all__ = ["GradClip"]
 
@@ -56,12 +57,7 @@ class GradClip(Pack):
         """A new run; in train mode, check that its step fires optimizer_step (else this
         pack would never run)."""
         self.last_norm, self._epoch = None, None
-        model = engine.model
-        if engine.state.mode == "train" and not getattr(getattr(model, "interface", None),
-                                                        "phased", False):
-            raise TypeError(f"{type(self).__name__} works in the optimizer_step phase, which "
-                            f"{type(model).__name__}'s train step does not fire (its step is "
-                            f"its own, not a TorchModel's with the Supervised interface)")
+        require_phased_step(engine, type(self).__name__, "the optimizer_step phase")
 
     @override("optimizer_step", priority=100, modes=TRAIN_MODES)
     def clip(self, engine: Any, default: Any) -> None:

@@ -13,6 +13,7 @@ from torch.optim import lr_scheduler
 
 from ..core import Hook, HookOptions, Pack
 from ..models import TorchModel
+from ._common import metric_value
 
 if TYPE_CHECKING:
     from ..core import Engine
@@ -173,7 +174,7 @@ class LRSchedule(Pack):
         if warming:
             self._unwarm(groups)
         if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(self._metric_value(s))
+            scheduler.step(metric_value(s, str(self.metric), f"LRSchedule(metric={self.metric!r})"))
         else:
             scheduler.step()
         if warming:
@@ -242,23 +243,6 @@ class LRSchedule(Pack):
                              f"but the optimizer has {len(optimizer.param_groups)} now (a setup "
                              f"hook such as Unfreeze(lr_scale=) regrouped it); pass a factory, "
                              f"which is called after that: LRSchedule({_FACTORY_EXAMPLE})")
-
-    def _metric_value(self, state: Any) -> float:
-        value = state.metrics.get(self.metric)
-        if value is None:
-            names = sorted(state.metrics)
-            close = difflib.get_close_matches(str(self.metric), names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"LRSchedule(metric={self.metric!r}): no such metric in "
-                             f"state.metrics at the end of epoch {state.epoch}.{hint} There "
-                             f"are: {', '.join(names) or 'none'} (attach Evaluate() for "
-                             f"eval_loss and the other eval metrics)")
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"LRSchedule(metric={self.metric!r}): state.metrics holds "
-                            f"{type(value).__name__} {value!r}, not a number")
-        return float(value)
 
     # -- state ---------------------------------------------------------------------------------
 

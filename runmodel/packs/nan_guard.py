@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..core import Pack, hook, override
+from ._common import require_phased_step
 
 __all__ = ["NaNGuard"]
 
@@ -61,13 +62,7 @@ class NaNGuard(Pack):
         """A new run; in train mode, check that its step fires backward and
         optimizer_step (else this pack would never run)."""
         self._found, self._warned = None, False
-        model = engine.model
-        if engine.state.mode == "train" and not getattr(getattr(model, "interface", None),
-                                                        "phased", False):
-            raise TypeError(f"{type(self).__name__} works in the backward and optimizer_step "
-                            f"phases, which {type(model).__name__}'s train step does not fire "
-                            f"(its step is its own, not a TorchModel's with the Supervised "
-                            f"interface)")
+        require_phased_step(engine, type(self).__name__)
 
     @hook(priority=1000, modes=TRAIN_MODES)  # first: before hooks that read gradients
     def backward(self, engine: Any) -> None:

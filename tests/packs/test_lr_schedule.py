@@ -179,9 +179,9 @@ def test_a_missing_metric_fails_at_the_first_epoch_end_naming_the_metrics() -> N
     with pytest.raises(ValueError) as caught:
         engine.run(Tiny(), epochs=3)
     assert str(caught.value) == (
-        "LRSchedule(metric='eval_los'): no such metric in state.metrics at the end of epoch 0. "
-        "Did you mean 'eval_loss'? There are: eval_loss, lr (attach Evaluate() for eval_loss "
-        "and the other eval metrics)")
+        "LRSchedule(metric='eval_los'): no metric 'eval_los' in state.metrics at the end of "
+        "epoch 0. Did you mean 'eval_loss'? There are: eval_loss, lr (attach Evaluate() before "
+        "it for eval_loss and the other eval metrics)")
     assert len(steps) == 4
 
 
