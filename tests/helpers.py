@@ -226,3 +226,13 @@ def assert_same(a: Any, b: Any, where: str = "state") -> None:
 def files(directory: str | os.PathLike[str]) -> list[str]:
     """The names in ``directory``, sorted."""
     return sorted(os.listdir(directory))
+
+
+def default_ctrl_c() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: Ctrl-C as a terminal
+    delivers it (default disposition, not blocked), whatever the test process holds. A
+    child inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -26,6 +26,8 @@ import pytest
 
 import runmodel
 
+import helpers
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120  # seconds, for any one command (they take 2 to 10 s)
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
@@ -620,7 +622,7 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
     (tmp_path / "endless.py").write_text(ENDLESS)
     proc = subprocess.Popen([*RUNMODEL, "run", "endless.py"], cwd=tmp_path, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            encoding="utf-8")
+                            encoding="utf-8", preexec_fn=helpers.default_ctrl_c)
     watchdog = threading.Timer(TIMEOUT, proc.kill)  # readline() below has no timeout
     watchdog.start()
     try:

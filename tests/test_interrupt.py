@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import helpers
+
 SCRIPT = textwrap.dedent("""
     import sys, time
     import runmodel
@@ -38,7 +40,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_sigint_mid_run_tears_down_and_reraises() -> None:
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=helpers.default_ctrl_c)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
