@@ -45,14 +45,10 @@ from torch import nn
 import runmodel
 from runmodel.packs import Checkpoint, EarlyStopping, Evaluate, LRSchedule, Progress, Unfreeze
 
+# the work and the timed reference step of overhead.py (this folder is on sys.path)
+from overhead import Reference, make_work
+
 EPOCH = 1000  # steps an epoch
-SEED = 0
-
-
-def make_work() -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
-    torch.manual_seed(SEED)
-    module = nn.Linear(32, 32)
-    return module, torch.optim.SGD(module.parameters(), lr=0.01), nn.MSELoss()
 
 
 def make_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -76,22 +72,6 @@ class Stamped:
         for batch in self.batches:
             stamps.append(clock())
             yield batch
-
-
-class Reference:
-    """The plain step on its own copy of the work, timed at every iteration."""
-
-    def __init__(self) -> None:
-        self.module, self.optimizer, self.loss_fn = make_work()
-        self.times: list[int] = []
-
-    def __call__(self, batch: Any) -> None:
-        start = time.perf_counter_ns()
-        x, y = batch
-        self.loss_fn(self.module(x), y).backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.times.append(time.perf_counter_ns() - start)
 
 
 def plain(data: Any, epochs: int, ref: Callable[[Any], None]) -> nn.Module:
