@@ -152,6 +152,7 @@ class Engine(Snapshots):
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
+            self._check(loop)
             self.fire("setup")
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
@@ -162,7 +163,7 @@ class Engine(Snapshots):
                 loop.finish()
             extras = plan.finish(self)
         except BaseException as error:
-            loop.failed(error)
+            loop.failed(error, self._run_packs() if loop.refusing else None)
             raise
         finally:
             self._end(loop, model)
@@ -185,13 +186,26 @@ class Engine(Snapshots):
     def _end(self, loop: Loop, model: Any) -> None:
         """Tear down, whatever happened; then the engine is free for another run."""
         try:
-            loop.teardown(model)
+            loop.teardown(model, self._run_packs() if loop.refusing else None)
         finally:  # even when a teardown hook raised
             while self._for_run:
                 self._for_run.pop().detach()
             loop.position.close()
             self._loop = None
             self.table.stop()
+
+    def _check(self, loop: Loop) -> None:
+        """Every attached pack's ``check``, in attach order: the run's setup-time checks,
+        before any hook runs. A refusal ends the run with no ``exception`` or ``teardown``
+        hook but those of the packs attached for the run (a backend's cleanup)."""
+        loop.refusing = True
+        for pack in list(self.table.packs.values()):
+            pack.check(self)
+        loop.refusing = False
+
+    def _run_packs(self) -> set[int]:
+        """The ids of the packs attached for this run alone (a backend's)."""
+        return {id(p) for handle in self._for_run for p in handle.packs}
 
     def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
                  backend: Backend | None, resume: str | os.PathLike[str] | None

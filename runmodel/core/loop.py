@@ -38,6 +38,7 @@ class Loop:
         self.reason: str | None = None  # what stop() was given
         self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
         self.skip = self.in_step_start = False
+        self.refusing = False  # while packs' check() runs: a failure is a refusal
         self.first_epoch = True
         self.position = Position(self.state, None)  # the plan's data tracker joins later
         self.guard = -1  # runstep takes its slow path while step >= guard
@@ -181,22 +182,24 @@ class Loop:
 
     # -- errors and teardown -------------------------------------------------------------
 
-    def failed(self, error: BaseException) -> None:
-        """Note where ``error`` was raised, then fire the ``exception`` phase."""
+    def failed(self, error: BaseException, only: set[int] | None = None) -> None:
+        """Note where ``error`` was raised, then fire the ``exception`` phase (only the
+        hooks of the packs in ``only``, by id, when given: a refused run)."""
         s = self.state
         s.error = error
         self.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         error.add_note(f"runmodel: raised in {self.engine.table.where.locate(error)} ({s.mode} "
                        f"mode, epoch {s.epoch}, step {s.step})")
-        self._fire_guarded("exception", error)
+        self._fire_guarded("exception", error, only)
 
-    def teardown(self, model: Any) -> None:
-        """The ``teardown`` hooks, then ``model.teardown()``, each even if the other raised;
-        a failure of theirs is raised only when no error ended the run."""
+    def teardown(self, model: Any, only: set[int] | None = None) -> None:
+        """The ``teardown`` hooks (those of the packs in ``only``, when given), then
+        ``model.teardown()``, each even if the other raised; a failure of theirs is
+        raised only when no error ended the run."""
         error, failure = self.state.error, None
         self.state.ended = self.ended
         try:
-            failure = self._fire_guarded("teardown", error)
+            failure = self._fire_guarded("teardown", error, only)
         finally:
             try:
                 model.teardown()
@@ -207,10 +210,14 @@ class Loop:
         if failure is not None and error is None:
             raise failure
 
-    def _fire_guarded(self, phase: str, error: BaseException | None) -> BaseException | None:
-        """Fire every hook of ``phase`` even if some raise; return the first failure."""
+    def _fire_guarded(self, phase: str, error: BaseException | None,
+                      only: set[int] | None = None) -> BaseException | None:
+        """Fire every hook of ``phase`` (of the packs in ``only``, when given) even if
+        some raise; return the first failure."""
         first = None
-        for hook in self.engine.table.dispatch.hooks[phase]:
+        table = self.engine.table
+        hooks = table.dispatch.hooks[phase] if only is None else table.compiled(phase, only)
+        for hook in hooks:
             try:
                 hook(self.engine)
             except Exception as failure:

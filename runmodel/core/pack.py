@@ -80,6 +80,18 @@ class Pack:
             found.extend(v for v in items if isinstance(v, Pack))
         return found
 
+    def check(self, engine: Any) -> None:
+        """Refuse a run that cannot work, before it begins: called once a run, after
+        ``model.setup()``, the backend and the checkpoint read (``engine.state`` holds
+        the resumed counters), before the ``setup`` hooks and before any pack writes a
+        file. Raise one error that says what is wrong and what would be right; the run
+        then ends with ``model.teardown()`` alone (and the backend's own cleanup): no
+        ``exception`` or ``teardown`` hook runs, since none saw the run begin.
+
+        Every setup-time check of a pack lives here: folders it cannot write, metrics it
+        reads that nothing declares, a checkpoint that does not fit. Not a phase: a pack
+        hook, not filtered, in attach order."""
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of this pack; empty unless the pack has state."""
         return {}

@@ -142,6 +142,12 @@ class HookTable:
             fn = fn if fn is None else wrap(hook.phase, hook, fn)
         return fn
 
+    def compiled(self, phase: str, packs: set[int]) -> list[Callable[..., Any]]:
+        """``phase``'s hooks that belong to the packs ``packs`` (ids), compiled for the
+        run, in order."""
+        found = (self._compile(h) for h in self.hooks[phase] if id(h.pack) in packs)
+        return [fn for fn in found if fn is not None]
+
     def _build(self) -> None:
         assert self._run is not None
         plan, d = self._run.plan, self.dispatch

@@ -212,3 +212,59 @@ def test_a_subclass_sets_the_options_of_an_inherited_hook(engine: runmodel.Engin
     engine.run(Counting(batches=1), epochs=4)
     assert log == ["end1", "end3"]
     assert "every=2" in engine.describe()
+
+
+# -- check: the run's setup-time checks ---------------------------------------------------
+
+
+class Refuses(runmodel.Pack):
+    """Refuses every run in ``check``; records what else of it runs."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def check(self, engine: runmodel.Engine) -> None:
+        self.log.append(f"check@{engine.state.step}")
+        raise ValueError("this run cannot work: do this instead")
+
+    def setup(self, engine: runmodel.Engine) -> None:
+        self.log.append("setup")
+
+    def exception(self, engine: runmodel.Engine) -> None:
+        self.log.append("exception")
+
+    def teardown(self, engine: runmodel.Engine) -> None:
+        self.log.append("teardown")
+
+
+def test_a_refusing_check_ends_the_run_before_any_hook(engine: runmodel.Engine) -> None:
+    log: list[str] = []
+    engine.on("teardown", lambda e: log.append("plain teardown"))
+    engine.on("exception", lambda e: log.append("plain exception"))
+    engine.attach(Refuses(log))
+    model = Counting()
+    with pytest.raises(ValueError, match="cannot work: do this instead") as info:
+        engine.run(model, epochs=1)
+    assert log == ["check@0"]  # no setup, exception or teardown hook ran
+    assert model.calls == ["model.setup", "model.teardown"]
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+def test_checks_run_in_attach_order_after_model_setup_and_the_run_goes_on(
+        engine: runmodel.Engine) -> None:
+    log: list[str] = []
+
+    class Checks(runmodel.Pack):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def check(self, engine: runmodel.Engine) -> None:
+            log.append(f"{self.tag}:check")
+
+        def setup(self, engine: runmodel.Engine) -> None:
+            log.append(f"{self.tag}:setup")
+
+    engine.attach(Checks("a"), Checks("b"))
+    result = engine.run(Counting(batches=2), epochs=1)
+    assert result.steps == 2
+    assert log == ["a:check", "b:check", "a:setup", "b:setup"]
