@@ -129,11 +129,21 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run") 
 
 def failure_text(failed: Any) -> str:
     """The first failure of a ``ChildFailedError``: which process, how it ended, why.
-    The ddp backend records when each process failed, to the microsecond
-    (``record_failure``); torchrun's own order goes by the second."""
+    A process killed by a signal from outside came first; otherwise the ddp backend's
+    records of when each process failed, to the microsecond (``record_failure``), decide;
+    torchrun's own order goes by the second."""
+    # a process killed from outside (SIGKILL, the OOM killer) records nothing, and the
+    # others then fail (recording it) on the lost connection: the killed one came first;
+    # SIGTERM is how torchrun ends the processes left after a failure
+    killed = sorted(rank for rank, failure in failed.failures.items()
+                    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
+                    and _failed_at(failure) is None)
     timed = [(at, rank) for rank, failure in failed.failures.items()
              if (at := _failed_at(failure)) is not None]
-    if timed:
+    if killed:
+        rank = killed[0]
+        first = failed.failures[rank]
+    elif timed:
         rank = min(timed)[1]
         first = failed.failures[rank]
     else:

@@ -9,12 +9,25 @@ model's module in ``DistributedDataParallel``, and deals out the data: the train
 so a resumed run draws the same shards), and the eval data is split without padding, so
 that metrics (pytorch-ignite's, which add up across processes) are those of the whole
 set. When the run ends the model, its data and the process group are as they were.
+
+How a run ends (``docs/distributed.md``, "How a run ends"): at a normal end every process
+checks, with a bounded wait and no collective, that every other one ended at the same
+step (``EndAgreement``: marks in the group's store), then tears down; a failed run never
+waits. Before the backend makes a process group it imports the torch
+modules that capture the default group in their functions' default arguments when
+imported while one exists (``torch.distributed.nn.functional``,
+``torch.distributed.optim``): imported later (by DDP itself, or by ignite), they keep the
+destroyed group alive, its gloo worker threads live on into the interpreter's exit, and
+one that releases its last collective's tensors then aborts the process
+(``terminate called without an active exception``).
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import inspect
+import itertools
 import json
 import os
 import sys
@@ -46,6 +59,14 @@ __all__ = ["DDP", "TORCHRUN_VARIABLES", "record_failure", "shard_eval_data", "sh
 #: What torchrun sets in each process it starts (``init_method="env://"`` reads them).
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
+#: torch modules whose functions take the default process group as a default argument,
+#: evaluated on import: imported before the group exists, they hold None instead of it.
+GROUP_CAPTURING_MODULES = ("torch.distributed.nn.functional", "torch.distributed.optim")
+
+#: Runs in this process that used a process group: each run's end marks have keys of
+#: their own in the group's store (every process runs the same runs, in the same order).
+_run_numbers = itertools.count()
+
 
 class DDP(Backend):
     """Data-parallel training over the processes torchrun started.
@@ -57,7 +78,10 @@ class DDP(Backend):
     torch's, and shared; a checkpoint keeps it). ``shard_data=False`` leaves the model's
     data alone, for data that every process already reads its own part of.
     ``ddp_options`` go to ``DistributedDataParallel`` (``find_unused_parameters``,
-    ``broadcast_buffers``, ``gradient_as_bucket_view``...).
+    ``broadcast_buffers``, ``gradient_as_bucket_view``...). ``end_timeout`` (seconds)
+    bounds how long a process whose run ends (or whose epoch a ``stop()`` cut short)
+    waits for the others to end at the same step; one that does not (a ``stop()`` on some
+    processes only) fails the run. Raise it if rank 0's last checkpoint takes longer.
 
     If the default process group exists already (a script made it), the backend uses it
     and leaves it; otherwise it makes it for the run and destroys it at the run's end.
@@ -65,7 +89,8 @@ class DDP(Backend):
 
     def __init__(self, process_group: str | None = None, timeout: float | None = None,
                  seed: int | None = None, shard_data: bool = True,
-                 ddp_options: dict[str, Any] | None = None, **options: Any) -> None:
+                 ddp_options: dict[str, Any] | None = None, end_timeout: float = 60.0,
+                 **options: Any) -> None:
         super().__init__(**options)
         if process_group is not None and process_group not in ("gloo", "nccl", "mpi"):
             raise ValueError(f"DDP(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
@@ -74,6 +99,10 @@ class DDP(Backend):
                 timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"DDP(timeout={timeout!r}): give seconds > 0, or None for "
                              f"torch's default")
+        if isinstance(end_timeout, bool) or not isinstance(end_timeout, (int, float)) or (
+                end_timeout <= 0):
+            raise ValueError(f"DDP(end_timeout={end_timeout!r}): give the seconds a process "
+                             f"that ended waits for the others to end too (> 0)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"DDP(seed={seed!r}): give a whole number, or None to draw one")
         if not isinstance(shard_data, bool):
@@ -94,6 +123,7 @@ class DDP(Backend):
                     f"`torchrun --nproc-per-node N script.py` (or make the default process "
                     f"group yourself first)")
         self.process_group, self.timeout, self.seed = process_group, timeout, seed
+        self.end_timeout = float(end_timeout)
         self.shard_data = shard_data
         self.ddp_options = dict(ddp_options or {})
         self._pack: DistributedRun | None = None
@@ -111,12 +141,14 @@ class DDP(Backend):
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)  # one GPU a process, whatever the model chose
         if owned:
+            for name in GROUP_CAPTURING_MODULES:  # before the group exists: see the docstring
+                importlib.import_module(name)
             timeout = None if self.timeout is None else datetime.timedelta(seconds=self.timeout)
             backend = self.process_group or ("nccl" if device.type == "cuda" else "gloo")
             dist.init_process_group(backend, timeout=timeout,
                                     device_id=device if backend == "nccl" else None)
         _sync_ignite()  # ignite's metrics then add up across the processes
-        run = DistributedRun(model, module, owned)
+        run = DistributedRun(model, module, owned, self.end_timeout)
         self._pack = run
         try:
             if device.type == "cuda" and hasattr(model, "device"):
@@ -140,16 +172,20 @@ class DDP(Backend):
 
 class DistributedRun(Pack):
     """The ``ddp`` backend's part of a run: ``set_epoch`` at each epoch's start, the
-    sampler's seed in checkpoints, and everything put back at the end (last of all
-    teardown hooks; no collective there, since another process may be gone)."""
+    sampler's seed in checkpoints, the processes' agreement that they ended together,
+    and everything put back at the end (last of all teardown hooks). No collective runs
+    at the end: the agreement goes through the group's store, with a bounded wait, and
+    only when this process ended normally."""
 
     name = "ddp"
 
-    def __init__(self, model: Any, module: torch.nn.Module, owned: bool) -> None:
+    def __init__(self, model: Any, module: torch.nn.Module, owned: bool,
+                 end_timeout: float = 60.0) -> None:
         self.model, self.module, self.owned = model, module, owned
         self.device = getattr(model, "device", None)
         self.sampler: DistributedSampler[Any] | None = None
         self.data: dict[str, Any] = {}  # attribute -> the model's own data, put back after
+        self.ending = EndAgreement(end_timeout)
 
     def shard(self, seed: int | None) -> None:
         model, rank, world = self.model, dist.get_rank(), dist.get_world_size()
@@ -173,6 +209,10 @@ class DistributedRun(Pack):
             # first, before any hook that could draw from the epoch's data
             yield Hook(self.epoch_start, "epoch_start", HookOptions.of(
                 priority=1000, name="ddp.set_epoch"))
+        # first: before a rank-0 checkpoint, or an evaluation's collective
+        for phase in ("epoch_start", "epoch_end"):
+            yield Hook(getattr(self.ending, phase), phase, HookOptions.of(
+                priority=10_000, name=f"ddp.{phase}_mark"))
         yield Hook(self.failed, "exception", HookOptions.of(priority=10_000, name="ddp.failed"))
         yield Hook(self.teardown, "teardown", HookOptions.of(priority=-10_000,
                                                              name="ddp.teardown"))
@@ -180,15 +220,23 @@ class DistributedRun(Pack):
     def failed(self, engine: Any) -> None:
         # first of all: the processes this one's failure brings down fail later, so the
         # launcher can tell which failure came first
-        if engine.state.error is not None:
-            record_failure(engine.state.error)
+        error = engine.state.error
+        if error is not None:
+            record_failure(error)
+            first = self.ending.failed(error)
+            if first is not None:
+                error.add_note(f"runmodel: rank {first[0]} failed first: {first[1]}")
 
     def epoch_start(self, engine: Any) -> None:
         assert self.sampler is not None
         self.sampler.set_epoch(engine.state.epoch)
 
     def teardown(self, engine: Any) -> None:
-        self.restore()
+        try:
+            if engine.state.error is None:  # a failure never waits for the others
+                self.ending.agree(engine.state)
+        finally:
+            self.restore()
 
     def restore(self) -> None:
         """The model's module and data as they were; the process group gone if the
@@ -213,6 +261,115 @@ class DistributedRun(Pack):
         # a resumed run shuffles as the run it continues, epoch by epoch
         if self.sampler is not None and "seed" in state:
             self.sampler.seed = int(state["seed"])
+
+
+class EndAgreement:
+    """That the processes end a run together, found without a collective. Each leaves a
+    mark in the process group's store as it goes: ``start``/``end`` of each epoch and,
+    at a normal end, ``done`` (with the epoch and step). Two waits, each at most
+    ``timeout`` seconds:
+
+    - an epoch cut short (``stop()``, the budget) waits, before its end hooks (which may
+      talk to the others: an evaluation), until every process ended it at the same step;
+    - a normal end waits until every process is done at the same step.
+
+    A process found further on (in a later epoch) shows a ``stop()`` that the others did
+    not reach: that fails at once, as a timeout does. The ranks are in step (every step
+    all-reduces), so the waits are short: a rank-0 checkpoint written at the last step or
+    epoch end is the longest of them."""
+
+    __slots__ = ("_last", "_prefix", "_store", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._store: Any = None
+        self._last: tuple[str, int, int] | None = None  # this process's last mark
+        self._prefix = f"runmodel/run{next(_run_numbers)}/at"
+
+    def epoch_start(self, engine: Any) -> None:
+        self._mark("start", engine.state.epoch, engine.state.step)
+
+    def epoch_end(self, engine: Any) -> None:
+        s = engine.state
+        self._mark("end", s.epoch, s.step)
+        if not s.epoch_complete:
+            self._wait({"end", "done"}, s)
+
+    def agree(self, state: Any) -> None:
+        """At a normal end: mark done, wait until every process is done there too."""
+        if self._last is None or not dist.is_initialized():
+            return  # no epoch began: no step ran that could leave the others behind
+        _, epoch, step = self._last
+        self._mark("done", epoch, step)
+        self._wait({"done"}, state)
+
+    def failed(self, error: BaseException) -> tuple[int, str] | None:
+        """Record this process's failure in the store; the failure of another process
+        recorded before it, if any, as (rank, what), the one this may follow from. Local
+        work and one store call each way: a peer may be gone."""
+        try:
+            store = self._store or dist.distributed_c10d._get_default_store()
+            rank = dist.get_rank()
+            store.set(f"{self._prefix}/failed/{rank}", f"{time.time()!r} "
+                      f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            first = None
+            for other in range(dist.get_world_size()):
+                key = f"{self._prefix}/failed/{other}"
+                if other != rank and store.check([key]):
+                    at, what = store.get(key).decode().split(" ", 1)
+                    if first is None or float(at) < first[0]:
+                        first = (float(at), other, what)
+        except Exception:  # the store went with a failed process: nothing to learn
+            return None
+        return None if first is None else (first[1], first[2])
+
+    def _mark(self, kind: str, epoch: int, step: int) -> None:
+        if self._store is None:
+            # the group's own store (torchrun's, or the script's), which every process
+            # reaches; private in name, in torch for years
+            self._store = dist.distributed_c10d._get_default_store()
+        self._last = (kind, epoch, step)
+        self._store.set(f"{self._prefix}/{dist.get_rank()}", f"{kind} {epoch} {step}")
+
+    def _wait(self, kinds: set[str], state: Any) -> None:
+        assert self._last is not None
+        _, epoch, step = self._last
+        rank, world = dist.get_rank(), dist.get_world_size()
+        others = [r for r in range(world) if r != rank]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            marks = {r: self._read(r) for r in others}
+            behind = [r for r, m in marks.items()
+                      if m is None or m[0] not in kinds or m[1:] != (epoch, step)]
+            if not behind:
+                return
+            if time.monotonic() >= deadline or any(
+                    m is not None and m[1:] > (epoch, step) for m in marks.values()):
+                break
+            time.sleep(0.01)
+        where = ", ".join(f"rank {r} " + _where(marks[r]) for r in behind)
+        raise RuntimeError(
+            f"rank {rank} ended its run ({'stopped' if state.ended is None else state.ended}"
+            f") at step {step}, and the others did not end with it within {self.timeout:g} s "
+            f"({where}): a stop() that some processes reach and others do not; decide to "
+            f"stop from values every process has (a reduced metric, the counters), or "
+            f"raise DDP(end_timeout=) if the others were only slow")
+
+    def _read(self, rank: int) -> tuple[str, int, int] | None:
+        key = f"{self._prefix}/{rank}"
+        if not self._store.check([key]):
+            return None
+        kind, epoch, step = self._store.get(key).decode().split()
+        return kind, int(epoch), int(step)
+
+
+def _where(mark: tuple[str, int, int] | None) -> str:
+    if mark is None:
+        return "had not begun an epoch"
+    kind, epoch, step = mark
+    return {"start": f"was in epoch {epoch}, begun at step {step}",
+            "end": f"was ending epoch {epoch} at step {step}",
+            "done": f"ended at step {step}"}[kind]
 
 
 def record_failure(error: BaseException) -> None:

@@ -40,6 +40,8 @@ LIMIT_S = 240
 MODEL = textwrap.dedent('''
     """A small classifier, and the hooks the ddp tests look at."""
     import os
+    import signal
+    import time
 
     import torch
     from torch import nn
@@ -84,6 +86,13 @@ MODEL = textwrap.dedent('''
             def fail(engine):
                 raise RuntimeError(f"rank 1 fails on purpose at step {engine.state.step}")
         else:
+            if os.environ.get("KILL_AT_STEP"):
+                @engine.on("step_start", rank=1, once=int(os.environ["KILL_AT_STEP"]))
+                def die(engine):  # as the OOM killer or a lost machine would end it
+                    with open(f"{out}/killed-at", "w") as f:
+                        f.write(repr(time.time()))
+                    os.kill(os.getpid(), signal.SIGKILL)
+
             engine.attach(Evaluate(), Checkpoint(f"{out}/ckpt", every="5st", keep=None),
                           RunLog(f"{out}/run.log"))
             if out == ".":  # the straight run
@@ -107,7 +116,8 @@ MODEL = textwrap.dedent('''
 ''')
 
 RESUME = textwrap.dedent('''
-    """Started by torchrun itself: resume the straight run from a checkpoint."""
+    """Started by torchrun itself: resume the straight run from a checkpoint (a path), or
+    a run in this folder from its newest one ("auto")."""
     import os
     import sys
 
@@ -117,7 +127,7 @@ RESUME = textwrap.dedent('''
     from net import Net, configure
 
     engine = runmodel.Engine()
-    configure(engine, out="resumed")
+    configure(engine, out="resumed" if sys.argv[1] != "auto" else ".")
     model = Net()
     torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
     result = engine.run(model, epochs=3, backend="ddp", resume=sys.argv[1])
@@ -157,12 +167,14 @@ class Runs:
         (root / "net.py").write_text(MODEL)
         (root / "resume.py").write_text(RESUME)
         self.straight_dir, self.failing_dir = root / "straight", root / "failing"
-        for folder in (self.straight_dir, self.failing_dir):
+        self.killed_dir = root / "killed"
+        for folder in (self.straight_dir, self.failing_dir, self.killed_dir):
             folder.mkdir()
         cli = [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
                "2", "--epochs", str(EPOCHS), "--no-progress"]
         self._straight = launch([*cli, "--json"], self.straight_dir)
         self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
+        self._killed = launch(cli, self.killed_dir, KILL_AT_STEP="12")
         self._cache: dict[str, Any] = {}
         self._resume: subprocess.Popen[str] | None = None
         self._resume_starter = threading.Thread(target=self._start_resume, daemon=True)
@@ -195,6 +207,22 @@ class Runs:
         result: tuple[int, str, str, float] = self._cache["failing"]
         return result
 
+    def killed(self) -> tuple[int, str, str, float]:
+        """Rank 1 SIGKILLed at step 12 (after the step-10 checkpoint), then the run
+        resumed in the same folder with resume="auto": the launch that was killed."""
+        if "killed" not in self._cache:
+            self._cache["killed"] = finish(self._killed)
+            self._cache["killed_ended"] = time.time()  # communicate() returned at its exit
+            self._cache["killed_checkpoints"] = [
+                c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))]
+            path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+            self._cache["killed_resumed"] = finish(launch(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", str(self.root / "resume.py"), "auto"],
+                self.killed_dir, PYTHONPATH=path))
+        result: tuple[int, str, str, float] = self._cache["killed"]
+        return result
+
     def resumed(self) -> tuple[int, str, str, float]:
         if "resumed" not in self._cache:
             self.straight()
@@ -212,7 +240,7 @@ class Runs:
 
     def close(self) -> None:
         self._resume_starter.join()
-        for process in (self._straight, self._failing, self._resume):
+        for process in (self._straight, self._failing, self._killed, self._resume):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.communicate()
@@ -391,9 +419,35 @@ def test_an_error_in_rank_1_ends_both_processes_and_is_reported(runs: Runs) -> N
     # rank 1's own report, with where it was raised
     assert "runmodel run [rank 1]: error: RuntimeError: rank 1 fails on purpose at step 3" in err
     assert "raised in phase 'step_start', hook 'fail'" in err
+    # rank 0's own error, on the lost connection, says where it came from
+    assert "runmodel: rank 1 failed first: RuntimeError: rank 1 fails on purpose at step 3" in err
     # rank 0 went no further than the step rank 1 never reached
     assert not (runs.failing_dir / "final.pt").exists()
     assert (runs.failing_dir / "setup-0").exists() and (runs.failing_dir / "setup-1").exists()
+
+
+def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exact(
+        runs: Runs) -> None:
+    """Rank 1 is SIGKILLed at step 12: rank 0 fails on the lost connection at once, the
+    launcher ends with 1 naming rank 1, and resume="auto" finishes the run from its step-10
+    checkpoint with the straight run's weights, bit for bit."""
+    code, _, err, _ = runs.killed()
+    ended = runs._cache["killed_ended"]
+    assert code == 1, err[-3000:]
+    assert "runmodel run: error: process rank 1 failed (killed by SIGKILL)" in err, err[-3000:]
+    killed_at = float((runs.killed_dir / "killed-at").read_text())
+    assert ended - killed_at < 20, f"the run took {ended - killed_at:.1f}s to end"
+    assert runs._cache["killed_checkpoints"] == [
+        "ckpt-00000-0000000005.pt", "ckpt-00001-0000000010.pt"]
+    resumed_code, _, resumed_err, _ = runs._cache["killed_resumed"]
+    assert resumed_code == 0, resumed_err[-3000:]
+    assert "resuming from" in resumed_err and "ckpt-00001-0000000010.pt" in resumed_err
+    runs.straight()
+    straight = torch.load(runs.straight_dir / "final.pt", weights_only=True)
+    resumed = torch.load(runs.killed_dir / "final.pt", weights_only=True)
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
 
 
 # -- bad input, found before anything runs (in this process: no torchrun needed) -----------
