@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -144,7 +145,8 @@ def torchrun_env(**extra: str) -> dict[str, str]:
 
 def launch(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(args, cwd=cwd, env=torchrun_env(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # killed with its processes
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str, float]:
@@ -152,7 +154,7 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str, float]:
     try:
         out, err = process.communicate(timeout=LIMIT_S)
     except subprocess.TimeoutExpired:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         pytest.fail(f"the launch did not end within {LIMIT_S}s:\n{err[-3000:]}")
     return process.returncode, out, err, time.monotonic() - started
@@ -242,7 +244,7 @@ class Runs:
         self._resume_starter.join()
         for process in (self._straight, self._failing, self._killed, self._resume):
             if process is not None and process.poll() is None:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
 
 

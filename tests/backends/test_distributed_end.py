@@ -15,6 +15,7 @@ group's threads must be gone when ``engine.run`` returns (before the fix: 3 left
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,16 @@ def launch(cwd: Path, **extra: str) -> subprocess.Popen[str]:
     env.pop("TORCHELASTIC_RUN_ID", None)
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc-per-node", "2", "end.py"], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # killed with its processes
+
+
+def communicate(process: subprocess.Popen[str]) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.communicate()
 
 
 def test_two_process_runs_that_finish_exit_0_every_time_and_leave_no_group_behind(
@@ -92,11 +102,7 @@ def test_two_process_runs_that_finish_exit_0_every_time_and_leave_no_group_behin
     for first in range(0, RUNS, AT_ONCE):  # two at a time: a busy machine, as CI's
         started = [(folder, launch(folder)) for folder in folders[first:first + AT_ONCE]]
         for folder, process in started:
-            try:
-                out, err = process.communicate(timeout=LIMIT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out, err = process.communicate()
+            out, err = communicate(process)
             lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
             ranks_ok = len(lines) == 2 and all(
                 line.split("threads ")[1].split(" before")[0] == line.split(", ")[-1].split()[0]
@@ -120,11 +126,11 @@ def test_a_stop_on_every_rank_ends_together_and_a_stop_on_one_rank_fails_in_seco
         folder.mkdir()
         (folder / "end.py").write_text(SCRIPT)
         started[ranks] = launch(folder, STOP_RANKS=ranks)
-    out, err = started["0,1"].communicate(timeout=LIMIT_S)
+    out, err = communicate(started["0,1"])
     assert started["0,1"].returncode == 0, err[-3000:]
     assert sorted(line.split(":")[1].split(",")[0] for line in out.splitlines()
                   if line.startswith("rank ")) == [" stopped", " stopped"], out
-    out, err = started["1"].communicate(timeout=LIMIT_S)
+    out, err = communicate(started["1"])
     assert started["1"].returncode == 1, err[-3000:]
     assert ("rank 1 ended its run (stopped) at step 1, and the others did not end with it "
             "within 2 s (rank 0 was in epoch 0, begun at step 0)") in err, err[-3000:]
