@@ -195,12 +195,12 @@ class Engine(Snapshots):
             self.table.stop()
 
     def _check(self, loop: Loop) -> None:
-        """Every attached pack's ``check``, in attach order: the run's setup-time checks,
+        """Every attached pack's ``check_setup``, in attach order: the run's setup-time checks,
         before any hook runs. A refusal ends the run with no ``exception`` or ``teardown``
         hook but those of the packs attached for the run (a backend's cleanup)."""
         loop.refusing = True
         for pack in list(self.table.packs.values()):
-            pack.check(self)
+            pack.check_setup(self)
         loop.refusing = False
 
     def _run_packs(self) -> set[int]:

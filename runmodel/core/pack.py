@@ -80,7 +80,7 @@ class Pack:
             found.extend(v for v in items if isinstance(v, Pack))
         return found
 
-    def check(self, engine: Any) -> None:
+    def check_setup(self, engine: Any) -> None:
         """Refuse a run that cannot work, before it begins: called once a run, after
         ``model.setup()``, the backend and the checkpoint read (``engine.state`` holds
         the resumed counters), before the ``setup`` hooks and before any pack writes a

@@ -7,7 +7,7 @@ after the action, so they see its result in ``engine.state``; ``engine.fire(name
 both, and is how a mode's step runs the phases inside it::
 
     model.setup(setup_options); backend.initialize(model, spec); load the checkpoint
-    pack.check(engine) for each attached pack   # setup-time checks, before any hook
+    pack.check_setup(engine) for each pack      # setup-time checks, before any hook
     fire("setup")
     try:
         model.run(runstep, steps)               # the model owns its loop:

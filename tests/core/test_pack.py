@@ -214,16 +214,16 @@ def test_a_subclass_sets_the_options_of_an_inherited_hook(engine: runmodel.Engin
     assert "every=2" in engine.describe()
 
 
-# -- check: the run's setup-time checks ---------------------------------------------------
+# -- check_setup: the run's setup-time checks ---------------------------------------------------
 
 
 class Refuses(runmodel.Pack):
-    """Refuses every run in ``check``; records what else of it runs."""
+    """Refuses every run in ``check_setup``; records what else of it runs."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    def check(self, engine: runmodel.Engine) -> None:
+    def check_setup(self, engine: runmodel.Engine) -> None:
         self.log.append(f"check@{engine.state.step}")
         raise ValueError("this run cannot work: do this instead")
 
@@ -258,7 +258,7 @@ def test_checks_run_in_attach_order_after_model_setup_and_the_run_goes_on(
         def __init__(self, tag: str) -> None:
             self.tag = tag
 
-        def check(self, engine: runmodel.Engine) -> None:
+        def check_setup(self, engine: runmodel.Engine) -> None:
             log.append(f"{self.tag}:check")
 
         def setup(self, engine: runmodel.Engine) -> None:
