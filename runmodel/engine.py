@@ -21,11 +21,20 @@ __all__ = ["Engine"]
 
 
 class Engine(core.Engine):
-    """Owns the phases, their hooks and overrides, the run state and the run."""
+    """Owns the phases, their hooks and overrides, the run state and the run.
 
-    def __init__(self) -> None:
+    ``Engine(*packs)`` attaches ``packs`` as ``attach`` would. A train run shows a
+    progress bar when the output is a terminal or a Jupyter kernel and no progress
+    display is attached (``runmodel.packs.Progress``, or ignite's ``ProgressBar`` through
+    ``engine.ignite``); ``progress=False`` turns that off."""
+
+    def __init__(self, *packs: core.Pack, progress: bool = True) -> None:
         super().__init__()
         self._ignite: Any = None
+        self.progress = progress
+        self._auto_progress: core.HookHandle | None = None  # the bar this run added
+        if packs:
+            self.attach(*packs)
 
     def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
@@ -53,8 +62,31 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        return super().run(model, mode, steps=steps, epochs=epochs,
-                           setup_options=setup_options, backend=prepares, resume=resume)
+        self._auto_progress = self._progress_for(mode) if self._loop is None else None
+        try:
+            return super().run(model, mode, steps=steps, epochs=epochs,
+                               setup_options=setup_options, backend=prepares, resume=resume)
+        finally:
+            if self._auto_progress is not None:
+                self._auto_progress.detach()
+                self._auto_progress = None
+
+    def _progress_for(self, mode: core.Mode) -> core.HookHandle | None:
+        """A progress bar for this run when one is wanted and none is attached."""
+        from .packs.progress import Progress, interactive
+
+        if (not self.progress or mode.kind != "train" or not interactive(sys.stderr)
+                or any(isinstance(p, Progress) for p in self.table.packs.values())
+                or (self._ignite is not None and self._ignite.has_progress_bar())):
+            return None
+        return self.attach(Progress())
+
+    def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        state = super().state_dict(counters)
+        if self._auto_progress is not None:  # there or not by the terminal: not a run's state
+            state["packs"] = {k: v for k, v in state["packs"].items()
+                              if self.table.packs.get(k) not in self._auto_progress.packs}
+        return state
 
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest

@@ -257,7 +257,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         except FileExistsError:
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
-    engine = engine or Engine()
+    engine = engine or Engine(progress=False)  # progress= above decides
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))

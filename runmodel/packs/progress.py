@@ -11,7 +11,23 @@ import torch
 
 from ..core import Hook, HookOptions, Pack
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "interactive"]
+
+
+def in_jupyter() -> bool:
+    """Whether this process is a Jupyter kernel (its output goes to a notebook)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def interactive(stream: IO[str]) -> bool:
+    """Whether a person watches ``stream`` as it is written: a terminal, or the standard
+    output or error of a Jupyter kernel (not a file, a pipe, a test's capture or CI)."""
+    isatty = getattr(stream, "isatty", None)
+    if callable(isatty) and isatty():
+        return True
+    return stream in (sys.stdout, sys.stderr) and in_jupyter()
 
 
 class Progress(Pack):
@@ -44,15 +60,15 @@ class Progress(Pack):
         yield Hook(self.epoch_start, "epoch_start", on_rank_0)
         yield Hook(self.epoch_end, "epoch_end", on_rank_0)
         yield Hook(self.teardown, "teardown", on_rank_0)
-        if self.stream.isatty():  # a bar: a cheap hook per step; else nothing per step
+        if interactive(self.stream):  # a bar: a cheap hook per step; else nothing per step
             yield Hook(self.step, "runstep", on_rank_0)
 
     def epoch_start(self, engine: Any) -> None:
         self._epoch_began = self._shown_at = time.monotonic()
         self.count = 0
-        if not self.stream.isatty():
+        if not interactive(self.stream):
             return
-        from tqdm import tqdm
+        from tqdm.auto import tqdm  # a notebook's widget in Jupyter, else the text bar
 
         s = engine.state
         total = _epoch_length(engine)
