@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
 from .config.registry import Spec, make_backend
+from .core.ctrl_c import ctrl_c_finishes_the_step
 from .models import declared_options
 from .modes import as_mode
 
@@ -55,6 +56,7 @@ class Engine(core.Engine):
         rerun after a crash goes on where it was.
         """
         mode = as_mode(mode)
+        auto = resume == "auto"
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
         prepares = (make_backend(backend or "plain") if backend is None
@@ -64,12 +66,32 @@ class Engine(core.Engine):
                                              getattr(model, "setup_defaults", {}))
         self._auto_progress = self._progress_for(mode) if self._loop is None else None
         try:
-            return super().run(model, mode, steps=steps, epochs=epochs,
-                               setup_options=setup_options, backend=prepares, resume=resume)
+            with ctrl_c_finishes_the_step(self):
+                return super().run(model, mode, steps=steps, epochs=epochs,
+                                   setup_options=setup_options, backend=prepares, resume=resume)
+        except core.Interrupted as interrupted:  # one line, one short traceback
+            print(self._interrupted(auto), file=sys.stderr, flush=True)
+            # a plain KeyboardInterrupt: Python exits "killed by SIGINT" (130 in a shell)
+            # only for that exact type, as it does for any Ctrl-C
+            raise KeyboardInterrupt(*interrupted.args) from None
         finally:
             if self._auto_progress is not None:
                 self._auto_progress.detach()
                 self._auto_progress = None
+
+    def _interrupted(self, auto: bool) -> str:
+        """What a run that Ctrl-C stopped says: where it saved, how to go on."""
+        from .packs.checkpoint import Checkpoint
+
+        step = self.state.step
+        saved = [p.directory / p.saved[-1] for p in self.table.packs.values()
+                 if isinstance(p, Checkpoint) and p.saved]
+        if not saved:
+            return (f"runmodel: Ctrl-C stopped the run after step {step}; nothing saved "
+                    f"(attach a runmodel.packs.Checkpoint for a run that can go on)")
+        again = ('run the script again (resume="auto" continues from it)' if auto else
+                 'run it again with engine.run(..., resume="auto")')
+        return f"runmodel: Ctrl-C stopped the run after step {step}; saved {saved[0]}; {again}"
 
     def _progress_for(self, mode: core.Mode) -> core.HookHandle | None:
         """A progress bar for this run when one is wanted and none is attached."""

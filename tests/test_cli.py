@@ -636,5 +636,9 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, err
-    assert lines(out) == ["exception: KeyboardInterrupt", "model.teardown ran"]
-    assert lines(err) == ["runmodel: interrupted"]
+    # the first Ctrl-C finishes the step: runmodel.Interrupted, a KeyboardInterrupt
+    assert lines(out) == ["exception: Interrupted", "model.teardown ran"]
+    said = [line for line in lines(err) if line.startswith("runmodel")]  # not progress's
+    assert said[0].startswith("runmodel: Ctrl-C: stopping after this step"), err
+    assert said[1].startswith("runmodel: Ctrl-C stopped the run after step "), err
+    assert "nothing saved" in said[1] and said[2:] == ["runmodel: interrupted"], err
