@@ -34,6 +34,8 @@ class Progress(Pack):
     """Shows how a run goes, on process rank 0 only.
 
     On a terminal: a tqdm bar per epoch with the epoch, the step, the loss and the rate.
+    It counts as people do (``docs/phases.md``): the epoch under way by its ordinal from 1
+    (``epoch 1/3`` during the first), steps by how many are done.
     The loss is read (one ``.item()``, a device sync on a GPU) only when the bar redraws,
     at most every ``refresh`` seconds, never once per step. Elsewhere (a log file, a
     pipe, CI): one plain line per epoch with the loss, the float metrics and the time.
@@ -75,7 +77,7 @@ class Progress(Pack):
         if s.max_steps is not None:
             total = min(total or s.max_steps, s.max_steps - s.step)
         self.bar = tqdm(total=total, initial=0, file=self.stream, leave=True, dynamic_ncols=True,
-                        desc=f"{s.mode} epoch {s.epoch}" + (
+                        desc=f"{s.mode} epoch {s.epoch + 1}" + (
                             f"/{s.max_epochs}" if s.max_epochs is not None else ""),
                         unit="step", mininterval=self.refresh)
 
@@ -86,7 +88,8 @@ class Progress(Pack):
             return
         self._shown_at = now  # a redraw: the only time the loss is read
         s = engine.state
-        self.bar.set_postfix_str(f"step {s.step}" + _loss_text(s.loss), refresh=False)
+        # a runstep hook runs before state.step counts its step: this step is step + 1
+        self.bar.set_postfix_str(f"step {s.step + 1}" + _loss_text(s.loss), refresh=False)
         self.bar.update(self.count - self.bar.n)
 
     def epoch_end(self, engine: Any) -> None:
@@ -102,7 +105,7 @@ class Progress(Pack):
             return
         total = f"/{s.max_epochs}" if s.max_epochs is not None else ""
         elapsed = time.monotonic() - self._epoch_began
-        print(f"{s.mode} epoch {s.epoch}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
+        print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
               f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
 
     def teardown(self, engine: Any) -> None:
