@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +35,7 @@ class Engine(core.Engine):
         self._ignite: Any = None
         self.progress = progress
         self._auto_progress: core.HookHandle | None = None  # the bar this run added
+        self._on_setup: Callable[[Any], None] | None = None  # Ctrl-C: the loaders' workers
         if packs:
             self.attach(*packs)
 
@@ -66,7 +68,7 @@ class Engine(core.Engine):
                                              getattr(model, "setup_defaults", {}))
         self._auto_progress = self._progress_for(mode) if self._loop is None else None
         try:
-            with ctrl_c_finishes_the_step(self):
+            with ctrl_c_finishes_the_step(self) as self._on_setup:
                 return super().run(model, mode, steps=steps, epochs=epochs,
                                    setup_options=setup_options, backend=prepares, resume=resume)
         except core.Interrupted as interrupted:  # one line, one short traceback
@@ -92,6 +94,12 @@ class Engine(core.Engine):
         again = ('run the script again (resume="auto" continues from it)' if auto else
                  'run it again with engine.run(..., resume="auto")')
         return f"runmodel: Ctrl-C stopped the run after step {step}; saved {saved[0]}; {again}"
+
+    def _prepare(self, model: Any, *args: Any) -> Any:
+        prepared = super()._prepare(model, *args)
+        if self._on_setup is not None:  # the model's loaders exist now
+            self._on_setup(model)
+        return prepared
 
     def _progress_for(self, mode: core.Mode) -> core.HookHandle | None:
         """A progress bar for this run when one is wanted and none is attached."""

@@ -14,25 +14,28 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ctrl_c_finishes_the_step"]
+__all__ = ["IgnoreCtrlC", "ctrl_c_finishes_the_step"]
 
 
 @contextlib.contextmanager
-def ctrl_c_finishes_the_step(engine: Any) -> Iterator[None]:
+def ctrl_c_finishes_the_step(engine: Any) -> Iterator[Callable[[Any], None] | None]:
     """While ``engine`` runs: the first SIGINT calls ``engine.interrupt()``, the second
-    raises ``KeyboardInterrupt`` as Python does.
+    raises ``KeyboardInterrupt`` as Python does. Yields what to call with the model once
+    ``model.setup()`` made its loaders (None where Ctrl-C keeps Python's handler).
 
     A terminal's Ctrl-C reaches every process of its foreground group, the DataLoader
     workers too. Workers forked during the run inherit this handler, and in them it does
-    nothing: they keep serving batches until the run ends and shuts them down, so the
-    step that is finishing never meets "worker exited unexpectedly"."""
+    nothing; workers started otherwise (``spawn``, ``forkserver``) ignore SIGINT from
+    their start, through the model's loaders' ``worker_init_fn``. They keep serving
+    batches until the run ends and shuts them down, so the step that is finishing never
+    meets "worker exited unexpectedly"."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
             or int(os.environ.get("WORLD_SIZE", "1")) > 1):  # ddp ranks must stop together
-        yield
+        yield None
         return
     owner = os.getpid()
 
@@ -44,8 +47,34 @@ def ctrl_c_finishes_the_step(engine: Any) -> Iterator[None]:
               file=sys.stderr, flush=True)
         engine.interrupt()
 
+    loaders: list[tuple[Any, Any]] = []  # (loader, its own worker_init_fn)
+
+    def workers_ignore_ctrl_c(model: Any) -> None:  # after model.setup() made the loaders
+        for kind in ("train_data", "eval_data", "infer_data"):
+            loader: Any = getattr(model, kind, None)
+            if getattr(loader, "num_workers", 0) and not isinstance(
+                    loader.worker_init_fn, IgnoreCtrlC):
+                loaders.append((loader, loader.worker_init_fn))
+                loader.worker_init_fn = IgnoreCtrlC(loader.worker_init_fn)
+
     signal.signal(signal.SIGINT, first_ctrl_c)
     try:
-        yield
+        yield workers_ignore_ctrl_c
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for loader, own in loaders:
+            loader.worker_init_fn = own
+
+
+class IgnoreCtrlC:
+    """A DataLoader ``worker_init_fn``: the worker ignores SIGINT (the run's main process
+    decides what a Ctrl-C does), then the loader's own ``worker_init_fn`` runs.
+    Picklable, for workers that are not forked."""
+
+    def __init__(self, then: Any) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
