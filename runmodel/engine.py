@@ -66,7 +66,9 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        self._auto_progress = self._progress_for(mode) if self._loop is None else None
+        bar = self._progress_for(mode) if self._loop is None else None
+        if bar is not None:
+            self._auto_progress = bar
         try:
             with ctrl_c_finishes_the_step(self) as self._on_setup:
                 return super().run(model, mode, steps=steps, epochs=epochs,
@@ -77,8 +79,8 @@ class Engine(core.Engine):
             # only for that exact type, as it does for any Ctrl-C
             raise KeyboardInterrupt(*interrupted.args) from None
         finally:
-            if self._auto_progress is not None:
-                self._auto_progress.detach()
+            if bar is not None:
+                bar.detach()
                 self._auto_progress = None
 
     def _interrupted(self, auto: bool) -> str:
@@ -105,7 +107,7 @@ class Engine(core.Engine):
         """A progress bar for this run when one is wanted and none is attached."""
         from .packs.progress import Progress, interactive
 
-        if (not self.progress or mode.kind != "train" or not interactive(sys.stderr)
+        if (not self.progress or mode.name != "train" or not interactive(sys.stderr)
                 or any(isinstance(p, Progress) for p in self.table.packs.values())
                 or (self._ignite is not None and self._ignite.has_progress_bar())):
             return None

@@ -141,6 +141,14 @@ def test_no_bar_added_when_not_interactive_or_turned_off_or_one_is_attached(
     assert _progress_packs(engine) == [own]
 
 
+def test_no_bar_in_a_benchmark_of_train_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, counts = runmodel.Engine(), []
+    engine.on("runstep", lambda e: counts.append(len(_progress_packs(e))))
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    engine.run(Tiny(), runmodel.Benchmark(warmup=1), steps=3)  # a bar would cost time
+    assert counts == [0, 0, 0]
+
+
 def test_ignite_progress_bar_is_the_only_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     from ignite.handlers import ProgressBar
 
