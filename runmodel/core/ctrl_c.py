@@ -1,8 +1,8 @@
 """Ctrl-C in a script: the first one finishes the current step and ends the run with
 ``Interrupted`` (after a ``Checkpoint`` pack saved that step), a second one stops at once.
 
-Config runs do the same with a handler of their own (``runmodel/config/rundir.py``, which ends the
-run by ``stop()`` and reports it in the run folder); a script's run installs this one only
+Config runs do the same with a handler of their own (``runmodel/config/rundir.py``, which
+ends the run by ``stop()`` and reports it in the run folder); a script's run installs this one only
 where Python's own Ctrl-C handler is in place, so an outer run, a config run or a handler
 the script set keeps its own.
 """
@@ -43,9 +43,10 @@ def ctrl_c_finishes_the_step(engine: Any) -> Iterator[Callable[[Any], None] | No
         if os.getpid() != owner:  # a forked DataLoader worker: the run decides
             return
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one: at once
+        if not engine.interrupt():  # before the run began: as Python's own handler
+            raise KeyboardInterrupt
         print("runmodel: Ctrl-C: stopping after this step (Ctrl-C again to stop at once)",
               file=sys.stderr, flush=True)
-        engine.interrupt()
 
     loaders: list[tuple[Any, Any]] = []  # (loader, its own worker_init_fn)
 

@@ -113,13 +113,16 @@ class Engine(Snapshots):
         if self._loop is not None:
             self._loop.stop(reason)
 
-    def interrupt(self, reason: str = "interrupted: Ctrl-C") -> None:
+    def interrupt(self, reason: str = "interrupted: Ctrl-C") -> bool:
         """End the run as a first Ctrl-C in a script does: once the current step is done,
         the run raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception``
-        hooks see; its state is whole, so a ``Checkpoint`` pack saves that step."""
-        if self._loop is not None:
-            self._loop.stop(reason)
-            self._loop.interrupted = True
+        hooks see; its state is whole, so a ``Checkpoint`` pack saves that step. Returns
+        False, doing nothing, when no run is under way."""
+        if self._loop is None:
+            return False
+        self._loop.stop(reason)
+        self._loop.interrupted = True
+        return True
 
     def end_epoch(self) -> None:
         """End the current epoch once the current step is done: the model's remaining
