@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..core import Hook, HookOptions, Pack
+from ..core.folders import prepare_folder
 
 __all__ = ["TensorBoard"]
 
@@ -40,6 +41,12 @@ class TensorBoard(Pack):
             yield Hook(self.log_step, "runstep", HookOptions.of(
                 every=self.every_steps, name="tensorboard.step", rank=0))
         yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close", rank=0))
+
+    def check_setup(self, engine: Any) -> None:
+        """The folder is made and tried now (on rank 0, which writes): one that cannot be
+        written stops the run before its first step."""
+        if engine.state.rank == 0:
+            prepare_folder(self.directory, "TensorBoard")
 
     def open(self, engine: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
