@@ -207,8 +207,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             value = text
         keys = dotted.split(".")
         if keys[0] not in _FIELDS:
+            # a dotted key goes into a table: guess among the fields that are tables
+            tables = (*_SPEC_FIELDS, "packs") if len(keys) > 1 else _FIELDS
             raise ConfigError(f"--set {item!r}: unknown key {keys[0]!r}"
-                              f"{_did_you_mean(keys[0])}; valid keys: {', '.join(_FIELDS)}")
+                              f"{_did_you_mean(keys[0], tables)}; valid keys: "
+                              f"{', '.join(_FIELDS)}")
         _set(data, keys, value, item)
     return data
 

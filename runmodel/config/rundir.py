@@ -17,6 +17,7 @@ restarts only when asked, and never overwrites a run silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from ..models import configure_engine, load_source
 from ..packs import RunLog
 from .registry import (
     Spec,
+    known_model_args,
     make_backend,
     make_interface,
     make_model,
@@ -212,9 +214,11 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
     too (``runmodel run --timer`` gives a Timer).
     """
-    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     _seed(config.seed)
     _import(config, Path(base))
+    # issue 19: a model option the model ignores names no folder and changes no hash
+    config = dataclasses.replace(config, model=known_model_args(config.model))
+    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     model = make_model(config.model, device=config.device)
     if config.interface is not None:
         model.interface = make_interface(config.interface)
