@@ -94,7 +94,7 @@ class Evaluate(Pack):
 
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
-        model = engine.model
+        model: TorchModel = engine.model  # typed: mypy checks that it is Evaluable
         values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)
