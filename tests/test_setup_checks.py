@@ -214,11 +214,12 @@ def read_only_folder() -> Iterator[Path]:
                 os.seteuid(0)
 
 
+@pytest.mark.parametrize("under", [True, False], ids=["under-a-file", "a-file"])
 @pytest.mark.parametrize("pack", sorted(PACKS))
-def test_a_folder_under_a_file_stops_the_run_naming_folder_and_pack(
-        pack: str, tmp_path: Path) -> None:
+def test_a_file_on_the_folders_path_stops_the_run_naming_folder_and_pack(
+        pack: str, under: bool, tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("a file where a folder would go")
-    folder = tmp_path / "taken" / "deeper"
+    folder = tmp_path / "taken" / "deeper" if under else tmp_path / "taken"
     engine = runmodel.Engine()
     engine.attach(PACKS[pack](folder))
     message = refused(engine, OSError)
