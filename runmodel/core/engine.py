@@ -54,7 +54,8 @@ class Engine(Snapshots):
            **options: Unpack[HookArgs]) -> Any:
         """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
         are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
-        ``when``, ``modes``, ``rank``, ``name``; all are checked here, not at run time.
+        ``when``, ``modes``, ``rank``, ``name``, and ``reads``/``writes`` (the metrics it
+        reads and writes, compared at setup); all are checked here, not at run time.
         Returns a ``HookHandle`` (the decorator form returns it in place of the function;
         it stays callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))

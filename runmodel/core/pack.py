@@ -53,7 +53,9 @@ class Pack:
     its arguments (a checkpoint interval, say) overrides ``hooks()`` and yields
     ``runmodel.Hook(self.method, phase, HookOptions.of(...))``. Packs held in attributes
     (directly or in a list or tuple) are attached and detached with their holder.
-    ``state_dict``/``load_state_dict`` are saved in checkpoints.
+    ``state_dict``/``load_state_dict`` are saved in checkpoints. ``reads``/``writes``
+    declare the metrics it reads and writes; ``check_setup`` refuses a run that cannot
+    work, before it begins.
     """
 
     name: str | None = None
