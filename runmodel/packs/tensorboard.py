@@ -20,7 +20,13 @@ class TensorBoard(Pack):
     ``state.metrics`` and each optimizer group's learning rate, against the
     global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
     each time, never per step). Only process rank 0 writes (a distributed run's other
-    processes add nothing)."""
+    processes add nothing).
+
+    ``hparams`` (a dict of names to numbers, strings or booleans; a config run sets its
+    config's values) goes to TensorBoard's HParams dashboard at the run's end, with the
+    final metrics as ``hparams/NAME``, in this run's own event folder (not a timestamped
+    sub-run as ``SummaryWriter.add_hparams`` makes): ``tensorboard --logdir`` over many
+    runs then compares them in one table."""
 
     name = "tensorboard"
 
@@ -31,6 +37,7 @@ class TensorBoard(Pack):
                              f"got {every_steps!r}")
         self.directory, self.every_steps = Path(directory), every_steps
         self.writer: Any = None
+        self.hparams: dict[str, Any] | None = None
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open", rank=0))
@@ -66,7 +73,21 @@ class TensorBoard(Pack):
             self.writer.add_scalar(f"lr/group{i}", group["lr"], step)
         self.writer.flush()
 
+    def log_hparams(self, metrics: dict[str, Any], step: int) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v for k, v in (self.hparams or {}).items()
+                  if isinstance(v, (bool, int, float, str))}
+        final = {f"hparams/{k}": float(v) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for summary in hparams(values, final):
+            self.writer.file_writer.add_summary(summary)
+        for tag, value in final.items():
+            self.writer.add_scalar(tag, value, step)
+
     def close(self, engine: Any) -> None:
         if self.writer is not None:
+            if self.hparams:
+                self.log_hparams(engine.state.metrics, engine.state.step)
             self.writer.close()
             self.writer = None
