@@ -284,13 +284,16 @@ def _study(spec: SweepSpec, folder: Path, create: bool) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = _storage(spec, folder)
-    if not create:
-        return optuna.load_study(study_name=spec.name, storage=storage)
+    pruner = _made(spec.pruner, PRUNERS, optuna.pruners)  # not stored: a trial's process
+    if not create:                                         # decides with it
+        return optuna.load_study(study_name=spec.name, storage=storage, pruner=pruner)
     sampler = _made(spec.sampler, SAMPLERS, optuna.samplers, seed=spec.seed)
-    pruner = _made(spec.pruner, PRUNERS, optuna.pruners)
     study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler,
                                 pruner=pruner, load_if_exists=True,
                                 direction="maximize" if spec.direction == "max" else "minimize")
+    if study.trials:  # continued: a sampler seeded as at the start would repeat its values
+        study.sampler = _made(spec.sampler, SAMPLERS, optuna.samplers,
+                              seed=spec.seed + len(study.trials))
     known = study.user_attrs.get("definition")
     if known is None:
         study.set_user_attr("definition", spec.definition())
