@@ -266,8 +266,8 @@ def sweep_figure(folder: str | Path) -> Figure:
     values = [value for _, _, value in trials]
     for i, key in enumerate(params):
         axes = fig.add_subplot(rows, columns, i + 1)
-        xs = [json.loads(flat[key]) if key in flat else None for _, flat, _ in trials]
-        axes.scatter([str(x) if "choice" in params[key] else x for x in xs], values)
+        xs: list[Any] = [json.loads(flat[key]) if key in flat else None for _, flat, _ in trials]
+        axes.scatter([str(x) for x in xs] if "choice" in params[key] else xs, values)
         if "log_uniform" in params[key]:
             axes.set_xscale("log")
         axes.set(title=f"{metric} by {key}", xlabel=key, ylabel=metric)
