@@ -264,6 +264,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     table is ``runmodel sweep``'s: the run is the base config, and the table enters
     neither its hash nor its folder's name."""
     data = read_config_file(path)
-    data.pop("sweep", None)
+    if isinstance(data, dict):
+        data.pop("sweep", None)
     data = apply_overrides(data, overrides)
     return RunConfig.from_dict(data, source=str(path))

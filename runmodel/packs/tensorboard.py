@@ -24,9 +24,10 @@ class TensorBoard(Pack):
 
     ``hparams`` (a dict of names to numbers, strings or booleans; a config run sets its
     config's values) goes to TensorBoard's HParams dashboard at the run's end, with the
-    final metrics as ``hparams/NAME``, in this run's own event folder (not a timestamped
-    sub-run as ``SummaryWriter.add_hparams`` makes): ``tensorboard --logdir`` over many
-    runs then compares them in one table."""
+    final metrics, in this run's own event folder (not a timestamped
+    sub-run as ``SummaryWriter.add_hparams`` makes), each metric as the last value of its
+    ``MODE/NAME`` curve: ``tensorboard --logdir`` over many runs then compares them in
+    one table."""
 
     name = "tensorboard"
 
@@ -73,21 +74,21 @@ class TensorBoard(Pack):
             self.writer.add_scalar(f"lr/group{i}", group["lr"], step)
         self.writer.flush()
 
-    def log_hparams(self, metrics: dict[str, Any], step: int) -> None:
+    def log_hparams(self, metrics: dict[str, Any], mode: str) -> None:
         from torch.utils.tensorboard.summary import hparams
 
         values = {k: v for k, v in (self.hparams or {}).items()
                   if isinstance(v, (bool, int, float, str))}
-        final = {f"hparams/{k}": float(v) for k, v in metrics.items()
+        # the dashboard shows each metric's last value under the tag the epoch ends
+        # logged it as: no second copy of the curves
+        final = {f"{mode}/{k}": float(v) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for summary in hparams(values, final):
             self.writer.file_writer.add_summary(summary)
-        for tag, value in final.items():
-            self.writer.add_scalar(tag, value, step)
 
     def close(self, engine: Any) -> None:
         if self.writer is not None:
             if self.hparams:
-                self.log_hparams(engine.state.metrics, engine.state.step)
+                self.log_hparams(engine.state.metrics, engine.state.mode)
             self.writer.close()
             self.writer = None
