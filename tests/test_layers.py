@@ -13,6 +13,7 @@ that holds them in their type hints.
     config.builtins, .registry, .runconfig   things by name, runs as data
     engine                runmodel.Engine: the core engine with modes and backends by name
     config.rundir         a config run in its directory, run by runmodel.Engine
+    sweeps                many config runs searched, pruned and resumed on Optuna
     runmodel (__init__), plot   the package's names | plots of config runs' curves
     launch                runmodel run --nproc-per-node: the hand-off to torchrun
     cli, __main__
@@ -40,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runmodel.config.runconfig",),
     ("runmodel.engine",),
     ("runmodel.config.rundir",),
+    ("runmodel.sweeps",),  # runmodel sweep: config runs searched on Optuna
     ("runmodel", "runmodel.plot"),  # the package's __init__ alone (lazy exports, __version__)
     ("runmodel.launch",),  # imports torch (and the ddp backend) only when it launches
     ("runmodel.cli",),

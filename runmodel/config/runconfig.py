@@ -263,6 +263,11 @@ def _get(node: Any, index: Any) -> Any:
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a TOML or JSON config file, apply ``--set`` overrides, check it."""
-    data = apply_overrides(read_config_file(path), overrides)
+    """Read a TOML or JSON config file, apply ``--set`` overrides, check it. A ``[sweep]``
+    table is ``runmodel sweep``'s: the run is the base config, and the table enters
+    neither its hash nor its folder's name."""
+    data = read_config_file(path)
+    if isinstance(data, dict):
+        data.pop("sweep", None)
+    data = apply_overrides(data, overrides)
     return RunConfig.from_dict(data, source=str(path))
