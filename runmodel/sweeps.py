@@ -347,6 +347,7 @@ class ReportToTrial(Pack):
 
     def __init__(self, trial: Any, metric: str) -> None:
         self.trial, self.metric = trial, metric
+        self.reads = [metric]  # a name a typo away from a declared one stops it at setup
 
     def hooks(self) -> Any:
         yield Hook(self.report, "epoch_end", HookOptions.of(
