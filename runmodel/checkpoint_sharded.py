@@ -439,3 +439,57 @@ class _SafeBytes:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._planner, name)
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+def export(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write the full model state dict of the checkpoint at ``path`` to ``out``, one
+    plain ``torch.save`` file that ``torch.load(weights_only=True)`` loads into the bare
+    module. ``path`` is a checkpoint file, a sharded checkpoint folder, or a folder of
+    checkpoints (a Checkpoint pack's, or a run folder's): its newest readable one.
+    Returns the checkpoint used and ``out``."""
+    import warnings
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{str(path)!r}: no such checkpoint file or folder")
+    candidates = [path] if path.is_file() or is_checkpoint(path) else all_checkpoints_in(path)
+    if not candidates:
+        raise FileNotFoundError(f"no checkpoint in {str(path)!r} (a checkpoint file, a "
+                                f"sharded checkpoint folder, or a folder holding them)")
+    for candidate in candidates:
+        try:
+            state = _model_state(candidate)
+            break
+        except checkpoint.FormatError:
+            raise
+        except Exception as error:
+            if len(candidates) == 1:
+                raise ValueError(f"{str(candidate)!r} is not a readable checkpoint: "
+                                 f"{error}") from None
+            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
+                          stacklevel=2)
+    else:
+        raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        torch.save(state, temporary)
+        os.replace(temporary, out)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return candidate, out
+
+
+def _model_state(candidate: Path) -> dict[str, torch.Tensor]:
+    if candidate.is_dir():
+        return read_model_state(candidate)
+    model = checkpoint.read(candidate).get("model")
+    module = model.get("module") if isinstance(model, dict) else None
+    if not isinstance(module, dict):
+        raise ValueError("it holds no module weights (a model without a module state)")
+    return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+            for key, value in module.items()}
