@@ -288,7 +288,7 @@ class ShardedModelState:
                              f"the fsdp backend, in as many processes as wrote it (for its "
                              f"weights alone, `runmodel export {self.folder} OUT.pt`)")
         state = sharded.state()
-        dcp.load(state, storage_reader=SafeReader(self.folder), process_group=sharded.group)
+        dcp.load(state, storage_reader=checked_reader(self.folder), process_group=sharded.group)
         sharded.set_state(state)
 
     def __repr__(self) -> str:
@@ -355,7 +355,7 @@ def read_model_state(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeReader(folder),
+    _load_state_dict(state, storage_reader=checked_reader(folder),
                      planner=_EmptyStateDictLoadPlanner(keys={"module"}), no_dist=True)
     module = state.get("module")
     if not isinstance(module, dict):
@@ -421,6 +421,14 @@ def SafeReader(path: str | os.PathLike[str]) -> Any:  # a class, made on first u
 
         _safe_reader = _SafeReader
     return _safe_reader(path)
+
+
+def checked_reader(path: str | os.PathLike[str]) -> Any:
+    """``SafeReader(path)``, its metadata read once first: DCP's loader would take an
+    unsafe metadata file's error for a missing file and report that instead."""
+    reader = SafeReader(path)
+    reader.read_metadata()
+    return reader
 
 
 class _SafeBytes:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from ..core import Pack, hook, override
@@ -74,7 +74,7 @@ class GradAccumulation(Pack):
         state = engine.state
         if self._sync is not None:  # fsdp: reduce at a window's last backward only
             last = ((state.epoch_step + 1) % self.k == 0
-                    or state.epoch_step + 1 >= self._length  # type: ignore[operator]
+                    or state.epoch_step + 1 >= (self._length or 0)
                     or (state.max_steps is not None and state.step + 1 >= state.max_steps))
             if last == self._unsynced:  # a change: the switch walks every shard unit
                 self._sync(last)
