@@ -117,7 +117,10 @@ class Checkpoint(Pack):
                 return None
             return self._write(engine, counters)
         finally:
-            self.wait()
+            try:
+                self.wait()
+            finally:  # the run's sharding (and its model) go with the run
+                self._sharded, self._writer = None, self._plain_writer
 
     def save(self, engine: Any) -> Path | None:
         s = engine.state

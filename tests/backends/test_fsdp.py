@@ -488,6 +488,12 @@ def test_bad_options_are_refused_saying_what_would_do(monkeypatch: pytest.Monkey
         FSDP(process_group="tcp")
     with pytest.raises(ValueError, match=r"FSDP\(checkpoint_timeout=0\)"):
         FSDP(checkpoint_timeout=0)
+    from runmodel.config.registry import make_backend
+
+    made = make_backend({"type": "fsdp", "args": {"units": ["Linear"], "param_dtype": "bfloat16",
+                                                  "reshard_after_forward": False}})
+    assert isinstance(made, FSDP) and made.units == ["Linear"]
+    assert (made.param_dtype, made.reshard_after_forward) == (torch.bfloat16, False)
 
 
 def test_the_fsdp_backend_outside_torchrun_says_how_to_start_the_run(
