@@ -24,11 +24,13 @@ every item with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import pickle
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -150,17 +152,29 @@ def save(path: str | os.PathLike[str], snapshot: dict[str, Any], sharded: Sharde
     staging = _stage_run_state(path, snapshot, sharded)
     dcp.save(sharded.state(), storage_writer=_writer(staging), process_group=sharded.group)
     if sharded.rank == 0:  # every process wrote, and the metadata is there
-        publish(staging, path)
+        publish(staging, path, sharded.world)
     return path
 
 
 def _stage_run_state(path: Path, snapshot: dict[str, Any], sharded: Sharded) -> Path:
-    staging = path.with_name(f".{path.name}.tmp-{sharded.token}")
-    staging.mkdir(parents=True, exist_ok=True)
-    run_state = {key: value for key, value in snapshot.items() if key != "model"}
-    run_state["world_size"] = sharded.world
-    checkpoint.save(staging / RUN_STATE.format(rank=sharded.rank), run_state)
+    """Write this process's run state into the save's staging folder; the folder."""
+    staging = _staging(path, sharded)
+    _write_run_state(staging, _run_state(snapshot, sharded), sharded.rank)
     return staging
+
+
+def _staging(path: Path, sharded: Sharded) -> Path:
+    return path.with_name(f".{path.name}.tmp-{sharded.token}")
+
+
+def _run_state(snapshot: dict[str, Any], sharded: Sharded) -> dict[str, Any]:
+    return {**{key: value for key, value in snapshot.items() if key != "model"},
+            "world_size": sharded.world}
+
+
+def _write_run_state(staging: Path, run_state: dict[str, Any], rank: int) -> None:
+    staging.mkdir(parents=True, exist_ok=True)
+    checkpoint.save(staging / RUN_STATE.format(rank=rank), run_state)
 
 
 def _writer(staging: Path) -> Any:
@@ -169,12 +183,21 @@ def _writer(staging: Path) -> Any:
     return FileSystemWriter(staging, sync_files=True, overwrite=True)
 
 
-def publish(staging: Path, path: Path) -> None:
-    """Rank 0, once every process wrote: the staging folder becomes ``path`` in one
-    rename (a folder already there, from an earlier run, is moved aside first)."""
+def publish(staging: Path, path: Path, world: int, timeout: float = 60.0) -> None:
+    """Rank 0, once every process wrote its shards: when every process's run state is
+    there too (an async save writes them beside its shards, each process in its own
+    thread: a bounded wait), the staging folder becomes ``path`` in one rename (a
+    folder already there, from an earlier run, is moved aside first)."""
     if not (staging / METADATA).is_file():
         raise RuntimeError(f"the sharded checkpoint {str(path)!r} has no {METADATA} after "
                            f"every process wrote it")
+    deadline = time.monotonic() + timeout
+    while missing := [r for r in range(world)
+                      if not (staging / RUN_STATE.format(rank=r)).is_file()]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the sharded checkpoint {str(path)!r} lacks the run state of "
+                               f"rank(s) {missing} {timeout:g} s after its shards were written")
+        time.sleep(0.01)
     old = None
     if path.exists():
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -234,21 +257,25 @@ class ShardedWriter:
 
         self.wait()
         path = self._path = Path(path)
-        staging = _stage_run_state(path, snapshot, self.sharded)
+        staging = _staging(path, self.sharded)
+        # the run state is small: copied now, written in the background with the shards
+        run_state = copy.deepcopy(_run_state(snapshot, self.sharded))
         future = dcp.async_save(self.sharded.state(), storage_writer=_writer(staging),
                                 process_group=self.sharded.group)
         assert isinstance(future, Future)
-        self._done = threading.Thread(target=self._finish, args=(future, staging, path, then),
+        self._done = threading.Thread(target=self._finish,
+                                      args=(future, staging, run_state, path, then),
                                       name=f"runmodel sharded checkpoint {path.name}",
                                       daemon=True)
         self._done.start()
 
-    def _finish(self, future: Future[Any], staging: Path, path: Path,
-                then: Callable[[], None] | None) -> None:
+    def _finish(self, future: Future[Any], staging: Path, run_state: dict[str, Any],
+                path: Path, then: Callable[[], None] | None) -> None:
         try:
+            _write_run_state(staging, run_state, self.sharded.rank)
             future.result()
             if self.sharded.rank == 0:
-                publish(staging, path)
+                publish(staging, path, self.sharded.world)
                 if then is not None:
                     then()
         except BaseException as error:  # raised on the training thread by wait()
