@@ -167,10 +167,8 @@ def local_bytes(tensor: torch.Tensor) -> int:
 def part_memory(backend: str) -> dict[str, Any]:
     module = large()
     count = sum(p.numel() for p in module.parameters())
-    if backend == "fsdp":
-        module = shard(module)
-    else:
-        module = nn.parallel.DistributedDataParallel(module)
+    wrap = shard if backend == "fsdp" else nn.parallel.DistributedDataParallel
+    module = wrap(module)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-4)
     x, y = batches(1, 1024, 1024)[0]
     nn.functional.cross_entropy(module(x), y).backward()
