@@ -233,15 +233,17 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class ShardedWriter:
-    """``async_save=True`` for sharded checkpoints: each process writes its run state at
-    once (small), then DCP's ``async_save`` copies the shards into CPU memory and writes
-    them in a background thread, its collectives on the checkpoint group; rank 0 makes
-    the folder visible when the write is done, then calls ``then``. Same interface as
+    """``async_save=True`` for sharded checkpoints: DCP's ``async_save`` copies the shards
+    into CPU memory (buffers kept from one save to the next: the training waits for this
+    copy alone), then a background thread writes them, with the process's run state,
+    its collectives on the checkpoint group; rank 0 makes the folder visible when every
+    process's part is there, then calls ``then``. Same interface as
     ``checkpoint.Writer``: ``submit`` waits for the write before; ``wait`` waits for the
     one under way and raises its error, naming the folder."""
 
     def __init__(self, sharded: Sharded) -> None:
         self.sharded = sharded
+        self._stager: Any = None  # made at the first save, its CPU buffers reused after
         self._future: Future[Any] | None = None
         self._done: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -260,8 +262,14 @@ class ShardedWriter:
         staging = _staging(path, self.sharded)
         # the run state is small: copied now, written in the background with the shards
         run_state = copy.deepcopy(_run_state(snapshot, self.sharded))
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # DCP's default stager, kept: it copies into the CPU storages of the previous
+            # save (a fresh one per save allocates and faults in every byte again)
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
         future = dcp.async_save(self.sharded.state(), storage_writer=_writer(staging),
-                                process_group=self.sharded.group)
+                                process_group=self.sharded.group, async_stager=self._stager)
         assert isinstance(future, Future)
         self._done = threading.Thread(target=self._finish,
                                       args=(future, staging, run_state, path, then),
