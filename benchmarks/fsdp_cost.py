@@ -9,7 +9,10 @@ Three parts (``--part``):
   on each layer and the root, ``zero_grad``/``backward``/``step``); ``runmodel`` is
   ``Engine().run(model, backend=FSDP(shard_data=False))`` on the same batches. Fresh
   model every repeat, order rotated; a repeat's figure is its median step (after 5
-  warm-up steps) over the mean of the two plain loops of that repeat.
+  warm-up steps) over the mean of the two plain loops of that repeat. On a busy machine
+  these block figures wander more than what they measure, so last the two run side by
+  side: each batch through the plain step and through runmodel's ``runstep`` (two
+  models, alternating which goes first), their weights checked equal after.
 * ``memory``: a 52M-parameter MLP (1024 -> 4608 -> 4608 -> 4608 -> 1024) with Adam, one
   step taken, in a launch of its own per backend (``ddp``, ``fsdp``): the bytes this
   process holds in parameters, gradients and optimizer state (a DTensor's local shard),
@@ -137,6 +140,53 @@ def runmodel_loop(data: Batches) -> float:
     return stamped.median_ms()
 
 
+def paired(data: Batches) -> tuple[float, float]:
+    """Median step (ms) of the plain FSDP2 step and of runmodel's ``runstep``, each batch
+    through both, side by side, which goes first alternating; then their weights are
+    checked equal."""
+    import runmodel
+    from runmodel.backends import FSDP
+
+    class Paired(runmodel.TorchModel):
+        def __init__(self) -> None:
+            super().__init__("cpu")
+            self.module = small()
+            self.twin = shard(small())
+            self.times: dict[str, list[int]] = {"plain": [], "runmodel": []}
+
+        def setup(self, setup_options: Any = None) -> None:
+            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.01)
+            self.twin_optimizer = torch.optim.SGD(self.twin.parameters(), lr=0.01)
+            self.loss_fn = nn.CrossEntropyLoss()
+            self.train_data = data
+
+        def plain_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+            x, y = batch
+            self.twin_optimizer.zero_grad()
+            self.loss_fn(self.twin(x), y).backward()  # type: ignore[misc]
+            self.twin_optimizer.step()
+
+        def run(self, runstep: Any, steps: int | None = None, *args: Any, **kw: Any) -> None:
+            clock, times = time.perf_counter_ns, self.times
+            for _ in runstep.epochs():
+                for i, batch in enumerate(data):
+                    for first in ((0, 1) if i % 2 == 0 else (1, 0)):
+                        t = clock()
+                        if first == 0:
+                            self.plain_step(batch)
+                            times["plain"].append(clock() - t)
+                        else:
+                            runstep(batch)
+                            times["runmodel"].append(clock() - t)
+
+    model = Paired()
+    runmodel.Engine().run(model, epochs=1, backend=FSDP(shard_data=False))
+    for a, b in zip(model.twin.parameters(), model.module.parameters(), strict=True):
+        assert torch.equal(a.to_local(), b.to_local()), "runmodel's weights differ"
+    return (statistics.median(model.times["plain"][WARMUP:]) / 1e6,
+            statistics.median(model.times["runmodel"][WARMUP:]) / 1e6)
+
+
 def part_step(quick: bool) -> dict[str, Any]:
     steps, repeats = (25, 3) if quick else (60, 7)
     data = batches(steps)
@@ -151,9 +201,16 @@ def part_step(quick: bool) -> dict[str, Any]:
         for name, ms in times.items():
             medians[name].append(ms)
             ratios[name].append(ms / reference)
-    return {name: {"median_ms": statistics.median(medians[name]),
-                   "ratio": statistics.median(ratios[name]), "min": min(ratios[name]),
-                   "max": max(ratios[name])} for name in variants}
+    result = {name: {"median_ms": statistics.median(medians[name]),
+                     "ratio": statistics.median(ratios[name]), "min": min(ratios[name]),
+                     "max": max(ratios[name])} for name in variants}
+    side_by_side = [paired(data) for _ in range(repeats)]
+    ratios_paired = [r / p for p, r in side_by_side]
+    result["runmodel, step by step beside the plain step"] = {
+        "median_ms": statistics.median(r for _, r in side_by_side),
+        "ratio": statistics.median(ratios_paired), "min": min(ratios_paired),
+        "max": max(ratios_paired)}
+    return result
 
 
 # -- memory ----------------------------------------------------------------------------------
