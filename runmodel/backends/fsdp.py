@@ -155,6 +155,8 @@ class ShardedRun(DistributedRun):
 
     def restore(self) -> None:
         checkpoint_sharded.unregister(self.model)
+        if self.sharded is not None:  # its process group must not outlive the run
+            self.sharded.group, self.sharded = None, None
         self.module = self.model.module  # sharded for good: fully_shard cannot be undone
         super().restore()
 
