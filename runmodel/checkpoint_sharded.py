@@ -330,6 +330,47 @@ class ShardedModelState:
         return f"ShardedModelState({str(self.folder)!r})"
 
 
+class FullModelState:
+    """A plain checkpoint's model part (whole tensors: a one-process or ``ddp`` run's),
+    loaded into a sharded model, each process keeping its shard of every tensor; the
+    optimizer's state, saved by parameter number, is matched to the parameters by their
+    order in the parameter groups, as ``Optimizer.load_state_dict`` does."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def restore_into(self, model: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        module, optimizer = model.module, getattr(model, "optimizer", None)
+        options = StateDictOptions(full_state_dict=True)
+        if self.state.get("module") is not None:
+            set_model_state_dict(module, self.state["module"], options=options)
+        saved = self.state.get("optimizer")
+        if saved is not None and optimizer is not None:
+            set_optimizer_state_dict(module, optimizer, _by_name(saved, module, optimizer),
+                                     options=options)
+
+
+def _by_name(saved: dict[str, Any], module: Any, optimizer: Any) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter number, keyed by parameter name."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    groups = saved.get("param_groups", [])
+    if len(groups) != len(optimizer.param_groups) or any(
+            len(g["params"]) != len(o["params"]) for g, o in zip(groups, optimizer.param_groups,
+                                                                 strict=True)):
+        raise ValueError("the checkpoint's optimizer has other parameter groups than this "
+                         "run's optimizer: it cannot be loaded into the sharded one")
+    fqn = {number: names[id(p)] for g, o in zip(groups, optimizer.param_groups, strict=True)
+           for number, p in zip(g["params"], o["params"], strict=True)}
+    return {"state": {fqn[number]: state for number, state in saved.get("state", {}).items()},
+            "param_groups": [{**g, "params": [fqn[n] for n in g["params"]]} for g in groups]}
+
+
 def read(folder: str | os.PathLike[str], rank: int | None = None) -> dict[str, Any]:
     """This process's snapshot from the sharded checkpoint ``folder``: its run state,
     and the model's part to load into the sharded model."""
@@ -353,9 +394,19 @@ def read(folder: str | os.PathLike[str], rank: int | None = None) -> dict[str, A
     return state
 
 
-def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+def load(path: str | os.PathLike[str], model: Any = None) -> tuple[Path, dict[str, Any]]:
     """``checkpoint.load`` for sharded checkpoints too: ``path`` is a checkpoint file, a
-    sharded checkpoint folder, or a folder of them (its newest readable one)."""
+    sharded checkpoint folder, or a folder of them (its newest readable one). A plain
+    checkpoint to restore into ``model`` sharded (the fsdp backend) is read whole by every
+    process, each keeping its shards (``FullModelState``)."""
+    found, snapshot = _load(path)
+    state = snapshot.get("model")
+    if model is not None and of(model) is not None and isinstance(state, dict):
+        snapshot["model"] = FullModelState(state)
+    return found, snapshot
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     import warnings
 
     path = Path(path)

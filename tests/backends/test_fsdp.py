@@ -105,6 +105,24 @@ MODEL = textwrap.dedent('''
 
             engine.attach(Checkpoint(f"{out}/ckpt", every="5st", keep=None))
             return
+        if what == "from_plain":  # resumed from a one-process checkpoint file
+            first = [True]
+
+            @engine.on("epoch_start")
+            def restored(engine):
+                if not first:  # the first epoch's start only
+                    return
+                first.clear()
+                from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                     get_optimizer_state_dict)
+
+                full_weights(engine, f"{out}/restored.pt")
+                state = get_optimizer_state_dict(engine.model.module, engine.model.optimizer,
+                                                 options=StateDictOptions(full_state_dict=True,
+                                                                          cpu_offload=True))
+                if engine.state.rank == 0:
+                    torch.save(state, f"{out}/restored-optimizer.pt")
+            return
         if what == "accumulate":
             engine.attach(GradAccumulation(3), GradClip(max_norm=0.5))
 
@@ -184,7 +202,7 @@ class Runs:
         self.root = root
         (root / "net.py").write_text(MODEL)
         self.dirs = {name: root / name for name in ("straight", "stopped", "killed",
-                                                    "accumulate")}
+                                                    "accumulate", "from_plain")}
         for folder in self.dirs.values():
             folder.mkdir()
         self._cache: dict[str, Any] = {}
@@ -198,6 +216,16 @@ class Runs:
             [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
              "2", "--backend", "fsdp", "--epochs", "3", "--no-progress"],
             self.dirs["killed"], FSDP_TEST="killed"))
+        # a one-process run's checkpoint file, resumed under fsdp
+        model = net_module(root).Net("cpu")
+        engine = runmodel.Engine()
+        from runmodel.packs import Checkpoint
+
+        engine.attach(Checkpoint(self.dirs["from_plain"] / "plain"))
+        engine.run(model, epochs=1)
+        self.plain_checkpoint = self.dirs["from_plain"] / "plain" / "ckpt-00001-0000000016.pt"
+        self._start("from_plain", torchrun(root, self.dirs["from_plain"], "2",
+                                           str(self.plain_checkpoint), FSDP_TEST="from_plain"))
         # stopped after 2 epochs, then resumed: one after the other, in a thread
         self._stopped = threading.Thread(target=self._stop_and_resume, daemon=True)
         self._stopped.start()
@@ -342,6 +370,19 @@ def test_a_staging_folder_is_never_picked_to_resume(runs: Runs, tmp_path: Path) 
     shutil.copytree(source, tmp_path / "ckpt-00004-0000000032")
     assert [p.name for p in checkpoint_sharded.all_checkpoints_in(tmp_path)] == [
         "ckpt-00004-0000000032"]
+
+
+def test_a_one_process_checkpoint_file_resumes_under_fsdp(runs: Runs) -> None:
+    """Every process reads the whole file and keeps its shards: the weights and the
+    momentum buffers the run starts from are the file's."""
+    runs.ok("from_plain")
+    saved = runmodel.checkpoint.read(runs.plain_checkpoint)["model"]
+    assert_equal_weights(weights(runs.dirs["from_plain"] / "restored.pt"), saved["module"])
+    optimizer = torch.load(runs.dirs["from_plain"] / "restored-optimizer.pt", weights_only=True)
+    names = list(saved["module"])  # the parameters, in the optimizer's order
+    for number, state in saved["optimizer"]["state"].items():
+        assert torch.equal(optimizer["state"][names[number]]["momentum_buffer"],
+                           state["momentum_buffer"]), names[number]
 
 
 # -- evaluation --------------------------------------------------------------------------------
