@@ -238,9 +238,9 @@ class Engine(Snapshots):
                 self._for_run.append(self.attach(pack))
         saved = None
         if resume is not None:
-            from .. import checkpoint
+            from .. import checkpoint_sharded  # checkpoint files, and sharded folders
 
-            saved = checkpoint.load(resume)[1]
+            saved = checkpoint_sharded.load(resume, model)[1]
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
