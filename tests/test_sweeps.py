@@ -59,10 +59,10 @@ def run_folders(folder: Path) -> list[Path]:
     return sorted(p.parent for p in folder.glob("*/config.json"))
 
 
-def command(*args: str, cwd: Path) -> subprocess.Popen[str]:
+def command(*args: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "runmodel", *args], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env},
                             start_new_session=True)  # killed with its trials
 
 
@@ -114,22 +114,44 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
+# A pack that holds the second trial of a sweep at its second epoch's start (its first
+# epoch saved), where the test kills the sweep: no race with the trial's own pace.
+GATE = """
+import os, time
+import runmodel
+
+class Gate(runmodel.Pack):
+    name = "gate"
+
+    @runmodel.hook("epoch_start")
+    def hold(self, engine):
+        path = os.environ.get("GATE")
+        if path and engine.state.epoch == 1:
+            with open(path, "a") as file:
+                file.write("here\\n")
+            with open(path) as file:
+                if len(file.readlines()) >= 2:
+                    time.sleep(600)
+
+runmodel.register_pack("gate", Gate)
+"""
+
+
 def test_a_sweep_killed_mid_trial_resumes_that_trial_and_ends_with_exactly_the_trials(
         tmp_path: Path) -> None:
-    config = write_config(tmp_path, TWO_PARAMS, epochs=2)
-    folder = tmp_path / "runs" / "search"
-    process = command("sweep", str(config), cwd=tmp_path)
+    (tmp_path / "gate.py").write_text(GATE)
+    config = write_config(tmp_path, TWO_PARAMS.replace("[sweep]", "[[packs]]\ntype = "
+                                                       "\"gate\"\n[sweep]"), epochs=2)
+    config.write_text(config.read_text().replace("imports = [", "imports = [\"gate.py\", "))
+    folder, gate = tmp_path / "runs" / "search", tmp_path / "gate.txt"
+    process = command("sweep", str(config), cwd=tmp_path, GATE=str(gate))
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # the second trial has saved its first epoch
-        runs = run_folders(folder)
-        finished = [run for run in runs if (run / "metrics.json").exists()]
-        saved = [run for run in runs if run not in finished and any(run.glob(
-            "checkpoint/*.pt"))]
-        if len(finished) == 1 and saved:
-            break
+    while time.monotonic() < deadline and not (  # the second trial saved its first epoch
+            gate.exists() and len(gate.read_text().splitlines()) >= 2):
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     finish(process)
+    assert sum(1 for run in run_folders(folder) if any(run.glob("checkpoint/*.pt"))) == 2
     killed = trials(folder)
     assert [t.state.name for t in killed] == ["COMPLETE", "RUNNING"]
     again = command("sweep", str(config), cwd=tmp_path)
