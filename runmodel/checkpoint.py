@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import torch
 
+from ._files import DiskFullError, atomic_write, remove_stale
+
 __all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
            "rng_state", "save", "set_rng_state"]
 
@@ -89,22 +91,9 @@ def _check_snapshot(snapshot: dict[str, Any]) -> None:
 
 
 def _write(path: Path, snapshot: dict[str, Any]) -> Path:
-    """To a temporary file, fsynced, renamed over ``path``; then the folder is fsynced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temporary, "wb") as file:
-            torch.save({"format": FORMAT, **snapshot}, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself is durable too
-    finally:
-        os.close(directory)
+    """To a locked temporary file, fsynced, renamed over ``path`` (``_files.py``)."""
+    with atomic_write(path) as file:
+        torch.save({"format": FORMAT, **snapshot}, file)
     return path
 
 
@@ -177,6 +166,8 @@ class Writer:
             self._thread = thread
             raise
         error, self._error = self._error, None
+        if isinstance(error, DiskFullError):  # it names the file already
+            raise error
         if error is not None:
             raise RuntimeError(f"writing checkpoint {str(self._path)!r} in the background "
                                f"failed: {type(error).__name__}: {error}") from error
@@ -279,6 +270,9 @@ def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """The checkpoint at ``path``: a checkpoint file, or a directory, whose newest
     readable checkpoint is used (an unreadable one is skipped with a warning)."""
     path = Path(path)
+    if path.is_dir():  # what saves killed mid-write left behind
+        remove_stale(path)
+        remove_stale(path / "checkpoint")
     candidates = [path] if path.is_file() else checkpoints_in(path)
     if not candidates:
         raise FileNotFoundError(f"no checkpoint to resume from at {str(path)!r} (a checkpoint "

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .._files import atomic_write, remove_stale
 from ..checkpoint import checkpoints_in
 from ..core import Pack, RunResult
 from ..engine import Engine
@@ -65,9 +66,8 @@ def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Pat
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temporary, path)
+    with atomic_write(path, "w") as file:  # locked while written: see _files.py
+        file.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -129,6 +129,7 @@ class PreparedRun:
         """
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale(run_dir)  # status files of a run killed mid-write
         _write_json(run_dir / "config.json", config.to_dict())
         status = {"status": "running", "started": time.time(), "pid": os.getpid(),
                   "host": socket.gethostname(), "digest": config.digest(),

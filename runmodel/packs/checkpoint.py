@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint
+from .._files import atomic_write, hold_lock, raise_if_disk_full, remove_stale, temporary_name
 from ..core import Hook, HookOptions, Pack
 from ..core.options import parse_duration
 
@@ -115,6 +116,7 @@ class Checkpoint(Pack):
 
     def _write(self, engine: Any, counters: dict[str, int]) -> Path:
         self.wait()  # at most one write under way
+        remove_stale(self.directory)  # what writers killed mid-save left behind
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
         name = _name(epoch, step)
@@ -200,10 +202,19 @@ def _name(epoch: int, step: int) -> str:
 def _link(source: Path, target: Path) -> None:
     """``target`` as a second name of the file ``source`` (a copy where the file system
     has no hard links), put in place atomically."""
-    temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    temporary.unlink(missing_ok=True)
     try:
-        os.link(source, temporary)
-    except OSError:
-        shutil.copyfile(source, temporary)
-    os.replace(temporary, target)
+        with open(source, "rb") as held:  # the temporary name shares its lock: a
+            hold_lock(held.fileno())          # cleaner leaves it while it is in use
+            temporary = target.with_name(f"{temporary_name(target)}{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            try:
+                os.link(source, temporary)
+                os.replace(temporary, target)
+                return
+            except OSError:
+                temporary.unlink(missing_ok=True)
+    except OSError as error:
+        raise_if_disk_full(error, target)
+        raise
+    with atomic_write(target) as file, open(source, "rb") as copied:  # no hard links
+        shutil.copyfileobj(copied, file)
