@@ -28,7 +28,7 @@ import torch
 from ._files import DiskFullError, atomic_write, remove_stale
 
 __all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
-           "rng_state", "save", "set_rng_state"]
+           "rng_state", "save", "set_rng_state", "weights"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
@@ -290,3 +290,16 @@ def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
             warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
                           stacklevel=2)
     raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
+
+
+def weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The module weights (``state_dict``) in a checkpoint file, or in the newest readable
+    checkpoint of a folder: to start a new run from them alone, with a fresh optimizer,
+    counters and data order (``module.load_state_dict(weights(path))`` in ``setup()``)."""
+    where, state = load(path)
+    model = state.get("model")
+    module = model.get("module") if isinstance(model, dict) else None
+    if not isinstance(module, dict):
+        raise ValueError(f"{str(where)!r} holds no module weights (its model's state_dict() "
+                         f"has no 'module')")
+    return module
