@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
 from runmodel import checkpoint
@@ -88,3 +89,25 @@ def test_a_checkpoint_without_the_optimizer_record_still_resumes(tmp_path: Path)
         torch.save(state, path)
     result = runmodel.Engine().run(model(), epochs=2, resume=tmp_path)
     assert (result.steps, result.ended) == (8, "completed")
+
+
+# -- an empty epoch --------------------------------------------------------------------
+
+def test_a_loader_that_yields_nothing_is_an_error_naming_it(tmp_path: Path) -> None:
+    empty = DataLoader(TensorDataset(torch.zeros(3, 4), torch.zeros(3, 1)), batch_size=4,
+                       drop_last=True)
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path, every="1ep"))
+    with pytest.raises(RuntimeError) as caught:
+        engine.run(model(train_data=empty), epochs=3)
+    assert str(caught.value).startswith(
+        "epoch 0 drew no batch: TorchModel's train data (DataLoader over TensorDataset of 3 "
+        "samples, batch_size=4, drop_last=True) yielded nothing")
+    assert list(tmp_path.iterdir()) == []  # no checkpoint of an epoch that never was
+
+
+def test_an_epoch_whose_batches_were_all_skipped_is_no_error() -> None:
+    engine = runmodel.Engine()
+    engine.on("step_start", lambda e: e.skip_step())
+    result = engine.run(model(), epochs=2)
+    assert (result.ended, result.steps, result.epochs, result.skipped) == ("completed", 0, 2, 8)
