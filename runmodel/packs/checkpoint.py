@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from .. import checkpoint
 from .._files import atomic_write, hold_lock, raise_if_disk_full, remove_stale, temporary_name
 from ..core import Hook, HookOptions, Pack
 from ..core.options import parse_duration
+from ._finite import check_finite_parameters
 
 __all__ = ["Checkpoint"]
 
@@ -131,6 +133,7 @@ class Checkpoint(Pack):
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
+            check_finite_parameters(engine, epoch, step)
             finish = _Finish(path, None if best_name is None else self.directory / best_name,
                              [self.directory / n for n in sorted(old)])
             snapshot = engine.snapshot(counters)
@@ -157,6 +160,8 @@ class Checkpoint(Pack):
                              f"{', '.join(sorted(metrics)) or 'none'} (attach an Evaluate pack, "
                              f"or name one of these)")
         value = float(metrics[metric])
+        if not math.isfinite(value):  # NaN sorts anywhere: never the best
+            return None
         name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
         ranked = sorted([*self.best_saved, (value, name)], key=lambda entry: entry[0],
                         reverse=mode == "max")  # stable: an equal value keeps the older

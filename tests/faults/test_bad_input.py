@@ -111,3 +111,42 @@ def test_an_epoch_whose_batches_were_all_skipped_is_no_error() -> None:
     engine.on("step_start", lambda e: e.skip_step())
     result = engine.run(model(), epochs=2)
     assert (result.ended, result.steps, result.epochs, result.skipped) == ("completed", 0, 2, 8)
+
+
+# -- non-finite parameters ---------------------------------------------------------------
+
+def test_a_save_of_non_finite_parameters_stops_the_run_and_keeps_the_good_ones(
+        tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path, every="1st", keep=None))
+    trained = model()
+
+    @engine.on("runstep", once=6)  # the 7th step (step 6) diverges
+    def diverge(engine: runmodel.Engine) -> None:
+        with torch.no_grad():
+            trained.module[2].bias.fill_(float("nan"))
+
+    with pytest.raises(FloatingPointError) as caught:
+        engine.run(trained, epochs=3)
+    message = str(caught.value)
+    assert message.startswith("not saving the checkpoint of epoch 1, step 7: parameters 2.bias "
+                              "hold NaN or inf")
+    assert "runmodel.packs.NaNGuard()" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"ckpt-{(k - 1) // 4:05d}-{k:010d}.pt" for k in range(1, 7)]
+    weights = checkpoint.weights(tmp_path)  # the newest good one loads, finite
+    assert all(bool(w.isfinite().all()) for w in weights.values())
+
+
+def test_a_nan_metric_is_never_ranked_best(tmp_path: Path) -> None:
+    engine = runmodel.Engine()
+    engine.attach(Checkpoint(tmp_path, every="1ep", keep=1, best=("score", "max")))
+    scores = iter([0.5, float("nan"), 0.4])
+
+    @engine.on("epoch_end", priority=10)  # before the checkpoint's save
+    def score(engine: runmodel.Engine) -> None:
+        engine.state.metrics["score"] = next(scores)
+
+    engine.run(model(), epochs=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best-score=0.5-00001-0000000004.pt", "ckpt-00003-0000000012.pt"]
