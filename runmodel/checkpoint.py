@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import random
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -255,8 +257,13 @@ def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The snapshot in the checkpoint file ``path``."""
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or not isinstance(state.get("format"), int):
+    if not isinstance(state, dict) or not isinstance(state.get("format"), int) or (
+            isinstance(state["format"], bool)):
         raise _Foreign("it holds no runmodel checkpoint")
+    whole = isinstance(state.get("engine"), dict) and isinstance(state.get("rng"), dict)
+    if state["format"] < 1 or (state["format"] <= FORMAT and not whole):
+        raise _Foreign(f"it holds no runmodel checkpoint (a 'format' of {state['format']}, but "
+                       f"no engine and random-generator states)")
     if state["format"] == 1:  # weights and optimizer were kept beside the engine's state
         state["model"] = {"module": state["model"], "optimizer": state.pop("optimizer")}
     elif state["format"] != FORMAT:
@@ -264,6 +271,27 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
                           f"by a newer runmodel; this one reads formats 1 to {FORMAT}: "
                           f"upgrade runmodel to resume it")
     return state
+
+
+def _why_unreadable(path: Path, error: BaseException) -> str:
+    """What is wrong with a checkpoint file that ``read`` refused, in words."""
+    if isinstance(error, _Foreign):
+        return str(error)
+    if isinstance(error, pickle.UnpicklingError) and "weights_only" in str(error).lower():
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds an object whose loading would run code{what}, which no runmodel "
+                f"checkpoint holds; it was refused unread. Delete it unless you know where it "
+                f"came from")
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size == 0:
+        return "it is empty (0 bytes): its write was cut short"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"it is cut short or damaged ({size} bytes), not a whole checkpoint "
+            f"({type(error).__name__}: {first[:160]})")
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
@@ -283,12 +311,13 @@ def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
         except FormatError:
             raise  # not torn: skipping it would resume from an older state
         except Exception as error:  # a torn or foreign file: try the next one
+            why = _why_unreadable(candidate, error)
             if path.is_file():
                 what = "a runmodel" if isinstance(error, _Foreign) else "a readable"
-                raise ValueError(f"{str(candidate)!r} is not {what} checkpoint: {error}"
-                                 ) from error
-            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
-                          stacklevel=2)
+                raise ValueError(f"{str(candidate)!r} is not {what} checkpoint: {why}"
+                                 ) from None
+            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {why}; resuming "
+                          f"from an older one", stacklevel=2)
     raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
 
 

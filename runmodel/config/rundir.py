@@ -241,9 +241,10 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         elif resume:
             found = checkpoints_in(run_dir)
             if not found:
-                raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (give the "
-                                        f"config a checkpoint pack); start it again with "
-                                        f"--restart")
+                raise FileNotFoundError(
+                    f"{run_dir} has no checkpoint to resume from: the run (status "
+                    f"{status.get('status', 'unknown')}) ended before it wrote its first one; "
+                    f"start it again with --restart (the old run is kept beside it)")
             checkpoint = found[0].parent
         else:
             raise RunExists(f"{run_dir} holds a run of this config already (status: "
