@@ -32,7 +32,7 @@ except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DiskFullError", "atomic_write", "disk_full", "hold_lock", "is_temporary",
-           "raise_if_disk_full", "remove_stale", "temporary_name"]
+           "naming_disk_full", "raise_if_disk_full", "remove_stale", "temporary_name"]
 
 #: ``.<name>.tmp<suffix>``: what ``atomic_write`` (and runmodel before it, with a pid
 #: as the suffix) names its temporary files.
@@ -165,6 +165,16 @@ def disk_full(error: BaseException | None) -> OSError | None:
             return error
         error = error.__cause__ or error.__context__
     return None
+
+
+@contextlib.contextmanager
+def naming_disk_full(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Around writes to ``path``: a full disk raises one ``DiskFullError`` naming it."""
+    try:
+        yield
+    except BaseException as error:
+        raise_if_disk_full(error, path)
+        raise
 
 
 def raise_if_disk_full(error: BaseException, path: str | os.PathLike[str]) -> None:

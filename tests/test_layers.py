@@ -26,6 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 
 # Modules in one layer are peers: neither imports the other.
 LAYERS: list[tuple[str, ...]] = [
+    ("runmodel._files",),  # atomic writes, stale temporary files, disk-full errors (stdlib)
     # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
     ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
     ("runmodel.core",),

@@ -70,6 +70,19 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         file.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _record_failure(path: Path, status: dict[str, Any], error: BaseException) -> None:
+    """Write the status of a failed run, also on a full disk: then in place (truncating
+    the file frees its blocks first), and if that fails too, the run's own error says so
+    in a note rather than being replaced by this one."""
+    try:
+        _write_json(path, status)
+    except OSError:
+        try:
+            path.write_text(json.dumps(status, indent=2, sort_keys=True, default=str) + "\n")
+        except OSError as failed:
+            error.add_note(f"runmodel: could not record the failure in {path}: {failed}")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -150,7 +163,7 @@ class PreparedRun:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", ended=time.time(),
                           error=f"{type(error).__name__}: {error}")
-            _write_json(run_dir / "status.json", status)
+            _record_failure(run_dir / "status.json", status, error)
             raise
         _write_json(run_dir / "metrics.json", {
             "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
