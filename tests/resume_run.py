@@ -108,3 +108,29 @@ def _fill_disk() -> None:
     # with EFBIG (not the SIGXFSZ signal that would kill it)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FULL, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def log_until_full(kind: str, folder: str) -> None:
+    """Train with a ``kind`` pack (``run_log`` or ``tensorboard``) writing into ``folder``;
+    from the 3rd step on, a file may grow by 16 bytes more at most (a disk filling up).
+    The run's error goes to ``folder/error``."""
+    from runmodel.packs import RunLog, TensorBoard
+
+    torch.set_num_threads(1)
+    engine = runmodel.Engine()
+    engine.attach(RunLog(Path(folder) / "run.log") if kind == "run_log" else
+                  TensorBoard(Path(folder) / "tb"))
+
+    def fill(engine: runmodel.Engine) -> None:
+        biggest = max(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (biggest + 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    engine.on("runstep", fill, once=2)
+    try:
+        engine.run(Net(0), epochs=EPOCHS)
+    except OSError as error:
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"
+                                         f"{error.__cause__!r} {error.__suppress_context__}")

@@ -127,3 +127,14 @@ def test_a_full_disk_stops_the_run_with_one_error_and_resume_goes_on_exactly(
         assert checkpoint.read(folder / name)["engine"]["counters"]["step"] == int(name[-13:-3])
     assert finished(start(folder, 0, None, folder / "final.pt", options)) == 0
     assert same(params(folder / "final.pt"), straight[0, False])
+
+
+@pytest.mark.parametrize(("kind", "file"), [("run_log", "run.log"), ("tensorboard", "tb/")])
+def test_a_full_disk_under_a_log_is_one_error_naming_its_file(
+        kind: str, file: str, tmp_path: Path) -> None:
+    proc = CONTEXT.Process(target=resume_run.log_until_full, args=(kind, str(tmp_path)))
+    proc.start()
+    assert finished(proc) == 0
+    error = (tmp_path / "error").read_text()
+    assert error.startswith(f"DiskFullError: writing {str(tmp_path / file)!r}"[:-1]), error
+    assert "failed: File too large ([Errno 27])" in error and error.endswith("None True")
