@@ -29,8 +29,8 @@ import torch
 
 from ._files import DiskFullError, atomic_write, remove_stale
 
-__all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
-           "rng_state", "save", "set_rng_state", "weights"]
+__all__ = ["FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer", "checkpoints_in",
+           "load", "read", "rng_state", "save", "set_rng_state", "weights"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"

@@ -130,7 +130,10 @@ class _LoaderTracker:
             # A straight run goes on with its workers' iterator; this run makes one, which
             # draws a base seed first: undo that draw as the loader asks for its indices.
             # (The workers' own generators are seeded anew: see docs/packs/checkpoint.md.)
-            self.indices.resume(None, 0, lambda: (undo_iterator_draw(), restore()))
+            def undo_then_restore() -> None:
+                undo_iterator_draw()
+                restore()
+            self.indices.resume(None, 0, undo_then_restore)
         else:
             restore()
 
