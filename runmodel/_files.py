@@ -31,7 +31,8 @@ try:
 except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DiskFullError", "atomic_write", "disk_full", "hold_lock", "is_temporary",
+__all__ = ["DiskFullError", "atomic_folder", "atomic_write", "disk_full", "hold_lock",
+           "is_temporary",
            "naming_disk_full", "raise_if_disk_full", "remove_stale", "temporary_name"]
 
 #: ``.<name>.tmp<suffix>``: what ``atomic_write`` (and runmodel before it, with a pid
@@ -102,6 +103,34 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[
     except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        raise_if_disk_full(error, path)
+        raise
+    finally:
+        os.close(fd)
+    _fsync_folder(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A staging folder to write ``path``'s files into (a sharded checkpoint, say): on
+    leaving the block it is renamed to ``path`` (which must not exist yet). While the
+    block runs, the folder is locked as ``atomic_write`` locks a file, so that
+    ``remove_stale`` removes it only once its writer is gone; an error removes it."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
+    except OSError as error:
+        raise_if_disk_full(error, path)
+        raise
+    fd = os.open(staging, os.O_RDONLY)
+    try:
+        hold_lock(fd)
+        yield staging
+        _fsync_folder(staging)
+        os.rename(staging, path)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
         raise_if_disk_full(error, path)
         raise
     finally:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import runmodel
@@ -22,17 +23,24 @@ from runmodel.packs import Checkpoint
 # and waits to be killed
 WRITER = """
 import sys, time
-from runmodel._files import atomic_write
-with atomic_write(sys.argv[1]) as file:
-    file.write(b"x" * 100_000)
-    file.flush()
-    print("writing", flush=True)
-    time.sleep(600)
+from runmodel._files import atomic_folder, atomic_write
+if sys.argv[2] == "file":
+    with atomic_write(sys.argv[1]) as file:
+        file.write(b"x" * 100_000)
+        file.flush()
+        print("writing", flush=True)
+        time.sleep(600)
+else:  # a sharded checkpoint's staging folder
+    with atomic_folder(sys.argv[1]) as folder:
+        (folder / "shard0.pt").write_bytes(b"x" * 100_000)
+        print("writing", flush=True)
+        time.sleep(600)
 """
 
 
-def start_writer(path: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE,
+def start_writer(path: Path, kind: str = "file") -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), kind],
+                            stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                 sys.path)})
     assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
@@ -48,8 +56,9 @@ def killed(proc: subprocess.Popen[str]) -> None:
     assert proc.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_a_live_writers_file_stays_and_a_dead_ones_goes(tmp_path: Path) -> None:
-    dead, alive = start_writer(tmp_path / "a.pt"), start_writer(tmp_path / "b.pt")
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_live_writers_file_stays_and_a_dead_ones_goes(tmp_path: Path, kind: str) -> None:
+    dead, alive = start_writer(tmp_path / "a.pt", kind), start_writer(tmp_path / "b.pt", kind)
     try:
         killed(dead)
         left = temporaries(tmp_path)
