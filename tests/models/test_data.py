@@ -182,14 +182,23 @@ def test_a_resumed_epoch_with_no_batches_left_ends_without_an_error(tmp_path: Pa
     assert (result.steps, result.epochs) == (9, 1)
 
 
-@pytest.mark.parametrize("kind", ["shuffled", "own generator", "own generator, workers",
-                                  "stateful"])
+class Noisy(Counted):
+    """Random augmentation: noise drawn in the worker that loads the sample."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        x, y = super().__getitem__(index)
+        return x + 0.1 * torch.rand(x.shape), y
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "own generator", "stateful",
+                                  "own generator, augmented in workers"])
 def test_resumed_from_an_epoch_end_checkpoint_ends_as_the_straight_run(
         kind: str, tmp_path: Path) -> None:
     # an epoch-end checkpoint holds no position in the epoch, but it holds the loader's
-    # own generators: the next epoch's order is drawn from them
-    make = DATA.get(kind) or (lambda: loader(shuffle=True, num_workers=2,
-                                             generator=torch.Generator().manual_seed(7)))
+    # own generators: the next epoch's order (and the workers' seeds) are drawn from them
+    make = DATA.get(kind) or (lambda: DataLoader(
+        Noisy(*tensors()), batch_size=BATCH, shuffle=True, num_workers=2,
+        generator=torch.Generator().manual_seed(7)))
 
     def run(epochs: int, resume: Path | None) -> Net:
         torch.manual_seed(123)
