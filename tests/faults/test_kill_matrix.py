@@ -30,8 +30,8 @@ CONTEXT.set_forkserver_preload(["torch", "runmodel", "resume_run"])
 
 _DRAW = random.Random(20261125)
 # (kill, workers, options): each variant once, at a seeded point
+# (a kill mid-run without workers: test_two_faults_in_a_row's first)
 CASES: list[tuple[tuple[str, int], int, dict[str, Any]]] = [
-    (("step", _DRAW.randrange(1, STEPS - 1)), 0, {}),                  # mid-run
     (("save", _DRAW.randrange(2, STEPS)), 0, {}),                      # mid-write
     (("step", _DRAW.randrange(1, STEPS - 1)), 2, {}),                  # workers
     (("epoch", _DRAW.randrange(1, EPOCHS)), 2, {}),                    # an epoch's start
@@ -80,7 +80,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, bool],
 def test_killed_at_seeded_points_and_resumed_ends_bit_identical(
         straight: dict[tuple[int, bool], Any], tmp_path: Path) -> None:
     folders = {i: tmp_path / f"case{i}" for i in range(len(CASES))}
-    for batch in (range(0, 3), range(3, len(CASES))):  # a few at a time: 2 cores
+    for batch in (range(0, 2), range(2, len(CASES))):  # a few at a time: 2 cores
         killed = {i: start(folders[i], CASES[i][1], CASES[i][0], tmp_path / "never.pt",
                            CASES[i][2]) for i in batch}
         for i, proc in killed.items():
