@@ -138,3 +138,14 @@ def test_a_full_disk_under_a_log_is_one_error_naming_its_file(
     error = (tmp_path / "error").read_text()
     assert error.startswith(f"DiskFullError: writing {str(tmp_path / file)!r}"[:-1]), error
     assert "failed: File too large ([Errno 27])" in error and error.endswith("None True")
+
+
+def test_a_full_disk_under_a_status_file_keeps_the_old_one(tmp_path: Path) -> None:
+    proc = CONTEXT.Process(target=resume_run.status_until_full, args=(str(tmp_path),))
+    proc.start()
+    assert finished(proc) == 0
+    error = (tmp_path / "error").read_text()
+    assert error.startswith(f"DiskFullError: writing {str(tmp_path / 'status.json')!r} failed: "
+                            f"File too large ([Errno 27])"), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error", "status.json"]
+    assert (tmp_path / "status.json").read_text() == '{\n  "status": "running"\n}\n'
