@@ -43,6 +43,20 @@ _TEMPORARY = re.compile(r"^\..+\.tmp[A-Za-z0-9_-]*$")
 _EMPTY_GRACE_S = 60.0
 
 
+def _umask() -> int:
+    """The process's umask (read without changing it where Linux tells it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class DiskFullError(OSError):
     """A write ran out of space (``ENOSPC``) or past the file-size limit (``EFBIG``);
     ``filename`` is the file it was writing."""
@@ -95,6 +109,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[
         raise
     try:
         hold_lock(fd)  # a new file with a random name: nobody else holds it
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp: 0600)
         with os.fdopen(fd, mode, closefd=False) as file:
             yield file
             file.flush()
@@ -126,6 +141,7 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd = os.open(staging, os.O_RDONLY)
     try:
         hold_lock(fd)
+        os.chmod(staging, 0o777 & ~_umask())  # as mkdir() would make it (mkdtemp: 0700)
         yield staging
         _fsync_folder(staging)
         os.rename(staging, path)

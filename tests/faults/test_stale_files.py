@@ -96,3 +96,19 @@ def test_a_killed_save_leaves_nothing_after_the_next_save_or_resume(tmp_path: Pa
     assert temporaries(tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000-0000000002.pt",
                                                           "ckpt-00000-0000000003.pt"]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    from runmodel._files import atomic_folder, atomic_write
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_write(tmp_path / "a.pt") as file:
+            file.write(b"x")
+        with atomic_folder(tmp_path / "shards") as folder:
+            (folder / "0.pt").write_bytes(b"x")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "a.pt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    assert (tmp_path / "shards").stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "shards"]
