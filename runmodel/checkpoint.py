@@ -260,10 +260,10 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("format"), int) or (
             isinstance(state["format"], bool)):
         raise _Foreign("it holds no runmodel checkpoint")
-    whole = isinstance(state.get("engine"), dict) and isinstance(state.get("rng"), dict)
-    if state["format"] < 1 or (state["format"] <= FORMAT and not whole):
+    if state["format"] < 1 or (state["format"] <= FORMAT
+                               and not isinstance(state.get("engine"), dict)):
         raise _Foreign(f"it holds no runmodel checkpoint (a 'format' of {state['format']}, but "
-                       f"no engine and random-generator states)")
+                       f"no engine state)")
     if state["format"] == 1:  # weights and optimizer were kept beside the engine's state
         state["model"] = {"module": state["model"], "optimizer": state.pop("optimizer")}
     elif state["format"] != FORMAT:

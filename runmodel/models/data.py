@@ -129,7 +129,7 @@ class _LoaderTracker:
         if self.loader.persistent_workers and self.loader.num_workers > 0:
             # A straight run goes on with its workers' iterator; this run makes one, which
             # draws a base seed first: undo that draw as the loader asks for its indices.
-            # (The workers' own generators are seeded anew: see docs/packs/checkpoint.md.)
+            # (The workers' own generators are seeded anew: see docs/config.md.)
             def undo_then_restore() -> None:
                 undo_iterator_draw()
                 restore()
