@@ -17,6 +17,7 @@ restarts only when asked, and never overwrites a run silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -37,9 +38,10 @@ from ..checkpoint import checkpoints_in
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
-from ..packs import RunLog
+from ..packs import RunLog, TensorBoard
 from .registry import (
     Spec,
+    known_model_args,
     make_backend,
     make_interface,
     make_model,
@@ -226,9 +228,11 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
     too (``runmodel run --timer`` gives a Timer).
     """
-    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     _seed(config.seed)
     _import(config, Path(base))
+    # issue 19: a model option the model ignores names no folder and changes no hash
+    config = dataclasses.replace(config, model=known_model_args(config.model))
+    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     model = make_model(config.model, device=config.device)
     if config.interface is not None:
         model.interface = make_interface(config.interface)
@@ -273,6 +277,9 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
     engine = engine or Engine()
+    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
+        if isinstance(pack, TensorBoard):
+            pack.hparams = _flatten(config.to_dict())
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
@@ -316,18 +323,30 @@ class RunInfo:
     status: str
     metrics: dict[str, Any]
     steps: int | None
+    name: str = ""  # its path under the listed folder
 
 
 def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
-    """Every run directory under ``root`` (folders with a ``config.json``), by start time."""
+    """Every run directory under ``root`` at any depth (folders with a ``config.json``),
+    grouped by the folder that holds them (a sweep's trials together), by start time.
+    A sweep's folder (``sweep.json``) lists its trials by its metric, best first."""
     found = []
-    for config_file in sorted(Path(root).glob("*/config.json")):
+    root = Path(root)
+    for config_file in sorted(root.rglob("config.json")):
         directory = config_file.parent
         status = read_status(directory)
         result = _read_json(directory / "metrics.json")
         found.append(RunInfo(directory, _read_json(config_file), status.get("status", "unknown"),
                              result.get("metrics", {}), result.get("steps")))
-    found.sort(key=lambda run: _read_json(run.path / "status.json").get("started", 0))
+    found.sort(key=lambda run: (str(run.path.parent), _read_json(
+        run.path / "status.json").get("started", 0)))
+    sweep = _read_json(root / "sweep.json")
+    if sweep.get("metric"):
+        metric, sign = sweep["metric"], -1 if sweep.get("direction", "max") == "max" else 1
+        found.sort(key=lambda run: (not isinstance(run.metrics.get(metric), (int, float)),
+                                    sign * (run.metrics.get(metric) or 0)))
+    for run in found:
+        run.name = str(run.path.relative_to(root))
     return found
 
 
@@ -351,7 +370,8 @@ def runs_table(runs: list[RunInfo]) -> str:
     header = ["run", "status", *differing, "steps", *metric_names]
     rows = [header]
     for run, flat in zip(runs, flats, strict=True):
-        rows.append([run.path.name, run.status, *(str(flat.get(k, "-")) for k in differing),
+        rows.append([run.name or run.path.name, run.status,
+                     *(str(flat.get(k, "-")) for k in differing),
                      str(run.steps if run.steps is not None else "-"),
                      *(_fmt(run.metrics.get(m)) for m in metric_names)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

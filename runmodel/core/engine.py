@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
+from .metric_names import STEP_WRITES, check_metric_names
 from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
@@ -56,7 +57,8 @@ class Engine(Snapshots):
            **options: Unpack[HookArgs]) -> Any:
         """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
         are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
-        ``when``, ``modes``, ``rank``, ``name``; all are checked here, not at run time.
+        ``when``, ``modes``, ``rank``, ``name``, and ``reads``/``writes`` (the metrics it
+        reads and writes, compared at setup); all are checked here, not at run time.
         Returns a ``HookHandle`` (the decorator form returns it in place of the function;
         it stays callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))
@@ -155,7 +157,7 @@ class Engine(Snapshots):
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
-            self._check(loop)
+            self._check(loop, plan)
             self.fire("setup")
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
@@ -198,13 +200,16 @@ class Engine(Snapshots):
             self._loop = None
             self.table.stop()
 
-    def _check(self, loop: Loop) -> None:
-        """Every attached pack's ``check_setup``, in attach order: the run's setup-time checks,
+    def _check(self, loop: Loop, plan: StepPlan) -> None:
+        """Every attached pack's ``check_setup``, in attach order, then the metric names
+        read against those declared (``metric_names.py``): the run's setup-time checks,
         before any hook runs. A refusal ends the run with no ``exception`` or ``teardown``
         hook but those of the packs attached for the run (a backend's cleanup)."""
         loop.refusing = True
         for pack in list(self.table.packs.values()):
             pack.check_setup(self)
+        check_metric_names(self.table, self.state.mode, self.state.rank,
+                           (*STEP_WRITES, *plan.writes))
         loop.refusing = False
 
     def _run_packs(self) -> set[int]:

@@ -12,7 +12,9 @@ from typing import Any
 from .. import checkpoint
 from .._files import atomic_write, hold_lock, raise_if_disk_full, remove_stale, temporary_name
 from ..core import Hook, HookOptions, Pack
+from ..core.folders import prepare_folder
 from ..core.options import parse_duration
+from ._common import read_metric
 from ._finite import check_finite_parameters
 
 __all__ = ["Checkpoint"]
@@ -63,6 +65,7 @@ class Checkpoint(Pack):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
+        self.reads = () if best is None else (best[0],)  # checked at setup
         self.saved: list[str] = []
         self.best_saved: list[tuple[float, str]] = []  # (metric value, file), best first
         self.async_save = async_save
@@ -76,6 +79,13 @@ class Checkpoint(Pack):
         yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
                                                       priority=-1000, rank=0))
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train", rank=0))
+
+    def check_setup(self, engine: Any) -> None:
+        """The folder is made and tried now, where this process will write (rank 0 of a
+        train run), so that one that cannot be written stops the run before its first
+        step, not at the first save."""
+        if engine.state.mode == "train" and engine.state.rank == 0:
+            prepare_folder(self.directory, "Checkpoint")
 
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) is saved
@@ -129,7 +139,7 @@ class Checkpoint(Pack):
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
             self.saved = kept[-self.keep:] if self.keep is not None else kept
-            best_name = self._rank_best(s.metrics, epoch, step)
+            best_name = self._rank_best(s, epoch, step)
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
@@ -149,17 +159,18 @@ class Checkpoint(Pack):
         finish.prune()
         return path
 
-    def _rank_best(self, metrics: dict[str, Any], epoch: int, step: int) -> str | None:
+    def _rank_best(self, state: Any, epoch: int, step: int) -> str | None:
         """Put this checkpoint among the best by the metric; its file name if it is."""
         if self.best is None:
             return None
         metric, mode = self.best
-        if metric not in metrics:
+        value = read_metric(state, metric)
+        if value is None:
             raise ValueError(f"Checkpoint(best=({metric!r}, {mode!r})): no metric {metric!r} in "
                              f"engine.state.metrics at epoch {epoch}, step {step}; there are: "
-                             f"{', '.join(sorted(metrics)) or 'none'} (attach an Evaluate pack, "
-                             f"or name one of these)")
-        value = float(metrics[metric])
+                             f"{', '.join(sorted(state.metrics)) or 'none'} (attach an Evaluate "
+                             f"pack, or name one of these)")
+        value = float(value)
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
         name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
