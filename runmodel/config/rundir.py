@@ -161,15 +161,15 @@ class PreparedRun:
                 return result
             if config.mode == "train":
                 self._after_training(result)
+            _write_json(run_dir / "metrics.json", {  # a full disk here fails the run too
+                "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
+                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
         except BaseException as error:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", ended=time.time(),
                           error=f"{type(error).__name__}: {error}")
             _record_failure(run_dir / "status.json", status, error)
             raise
-        _write_json(run_dir / "metrics.json", {
-            "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-            "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
         status.update(status="finished", ended=time.time())
         _write_json(run_dir / "status.json", status)
         return result
