@@ -6,7 +6,10 @@ holding an exclusive ``flock`` on it while it writes, fsyncs it and renames it o
 ``path``. A writer killed on the way leaves its temporary file, unlocked: the kernel
 drops a dead process's locks. ``remove_stale(folder)`` removes those, and never the file
 of a live writer, whose lock it cannot take: a lock, not a pid, because pids are reused
-in containers and mean nothing on another host sharing the folder.
+in containers and mean nothing on another host sharing the folder. (On NFS, Linux emulates
+``flock`` with POSIX locks, which a process does not conflict with itself on: so a process
+cleans a folder only while it has no write of its own under way there, as the Checkpoint
+pack does, after waiting for its background write.)
 
 ``disk_full(error)`` finds an ``ENOSPC``/``EFBIG`` ``OSError`` through the exceptions
 that wrap it (torch's writer raises a ``RuntimeError`` whose context is the OS error);
