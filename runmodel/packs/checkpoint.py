@@ -43,6 +43,11 @@ class Checkpoint(Pack):
     of the run (also one ended by an error) waits for the last write; an error that a
     background write met is raised at the next save or at the end of the run, naming the
     file. ``wait()`` waits for the write under way.
+
+    Each save first removes the temporary files that writers killed mid-write left in
+    ``directory`` (``runmodel/_files.py``: a live writer's file is locked, and kept), and
+    refuses to write non-finite parameters (``FloatingPointError`` naming the step); a
+    full disk stops the run with one ``DiskFullError`` naming the file.
     """
 
     name = "checkpoint"
