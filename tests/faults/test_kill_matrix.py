@@ -36,7 +36,8 @@ CASES: list[tuple[tuple[str, int], int, dict[str, Any]]] = [
     (("step", _DRAW.randrange(1, STEPS - 1)), 2, {}),                  # workers
     (("epoch", _DRAW.randrange(1, EPOCHS)), 2, {}),                    # an epoch's start
     (("save", _DRAW.randrange(2, STEPS)), 0, {"async_save": True}),    # a background write
-    (("epoch", 3), 2, {"own_generator": True, "every": "1ep"}),        # epoch-end checkpoint
+    (("epoch", 3), 2, {"own_generator": True, "every": "1ep"}),        # epoch-end checkpoints,
+    (("epoch", 2), 2, {"every": "1ep"}),                               # persistent workers
 ]
 
 
@@ -80,7 +81,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, bool],
 def test_killed_at_seeded_points_and_resumed_ends_bit_identical(
         straight: dict[tuple[int, bool], Any], tmp_path: Path) -> None:
     folders = {i: tmp_path / f"case{i}" for i in range(len(CASES))}
-    for batch in (range(0, 2), range(2, len(CASES))):  # a few at a time: 2 cores
+    for batch in (range(0, 3), range(3, len(CASES))):  # a few at a time: 2 cores
         killed = {i: start(folders[i], CASES[i][1], CASES[i][0], tmp_path / "never.pt",
                            CASES[i][2]) for i in batch}
         for i, proc in killed.items():
