@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import random
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -25,8 +27,10 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
-           "rng_state", "save", "set_rng_state"]
+from ._files import DiskFullError, atomic_write, remove_stale
+
+__all__ = ["FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer", "checkpoints_in",
+           "load", "read", "rng_state", "save", "set_rng_state", "weights"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
@@ -89,22 +93,9 @@ def _check_snapshot(snapshot: dict[str, Any]) -> None:
 
 
 def _write(path: Path, snapshot: dict[str, Any]) -> Path:
-    """To a temporary file, fsynced, renamed over ``path``; then the folder is fsynced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temporary, "wb") as file:
-            torch.save({"format": FORMAT, **snapshot}, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself is durable too
-    finally:
-        os.close(directory)
+    """To a locked temporary file, fsynced, renamed over ``path`` (``_files.py``)."""
+    with atomic_write(path) as file:
+        torch.save({"format": FORMAT, **snapshot}, file)
     return path
 
 
@@ -177,6 +168,8 @@ class Writer:
             self._thread = thread
             raise
         error, self._error = self._error, None
+        if isinstance(error, DiskFullError):  # it names the file already
+            raise error
         if error is not None:
             raise RuntimeError(f"writing checkpoint {str(self._path)!r} in the background "
                                f"failed: {type(error).__name__}: {error}") from error
@@ -264,8 +257,13 @@ def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The snapshot in the checkpoint file ``path``."""
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or not isinstance(state.get("format"), int):
+    if not isinstance(state, dict) or not isinstance(state.get("format"), int) or (
+            isinstance(state["format"], bool)):
         raise _Foreign("it holds no runmodel checkpoint")
+    if state["format"] < 1 or (state["format"] <= FORMAT
+                               and not isinstance(state.get("engine"), dict)):
+        raise _Foreign(f"it holds no runmodel checkpoint (a 'format' of {state['format']}, but "
+                       f"no engine state)")
     if state["format"] == 1:  # weights and optimizer were kept beside the engine's state
         state["model"] = {"module": state["model"], "optimizer": state.pop("optimizer")}
     elif state["format"] != FORMAT:
@@ -275,10 +273,34 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
+def _why_unreadable(path: Path, error: BaseException) -> str:
+    """What is wrong with a checkpoint file that ``read`` refused, in words."""
+    if isinstance(error, _Foreign):
+        return str(error)
+    if isinstance(error, pickle.UnpicklingError) and "weights_only" in str(error).lower():
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds an object whose loading would run code{what}, which no runmodel "
+                f"checkpoint holds; it was refused unread. Delete it unless you know where it "
+                f"came from")
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size == 0:
+        return "it is empty (0 bytes): its write was cut short"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"it is cut short or damaged ({size} bytes), not a whole checkpoint "
+            f"({type(error).__name__}: {first[:160]})")
+
+
 def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """The checkpoint at ``path``: a checkpoint file, or a directory, whose newest
     readable checkpoint is used (an unreadable one is skipped with a warning)."""
     path = Path(path)
+    if path.is_dir():  # what saves killed mid-write left behind
+        remove_stale(path)
+        remove_stale(path / "checkpoint")
     candidates = [path] if path.is_file() else checkpoints_in(path)
     if not candidates:
         raise FileNotFoundError(f"no checkpoint to resume from at {str(path)!r} (a checkpoint "
@@ -289,10 +311,24 @@ def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
         except FormatError:
             raise  # not torn: skipping it would resume from an older state
         except Exception as error:  # a torn or foreign file: try the next one
+            why = _why_unreadable(candidate, error)
             if path.is_file():
                 what = "a runmodel" if isinstance(error, _Foreign) else "a readable"
-                raise ValueError(f"{str(candidate)!r} is not {what} checkpoint: {error}"
-                                 ) from error
-            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
-                          stacklevel=2)
+                raise ValueError(f"{str(candidate)!r} is not {what} checkpoint: {why}"
+                                 ) from None
+            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {why}; resuming "
+                          f"from an older one", stacklevel=2)
     raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
+
+
+def weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The module weights (``state_dict``) in a checkpoint file, or in the newest readable
+    checkpoint of a folder: to start a new run from them alone, with a fresh optimizer,
+    counters and data order (``module.load_state_dict(weights(path))`` in ``setup()``)."""
+    where, state = load(path)
+    model = state.get("model")
+    module = model.get("module") if isinstance(model, dict) else None
+    if not isinstance(module, dict):
+        raise ValueError(f"{str(where)!r} holds no module weights (its model's state_dict() "
+                         f"has no 'module')")
+    return module

@@ -138,7 +138,7 @@ class Engine(core.Engine):
             print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                   f"starting fresh", file=sys.stderr)
             return None
-        print(f"runmodel: resuming from {newest}", file=sys.stderr)
+        self.announce_resume = True  # once the checkpoint is read: a torn one is skipped
         return newest.parent
 
     @property

@@ -8,8 +8,10 @@ batches an epoch, the last one short), 4 epochs; a checkpoint after every step.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch._dynamo  # the first optimizer step imports it: do it once, here
@@ -27,9 +29,9 @@ STEPS = EPOCHS * BATCHES
 
 
 class Net(runmodel.TorchModel):
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, own_generator: bool = False) -> None:
         super().__init__("cpu")
-        self.workers = workers
+        self.workers, self.own_generator = workers, own_generator
         torch.manual_seed(0)
         self.module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3),
                                     nn.Linear(16, 1))
@@ -41,6 +43,8 @@ class Net(runmodel.TorchModel):
         self.loss_fn = nn.MSELoss()
         self.train_data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH,
                                      shuffle=True, num_workers=self.workers,
+                                     generator=torch.Generator().manual_seed(5)
+                                     if self.own_generator else None,
                                      persistent_workers=self.workers > 0,
                                      # what a script gets on Linux; a process forked by
                                      # the forkserver would start its workers through it
@@ -51,18 +55,26 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str) -> None:
+def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
+          options: dict[str, Any] | None = None) -> None:
     """Train; resume from ``folder`` if it holds a checkpoint; die at ``kill``:
     ``("step", k)`` after step k and its checkpoint, ``("epoch", e)`` as epoch e starts,
-    ``("save", k)`` in the middle of writing the k-th checkpoint (written, not renamed).
-    Writes the final parameters to ``out``."""
+    ``("save", k)`` in the middle of writing the k-th checkpoint (written, not renamed),
+    ``("full", k)``: the disk is full from step k on (a file-size limit smaller than a
+    checkpoint: writes fail with EFBIG), and the run's error goes to ``out + ".error"``.
+    ``options``: ``async_save``, ``every`` (default ``"1st"``) of the Checkpoint pack,
+    ``own_generator`` (the loader's). Writes the final parameters to ``out``."""
     torch.set_num_threads(1)
+    options = options or {}
     engine = runmodel.Engine()
     if folder:
-        engine.attach(Checkpoint(folder, every="1st", keep=2))
+        engine.attach(Checkpoint(folder, every=options.get("every", "1st"), keep=2,
+                                 async_save=options.get("async_save", False)))
     if kill is not None:
         kind, at = kill
-        if kind == "step":  # after the checkpoint of step `at` (priority below Checkpoint's)
+        if kind == "full":  # before the checkpoint of step `at`
+            engine.on("runstep", lambda e: _fill_disk(), once=at)
+        elif kind == "step":  # after the checkpoint of step `at` (priority below Checkpoint's)
             engine.on("runstep", lambda e: _die(), once=at, priority=-2000)
         elif kind == "epoch":
             engine.on("epoch_start", lambda e: _die(), once=at)
@@ -75,7 +87,68 @@ def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str) -> 
                     _die()
                 replace(source, target)
             runmodel.checkpoint.os.replace = replace_then_die  # type: ignore[attr-defined]
-    model = Net(workers)
-    resume = folder if folder and any(Path(folder).glob("ckpt-*.pt")) else None
-    engine.run(model, epochs=EPOCHS, resume=resume)
+    model = Net(workers, options.get("own_generator", False))
+    resume = "auto" if folder else None
+    try:
+        engine.run(model, epochs=EPOCHS, resume=resume)
+    except OSError as error:
+        if kill is None or kill[0] != "full":
+            raise
+        Path(out + ".error").write_text(f"{type(error).__name__}: {error}\n"
+                                        f"{error.__cause__!r} {error.__suppress_context__}")
+        return
     torch.save([p.detach() for p in model.module.parameters()], out)
+
+
+FULL = 4096  # bytes: a file-size limit below a checkpoint's size
+
+
+def _fill_disk() -> None:
+    # what a full disk does to the writes of this process: a file past FULL bytes fails
+    # with EFBIG (not the SIGXFSZ signal that would kill it)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FULL, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def log_until_full(kind: str, folder: str) -> None:
+    """Train with a ``kind`` pack (``run_log`` or ``tensorboard``) writing into ``folder``;
+    from the 3rd step on, a file may grow by 16 bytes more at most (a disk filling up).
+    The run's error goes to ``folder/error``."""
+    from runmodel.packs import RunLog, TensorBoard
+
+    torch.set_num_threads(1)
+    engine = runmodel.Engine()
+    engine.attach(RunLog(Path(folder) / "run.log") if kind == "run_log" else
+                  TensorBoard(Path(folder) / "tb"))
+
+    def fill(engine: runmodel.Engine) -> None:
+        biggest = max(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (biggest + 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    engine.on("runstep", fill, once=2)
+    try:
+        engine.run(Net(0), epochs=EPOCHS)
+    except OSError as error:
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"
+                                         f"{error.__cause__!r} {error.__suppress_context__}")
+
+
+def status_until_full(folder: str) -> None:
+    """Write a config run's status file, then again on a disk that has no room for it;
+    what was raised goes to ``folder/error``."""
+    from runmodel.config import rundir
+
+    path = Path(folder) / "status.json"
+    rundir._write_json(path, {"status": "running"})
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+    try:
+        rundir._write_json(path, {"status": "failed", "error": "x" * 100})
+    except OSError as error:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"
+                                         f"{error.__cause__!r} {error.__suppress_context__}")

@@ -5,7 +5,9 @@ The training (``resume_run.py``): a shuffled DataLoader, dropout, Adam, a checkp
 every step. 20 kill points drawn with a fixed seed from every step (mid-epoch), every
 epoch's start (boundaries) and every checkpoint write (killed between writing the file
 and renaming it), each run with ``num_workers=0`` and with ``num_workers=2``; each killed
-and resumed in real processes, forked from a forkserver that imported torch once.
+and resumed in real processes, forked from a forkserver that imported torch once. The
+full matrix is the opt-in soak (``pytest -m soak``); tests/faults/test_kill_matrix.py
+runs a seeded few of its points by default.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def test_the_kill_points_cover_mid_epoch_boundaries_and_writes() -> None:
     assert any((k + 1) % BATCHES == 0 for k in steps)  # the last step of an epoch
 
 
+@pytest.mark.soak  # tests/faults/test_kill_matrix.py runs a seeded few of these points
 @pytest.mark.parametrize("workers", [0, 2])
 def test_killed_anywhere_and_resumed_ends_bit_identical(
         straight: dict[int, list[torch.Tensor]], tmp_path: Path, workers: int) -> None:

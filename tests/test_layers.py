@@ -31,6 +31,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 
 # Modules in one layer are peers: neither imports the other.
 LAYERS: list[tuple[str, ...]] = [
+    ("runmodel._files",),  # atomic writes, stale temporary files, disk-full errors (stdlib)
     # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
     ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
     ("runmodel.checkpoint_sharded",),  # sharded checkpoint folders (fsdp), on checkpoint

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from .._files import atomic_write, remove_stale
 from ..checkpoint import checkpoints_in
 from ..core import Pack, RunResult
 from ..engine import Engine
@@ -67,9 +68,21 @@ def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Pat
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temporary, path)
+    with atomic_write(path, "w") as file:  # locked while written: see _files.py
+        file.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _record_failure(path: Path, status: dict[str, Any], error: BaseException) -> None:
+    """Write the status of a failed run, also on a full disk: then in place (truncating
+    the file frees its blocks first), and if that fails too, the run's own error says so
+    in a note rather than being replaced by this one."""
+    try:
+        _write_json(path, status)
+    except OSError:
+        try:
+            path.write_text(json.dumps(status, indent=2, sort_keys=True, default=str) + "\n")
+        except OSError as failed:
+            error.add_note(f"runmodel: could not record the failure in {path}: {failed}")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -131,6 +144,7 @@ class PreparedRun:
         """
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale(run_dir)  # status files of a run killed mid-write
         _write_json(run_dir / "config.json", config.to_dict())
         status = {"status": "running", "started": time.time(), "pid": os.getpid(),
                   "host": socket.gethostname(), "digest": config.digest(),
@@ -147,15 +161,15 @@ class PreparedRun:
                 return result
             if config.mode == "train":
                 self._after_training(result)
+            _write_json(run_dir / "metrics.json", {  # a full disk here fails the run too
+                "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
+                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
         except BaseException as error:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", ended=time.time(),
                           error=f"{type(error).__name__}: {error}")
-            _write_json(run_dir / "status.json", status)
+            _record_failure(run_dir / "status.json", status, error)
             raise
-        _write_json(run_dir / "metrics.json", {
-            "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-            "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
         status.update(status="finished", ended=time.time())
         _write_json(run_dir / "status.json", status)
         return result
@@ -244,9 +258,10 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         elif resume:
             found = checkpoints_in(run_dir)
             if not found:
-                raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (give the "
-                                        f"config a checkpoint pack); start it again with "
-                                        f"--restart")
+                raise FileNotFoundError(
+                    f"{run_dir} has no checkpoint to resume from: the run (status "
+                    f"{status.get('status', 'unknown')}) ended before it wrote its first one; "
+                    f"start it again with --restart (the old run is kept beside it)")
             checkpoint = found[0].parent
         else:
             raise RunExists(f"{run_dir} holds a run of this config already (status: "

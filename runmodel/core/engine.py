@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,8 @@ class Engine(Snapshots):
         self._loop: Loop | None = None
         self._for_run: list[HookHandle] = []  # attached for one run (a backend's pack)
         self._resuming = False
+        # say on stderr which checkpoint a run resumes from, once it is read (resume="auto")
+        self.announce_resume = False
 
     # -- registration ------------------------------------------------------------------
 
@@ -181,6 +184,7 @@ class Engine(Snapshots):
             loop.failed(error, self._run_packs() if loop.refusing else None)
             raise
         finally:
+            self.announce_resume = False
             self._end(loop, model)
         s = self.state
         extras["timings"] = {**s.timings, **extras.get("timings", {})}
@@ -240,7 +244,9 @@ class Engine(Snapshots):
         if resume is not None:
             from .. import checkpoint_sharded  # checkpoint files, and sharded folders
 
-            saved = checkpoint_sharded.load(resume, model)[1]
+            path, saved = checkpoint_sharded.load(resume, model)
+            if self.announce_resume:
+                print(f"runmodel: resuming from {path}", file=sys.stderr)
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs

@@ -133,7 +133,7 @@ class Loop:
         self.explicit_epochs = True
         s = self.state
         while s.epoch < self.max_epochs and not self.stopping and s.step < self.budget:
-            steps_before = s.step
+            steps_before, skipped_before = s.step, s.skipped
             resumed = self.first_epoch and self.position.pending is not None
             self.begin_epoch()
             if self.stopping:  # stop() from an epoch_start hook
@@ -141,12 +141,17 @@ class Loop:
                 break
             self.position.data_begins(first_epoch_begun=True)
             yield s.epoch
-            ended_early = self.epoch_ending
+            ended_early = self.epoch_ending or self.stopping
+            # no batch at all (skipped ones count: skip_step and NaNGuard drew them); a
+            # resumed epoch may have had none left
+            empty = s.step == steps_before and s.skipped == skipped_before and not (
+                ended_early or resumed or self.position.replay)
+            if empty:
+                raise RuntimeError(f"epoch {s.epoch} drew no batch: {_empty(self.engine)}, "
+                                   f"so the run would go on with nothing done; give it data "
+                                   f"(an empty dataset? drop_last=True with fewer samples "
+                                   f"than batch_size?)")
             self.end_epoch_now(completed=True)
-            if (s.step == steps_before and self.max_epochs == float("inf") and not ended_early
-                    and not resumed):  # a resumed epoch may have had no batches left
-                raise RuntimeError(f"epoch {s.epoch - 1} ran no steps, and with epochs=None the "
-                                   f"run would never end; give the model data, or epochs=")
         if self.stopping:
             self.ended = "stopped"
         elif s.step >= self.budget and s.epoch < self.max_epochs:
@@ -229,3 +234,27 @@ class Loop:
                     first = failure
                     failure.add_note(f"runmodel: raised in phase {phase!r}")
         return first
+
+
+def _empty(engine: Engine) -> str:
+    """What yielded no batch, as an error names it: the model's loader, else the model."""
+    model, kind = engine.model, engine.state.kind
+    name = type(model).__name__
+    data_for = getattr(model, "data_for", None)
+    if not callable(data_for):
+        return f"{name}.run() made no runstep call in it"
+    try:
+        data = data_for(kind)
+    except Exception:
+        return f"{name}'s {kind} data yielded nothing"
+    dataset = getattr(data, "dataset", None)
+    if dataset is None:
+        size = len(data) if hasattr(data, "__len__") else "?"
+        return f"{name}'s {kind} data ({type(data).__name__} of {size} batches) yielded nothing"
+    try:
+        samples = f"{len(dataset)} samples"
+    except TypeError:
+        samples = "samples"
+    return (f"{name}'s {kind} data ({type(data).__name__} over {type(dataset).__name__} of "
+            f"{samples}, batch_size={getattr(data, 'batch_size', None)}, "
+            f"drop_last={getattr(data, 'drop_last', None)}) yielded nothing")

@@ -67,8 +67,9 @@ class Position:
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """What a checkpoint keeps; ``counters``: where a run resumed from it starts."""
         batches = self.batches(counters)
-        if not batches:
-            return {"batches": 0}
+        if not batches:  # at an epoch's end: the loader's own generators, for the next
+            boundary = getattr(self.tracker, "boundary_state", None)
+            return {"batches": 0} if boundary is None else {"batches": 0, "data": boundary()}
         return {"batches": batches, "epoch_rng": self.epoch_rng,
                 "data": None if self.tracker is None else self.tracker.state()}
 
@@ -78,6 +79,9 @@ class Position:
         batches = int(saved.get("batches", 0))
         if not batches:
             _set_rng_state(rng)
+            resume_boundary = getattr(self.tracker, "resume_boundary", None)
+            if saved.get("data") is not None and resume_boundary is not None:
+                resume_boundary(saved["data"], self._undo_iterator_draw)
             return
         self.skipped_before = self.state.skipped - (batches - self.state.epoch_step)
         self.epoch_rng = saved["epoch_rng"]
@@ -95,6 +99,14 @@ class Position:
                       f"again and dropped (a DataLoader over a map-style dataset, or a "
                       f"torchdata StatefulDataLoader, skips them without loading them)",
                       stacklevel=2)
+
+    def _undo_iterator_draw(self) -> None:
+        """Put torch's generator back where it stood as the epoch's data began: before a
+        loader iterator drew its base seed, a draw a straight run made only once."""
+        if self.epoch_rng is not None:
+            import torch
+
+            torch.set_rng_state(self.epoch_rng["torch"])
 
     # -- an epoch's data ---------------------------------------------------------------
 

@@ -90,12 +90,12 @@ class HookTable:
     def attach(self, packs: Iterable[Pack]) -> HookHandle:
         """Register packs and the packs they hold, as one unit."""
         flat = flatten_packs(packs, taken=set(self.packs))
-        seen = {id(p) for p in self.packs.values()}
+        seen = {id(p): k for k, p in self.packs.items()}
         for key, pack in flat:
             if id(pack) in seen:
-                raise ValueError(f"pack {key!r} is attached already; make a new instance to "
-                                 f"use a pack twice")
-            seen.add(id(pack))
+                raise ValueError(f"this {type(pack).__name__} pack is attached already, as "
+                                 f"{seen[id(pack)]!r}; make a new instance to use a pack twice")
+            seen[id(pack)] = key
         handle = self.add([h for _, p in flat for h in pack_hooks(p)],
                           packs=tuple(p for _, p in flat))
         self.packs.update(flat)

@@ -117,6 +117,26 @@ class _LoaderTracker:
         self.indices.resume(order, batches, restore_all)
         return restore_all
 
+    def boundary_state(self) -> dict[str, Any]:
+        """At an epoch's end: the generators the next epoch's order is drawn from."""
+        return {"generators": [g.get_state() for g in self.generators]}
+
+    def resume_boundary(self, state: Any, undo_iterator_draw: Callable[[], None]) -> None:
+        """The next epoch starts as it would after the saved epoch's end."""
+        if not isinstance(state, dict) or not isinstance(state.get("generators"), list):
+            return
+        restore = _restoring(self.generators, state["generators"], lambda: None)
+        if self.loader.persistent_workers and self.loader.num_workers > 0:
+            # A straight run goes on with its workers' iterator; this run makes one, which
+            # draws a base seed first: undo that draw as the loader asks for its indices.
+            # (The workers' own generators are seeded anew: see docs/config.md.)
+            def undo_then_restore() -> None:
+                undo_iterator_draw()
+                restore()
+            self.indices.resume(None, 0, undo_then_restore)
+        else:
+            restore()
+
     def close(self) -> None:
         self._install(self.original)
 
@@ -140,6 +160,15 @@ class _Stateful:
         # its next iterator draws a base seed again: set the generators back after that,
         # before the first step
         return _restoring(_generators(self.loader), state["generators"], restore)
+
+    def boundary_state(self) -> Any:
+        return {"generators": [g.get_state() for g in _generators(self.loader)]}
+
+    def resume_boundary(self, state: Any, undo_iterator_draw: Callable[[], None]) -> None:
+        # its epoch ended: the next one starts afresh from its sampler's generator (loading
+        # the finished epoch's state_dict would make the next iterator draw once more)
+        if isinstance(state, dict) and isinstance(state.get("generators"), list):
+            _restoring(_generators(self.loader), state["generators"], lambda: None)()
 
     def close(self) -> None:
         pass

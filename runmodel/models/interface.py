@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .._files import atomic_write
+
 __all__ = ["Interface", "Supervised"]
 
 
@@ -100,6 +102,6 @@ class Supervised(Interface):
         if module is None:
             raise ValueError(f"{type(model).__name__} has no module to save")
         path = Path(directory) / "model.pt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(module.state_dict(), path)
+        with atomic_write(path) as file:  # the old file, or the whole new one
+            torch.save(module.state_dict(), file)
         return path

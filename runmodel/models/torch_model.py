@@ -84,16 +84,21 @@ class TorchModel(Model):
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the model: the module's weights, the optimizer's
         state."""
-        module = unwrap(self.module)
+        module, optimizer = unwrap(self.module), self.optimizer
         return {"module": None if module is None else module.state_dict(),
-                "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
+                "optimizer": None if optimizer is None else optimizer.state_dict(),
+                # what a resume checks the run's optimizer against (with the groups' sizes)
+                "optimizer_class": None if optimizer is None else _qualified(type(optimizer))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``'s result; weights of another model are refused with
         the parameters that do not match."""
-        module = unwrap(self.module)
+        module, name = unwrap(self.module), type(self).__name__
         if state.get("module") is not None and module is not None:
-            _check_same_parameters(module, state["module"], type(self).__name__)
+            _check_same_parameters(module, state["module"], name)
+        if state.get("optimizer") is not None and self.optimizer is not None:
+            _check_same_optimizer(self.optimizer, state, name)  # before anything is loaded
+        if state.get("module") is not None and module is not None:
             module.load_state_dict(state["module"])
         if state.get("optimizer") is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -171,3 +176,26 @@ def _check_same_parameters(module: nn.Module, saved: dict[str, Any], name: str) 
                  if shapes else ""]
         raise ValueError(f"the checkpoint holds the weights of another model than {name}: "
                          + "; ".join(p for p in parts if p))
+
+
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _check_same_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                          name: str) -> None:
+    """Refuse a checkpoint of another optimizer class or parameter-group layout (torch
+    would fail a step later, or load another optimizer's state), naming both."""
+    saved_class = state.get("optimizer_class")  # None: a checkpoint from before it was kept
+    saved_groups = [len(g.get("params", ())) for g in state["optimizer"].get("param_groups", [])]
+    own_class = _qualified(type(optimizer))
+    own_groups = [len(g["params"]) for g in optimizer.param_groups]
+    if (saved_class is None or saved_class == own_class) and saved_groups == own_groups:
+        return
+    raise ValueError(
+        f"the checkpoint's optimizer is {saved_class or 'unrecorded'} with parameter groups of "
+        f"{saved_groups} parameters; {name}'s is {own_class} with {own_groups}: a resume "
+        f"continues the optimizer it was saved with. To train on from the checkpoint's weights "
+        f"with this optimizer, start a new run from its weights only: "
+        f"module.load_state_dict(runmodel.checkpoint.weights(path)) in setup(), without resume= "
+        f"(docs/packs/checkpoint.md, 'Starting from a checkpoint's weights')")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint, checkpoint_sharded
+from .._files import atomic_write, hold_lock, raise_if_disk_full, remove_stale, temporary_name
 from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.folders import prepare_folder
 from ..core.options import parse_duration
 from ._common import read_metric
+from ._finite import check_finite_parameters
 
 __all__ = ["Checkpoint"]
 
@@ -46,6 +49,11 @@ class Checkpoint(Pack):
     (``runmodel/checkpoint_sharded.py``), made visible by one rename once all have
     written; best-K keeps the best folders themselves (no links) and lists them in
     ``best.json``; ``async_save`` writes with ``torch.distributed.checkpoint``'s async save.
+
+    Each (unsharded) save first removes the temporary files that writers killed mid-write
+    left in ``directory`` (``runmodel/_files.py``: a live writer's file is locked, and
+    kept), and refuses to write non-finite parameters (``FloatingPointError`` naming the
+    step); a full disk stops the run with one ``DiskFullError`` naming the file.
     """
 
     name = "checkpoint"
@@ -162,6 +170,8 @@ class Checkpoint(Pack):
 
     def _write(self, engine: Any, counters: dict[str, int]) -> Path:
         self.wait()  # at most one write under way
+        if self._sharded is None:  # (sharded staging folders are not locked: left alone)
+            remove_stale(self.directory)  # what writers killed mid-save left behind
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
         name = self._name(epoch, step)
@@ -176,6 +186,9 @@ class Checkpoint(Pack):
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
+            if self._sharded is None:  # sharded: each process sees its shards alone, and
+                # one refusing while the others save would hang them
+                check_finite_parameters(engine, epoch, step)
             finish: _Finish | _ShardedFinish = _Finish(
                 path, None if best_name is None else self.directory / best_name,
                 [self.directory / n for n in sorted(old)])
@@ -210,6 +223,8 @@ class Checkpoint(Pack):
                              f"{', '.join(sorted(state.metrics)) or 'none'} (attach an Evaluate "
                              f"pack, or name one of these)")
         value = float(value)
+        if not math.isfinite(value):  # NaN sorts anywhere: never the best
+            return None
         name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
         if self._sharded is not None:  # folders cannot be linked: the save itself is kept
             name = self._name(epoch, step)
@@ -291,10 +306,19 @@ def _name(epoch: int, step: int) -> str:
 def _link(source: Path, target: Path) -> None:
     """``target`` as a second name of the file ``source`` (a copy where the file system
     has no hard links), put in place atomically."""
-    temporary = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    temporary.unlink(missing_ok=True)
     try:
-        os.link(source, temporary)
-    except OSError:
-        shutil.copyfile(source, temporary)
-    os.replace(temporary, target)
+        with open(source, "rb") as held:  # the temporary name shares its lock: a
+            hold_lock(held.fileno())          # cleaner leaves it while it is in use
+            temporary = target.with_name(f"{temporary_name(target)}{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            try:
+                os.link(source, temporary)
+                os.replace(temporary, target)
+                return
+            except OSError:
+                temporary.unlink(missing_ok=True)
+    except OSError as error:
+        raise_if_disk_full(error, target)
+        raise
+    with atomic_write(target) as file, open(source, "rb") as copied:  # no hard links
+        shutil.copyfileobj(copied, file)

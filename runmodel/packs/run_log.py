@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._files import naming_disk_full
 from ..core import Pack, hook
 from ..core.folders import prepare_folder
 
@@ -39,7 +40,7 @@ class RunLog(Pack):
                                         f"RunLog({str(self.path / 'run.log')!r})")
 
     def write(self, text: str) -> None:
-        with open(self.path, "a") as log:
+        with naming_disk_full(self.path), open(self.path, "a") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
     @hook(rank=0)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._files import naming_disk_full
 from ..core import Hook, HookOptions, Pack
 from ..core.folders import prepare_folder
 
@@ -61,13 +62,23 @@ class TensorBoard(Pack):
 
         self.writer = SummaryWriter(log_dir=str(self.directory))
 
+    def _file(self) -> Path:
+        """The event file being written (for an error to name), else the folder."""
+        writer = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
+        return Path(getattr(writer, "_file_name", self.directory))
+
     def log_step(self, engine: Any) -> None:
         loss = engine.state.loss
         if loss is not None:
-            self.writer.add_scalar(f"{engine.state.mode}/loss_step", float(loss.detach()),
-                                   engine.state.step + 1)
+            with naming_disk_full(self._file()):  # its writer thread's error shows here
+                self.writer.add_scalar(f"{engine.state.mode}/loss_step", float(loss.detach()),
+                                       engine.state.step + 1)
 
     def log_epoch(self, engine: Any) -> None:
+        with naming_disk_full(self._file()):
+            self._log_epoch(engine)
+
+    def _log_epoch(self, engine: Any) -> None:
         s = engine.state
         step, mode = s.step, s.mode
         if "loss" not in s.metrics and isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1:
@@ -95,7 +106,8 @@ class TensorBoard(Pack):
 
     def close(self, engine: Any) -> None:
         if self.writer is not None:
-            if self.hparams:
-                self.log_hparams(engine.state.metrics, engine.state.mode)
-            self.writer.close()
-            self.writer = None
+            with naming_disk_full(self._file()):
+                if self.hparams:
+                    self.log_hparams(engine.state.metrics, engine.state.mode)
+                writer, self.writer = self.writer, None
+                writer.close()

@@ -386,8 +386,11 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
     for path in (directory / "checkpoint").iterdir():  # as if it died before the first one
         path.unlink()
     before = snapshot(directory)
-    with pytest.raises(FileNotFoundError, match="has no checkpoint to resume from"):
+    with pytest.raises(FileNotFoundError, match=r"has no checkpoint to resume from: the run "
+                       r"\(status finished\) ended before it wrote its first one; start it "
+                       r"again with --restart") as caught:
         execute(config, project.root, base=project.dir, resume=True)
+    assert "checkpoint pack" not in str(caught.value)  # the config has one: no advice to add it
     assert snapshot(directory) == before
     with pytest.raises(FileNotFoundError, match="is not a run directory"):
         runmodel.config.rundir.resume_dir(project.dir / "nothing")

@@ -124,14 +124,14 @@ def parameters(model: Net) -> list[torch.Tensor]:
 
 
 def train(make_data: Callable[[], Any], folder: Path | None = None,
-          resume: Path | None = None) -> Net:
+          resume: Path | None = None, epochs: int = EPOCHS) -> Net:
     torch.manual_seed(123)  # where the run's generator stands before it starts
     model, engine = Net(make_data), runmodel.Engine()
     if folder is not None:
         engine.attach(Checkpoint(folder, every="1st", keep=None))
     with warnings.catch_warnings():  # a resumed run attaches no Checkpoint pack
         warnings.filterwarnings("ignore", message="saved state of pack 'checkpoint'")
-        engine.run(model, epochs=EPOCHS, resume=resume)
+        engine.run(model, epochs=epochs, resume=resume)
     return model
 
 
@@ -180,3 +180,35 @@ def test_a_resumed_epoch_with_no_batches_left_ends_without_an_error(tmp_path: Pa
     result = again.run(Net(DATA["shuffled"]), steps=9,
                        resume=tmp_path / "ckpt-00000-0000000006.pt")
     assert (result.steps, result.epochs) == (9, 1)
+
+
+class Noisy(Counted):
+    """Random augmentation: noise drawn in the worker that loads the sample."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        x, y = super().__getitem__(index)
+        return x + 0.1 * torch.rand(x.shape), y
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "own generator", "stateful",
+                                  "own generator, augmented in workers"])
+def test_resumed_from_an_epoch_end_checkpoint_ends_as_the_straight_run(
+        kind: str, tmp_path: Path) -> None:
+    # an epoch-end checkpoint holds no position in the epoch, but it holds the loader's
+    # own generators: the next epoch's order (and the workers' seeds) are drawn from them
+    make = DATA.get(kind) or (lambda: DataLoader(
+        Noisy(*tensors()), batch_size=BATCH, shuffle=True, num_workers=2,
+        generator=torch.Generator().manual_seed(7)))
+
+    def run(epochs: int, resume: Path | None) -> Net:
+        torch.manual_seed(123)
+        model, engine = Net(make), runmodel.Engine()
+        engine.attach(Checkpoint(tmp_path, every="1ep", keep=1))
+        engine.run(model, epochs=epochs, resume=resume)
+        return model
+
+    straight = parameters(train(make, epochs=4))
+    run(2, None)
+    assert [p.name for p in checkpoints_in(tmp_path)] == ["ckpt-00002-0000000012.pt"]
+    resumed = parameters(run(4, tmp_path))
+    assert all(torch.equal(p, q) for p, q in zip(resumed, straight, strict=True)), kind

@@ -1,0 +1,40 @@
+"""The check a checkpoint save makes of the weights: never write non-finite parameters
+over the good checkpoints. Made at the save only (one device sync then), never per step;
+buffers and the loss are not checked, because AMP's scaler and masks hold inf on purpose."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["check_finite_parameters"]
+
+
+def check_finite_parameters(engine: Any, epoch: int, step: int) -> None:
+    """Raise, naming the step and the parameters, if the model's parameters hold NaN or
+    inf."""
+    get_module = getattr(engine.model, "model", None)
+    module = get_module() if callable(get_module) else None
+    if not isinstance(module, torch.nn.Module):
+        return
+    params = [_local(p) for p in module.parameters()]
+    params = [p for p in params if p.is_floating_point() or p.is_complex()]
+    if not params:
+        return
+    if bool(torch.stack([p.isfinite().all().to(params[0].device) for p in params]).all()):
+        return
+    bad = [name for name, p in module.named_parameters()
+           if (p.is_floating_point() or p.is_complex()) and not bool(_local(p).isfinite().all())]
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    raise FloatingPointError(
+        f"not saving the checkpoint of epoch {epoch}, step {step}: parameters {shown} hold "
+        f"NaN or inf (the training diverged), and the checkpoints before it are kept. Attach "
+        f"runmodel.packs.NaNGuard() to skip (or stop at) the steps whose loss or gradients are "
+        f"not finite, or lower the learning rate, and resume from the last good checkpoint")
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A sharded parameter's own shard (a DTensor's local tensor); else the tensor."""
+    to_local = getattr(p, "to_local", None)
+    return (to_local() if callable(to_local) else p).detach()
