@@ -30,10 +30,10 @@ _EXPORTS = {
                      "register_loss", "register_model", "register_optimizer", "register_pack"),
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
-    "execute": "config.rundir",
+    "execute": "runs",
 }
 _SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
-                "modes", "packs")
+                "modes", "packs", "runs")
 
 __all__ = [
     "MODES",
@@ -116,7 +116,7 @@ if TYPE_CHECKING:
         register_pack,
     )
     from .config.runconfig import RunConfig, load_config
-    from .config.rundir import execute
+    from .runs import execute
     from .core import (
         MODES,
         PHASES,

@@ -27,7 +27,7 @@ from . import plot as plotting  # its module imports only the standard library
 from .core.phases import MODES
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
-    from .config.rundir import PreparedRun
+    from .runs import PreparedRun
     from .core import RunResult
     from .engine import Engine
     from .models import Model
@@ -194,7 +194,7 @@ def _is_config(source: str) -> bool:
 def _prepare_config(args: argparse.Namespace) -> PreparedRun:
     """A config run, with --mode/--epochs/--steps/--device as overrides."""
     from .config.runconfig import load_config
-    from .config.rundir import prepare
+    from .runs import prepare
 
     overrides = list(args.options)
     overrides += [f"{key}={getattr(args, key)!r}" for key in ("mode", "epochs", "steps", "device")
@@ -208,7 +208,7 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from .config.rundir import INTERRUPTED, list_runs, resume_dir, runs_table
+    from .runs import INTERRUPTED, list_runs, resume_dir, runs_table
     from .modes import Benchmark, Profile
 
     if args.command == "runs":

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 import runmodel
-import runmodel.config.rundir
+import runmodel.runs.config_run
 from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
-from runmodel.config.rundir import RunExists, execute, prepare, read_status, run_dir_for
+from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
 
 from helpers import make_data
 
@@ -315,7 +315,7 @@ def test_restart_moves_the_old_run_aside(project: Project) -> None:
 def test_two_restarts_in_one_second_keep_both_old_runs(project: Project,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     frozen = types.SimpleNamespace(strftime=lambda *args: "20250101-120000", time=time.time)
-    monkeypatch.setattr(runmodel.config.rundir, "time", frozen)  # both restarts in one second
+    monkeypatch.setattr(runmodel.runs.config_run, "time", frozen)  # both restarts in one second
     config = project.load(packs=())
     execute(config, project.root, base=project.dir)
     execute(config, project.root, base=project.dir, restart=True)
@@ -390,7 +390,7 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
         execute(config, project.root, base=project.dir, resume=True)
     assert snapshot(directory) == before
     with pytest.raises(FileNotFoundError, match="is not a run directory"):
-        runmodel.config.rundir.resume_dir(project.dir / "nothing")
+        runmodel.runs.resume_dir(project.dir / "nothing")
 
 
 def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(

@@ -1,4 +1,4 @@
-"""Run directories: every config run lands in a folder derived from its config.
+"""Config runs: every config run lands in a folder derived from its config.
 
     runs/digits-hidden128_adam-lr0.005_3f9a2c1b40/
         config.json      the canonical config (its hash is in the folder's name)
@@ -17,7 +17,6 @@ restarts only when asked, and never overwrites a run silently.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -33,11 +32,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import checkpoints_in
-from ..core import Pack, RunResult
-from ..engine import Engine
-from ..models import configure_engine, load_source
-from ..packs import RunLog
-from .registry import (
+from ..config.registry import (
     Spec,
     make_backend,
     make_interface,
@@ -46,10 +41,14 @@ from .registry import (
     optimizer_factory,
     registries,
 )
-from .runconfig import RunConfig
+from ..config.runconfig import RunConfig
+from ..core import Pack, RunResult
+from ..engine import Engine
+from ..models import configure_engine, load_source
+from ..packs import RunLog
+from .folder import read_json, read_status, write_json
 
-__all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
-           "run_dir_for", "runs_table"]
+__all__ = ["PreparedRun", "RunExists", "execute", "prepare", "resume_dir", "run_dir_for"]
 
 
 #: Packs every config run has (with their defaults) unless its config lists them itself.
@@ -62,33 +61,6 @@ class RunExists(FileExistsError):
 
 def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     return Path(root) / config.run_name()
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temporary, path)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def read_status(directory: Path) -> dict[str, Any]:
-    """The run's status; a run marked running whose process is gone was interrupted."""
-    status = _read_json(directory / "status.json")
-    if (status.get("status") == "running" and status.get("host") == socket.gethostname()
-            and status.get("pid")):  # pid 0 would ask about our own process group
-        try:
-            os.kill(int(status.get("pid", 0)), 0)
-        except (ProcessLookupError, ValueError):
-            status["status"] = "interrupted"
-        except PermissionError:
-            pass
-    return status
 
 
 def _seed(seed: int) -> None:
@@ -129,11 +101,11 @@ class PreparedRun:
         """
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(run_dir / "config.json", config.to_dict())
+        write_json(run_dir / "config.json", config.to_dict())
         status = {"status": "running", "started": time.time(), "pid": os.getpid(),
                   "host": socket.gethostname(), "digest": config.digest(),
                   "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or "")}
-        _write_json(run_dir / "status.json", status)
+        write_json(run_dir / "status.json", status)
         try:
             with _ctrl_c_stops(self.engine):
                 result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
@@ -141,7 +113,7 @@ class PreparedRun:
                                          resume=self.checkpoint)
             if result.reason == INTERRUPTED:
                 status.update(status="interrupted", ended=time.time(), error=INTERRUPTED)
-                _write_json(run_dir / "status.json", status)
+                write_json(run_dir / "status.json", status)
                 return result
             if config.mode == "train":
                 self._after_training(result)
@@ -149,13 +121,13 @@ class PreparedRun:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", ended=time.time(),
                           error=f"{type(error).__name__}: {error}")
-            _write_json(run_dir / "status.json", status)
+            write_json(run_dir / "status.json", status)
             raise
-        _write_json(run_dir / "metrics.json", {
+        write_json(run_dir / "metrics.json", {
             "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
             "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
         status.update(status="finished", ended=time.time())
-        _write_json(run_dir / "status.json", status)
+        write_json(run_dir / "status.json", status)
         return result
 
 
@@ -284,7 +256,7 @@ def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None,
                **options: Any) -> PreparedRun:
     """Prepare the run in ``directory`` to continue from its newest checkpoint."""
     directory = Path(directory)
-    data = _read_json(directory / "config.json")
+    data = read_json(directory / "config.json")
     if not data:
         raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
     base = read_status(directory).get("base", ".")
@@ -292,59 +264,3 @@ def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None,
                    directory=directory, resume=True, base=base, engine=engine, **options)
 
 
-@dataclass
-class RunInfo:
-    """A run directory as ``runmodel runs`` shows it."""
-
-    path: Path
-    config: dict[str, Any]
-    status: str
-    metrics: dict[str, Any]
-    steps: int | None
-
-
-def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
-    """Every run directory under ``root`` (folders with a ``config.json``), by start time."""
-    found = []
-    for config_file in sorted(Path(root).glob("*/config.json")):
-        directory = config_file.parent
-        status = read_status(directory)
-        result = _read_json(directory / "metrics.json")
-        found.append(RunInfo(directory, _read_json(config_file), status.get("status", "unknown"),
-                             result.get("metrics", {}), result.get("steps")))
-    found.sort(key=lambda run: _read_json(run.path / "status.json").get("started", 0))
-    return found
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: json.dumps(data) if isinstance(data, list) else data}
-
-
-def runs_table(runs: list[RunInfo]) -> str:
-    """A table of runs: name, status, the config values that differ, final metrics."""
-    if not runs:
-        return "no runs"
-    flats = [_flatten(run.config) for run in runs]
-    keys = sorted({k for flat in flats for k in flat})
-    differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
-    metric_names = sorted({m for run in runs for m in run.metrics})
-    header = ["run", "status", *differing, "steps", *metric_names]
-    rows = [header]
-    for run, flat in zip(runs, flats, strict=True):
-        rows.append([run.path.name, run.status, *(str(flat.get(k, "-")) for k in differing),
-                     str(run.steps if run.steps is not None else "-"),
-                     *(_fmt(run.metrics.get(m)) for m in metric_names)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
