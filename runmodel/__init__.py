@@ -116,7 +116,6 @@ if TYPE_CHECKING:
         register_pack,
     )
     from .config.runconfig import RunConfig, load_config
-    from .runs import execute
     from .core import (
         MODES,
         PHASES,
@@ -138,3 +137,4 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .modes import Benchmark, Eval, Infer, Profile, Train
+    from .runs import execute

@@ -25,11 +25,12 @@ from typing import Any, cast
 
 import torch
 
-__all__ = ["FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load", "read",
-           "rng_state", "save", "set_rng_state"]
+__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "FormatError", "Writer", "checkpoints_in", "load",
+           "read", "rng_state", "run_of", "save", "set_rng_state"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
+BEST_PATTERN = "best-*.pt"  # the best-K by a metric: best-<metric>=<value>-<epoch>-<step>.pt
 
 
 class _Foreign(ValueError):
@@ -255,10 +256,17 @@ def _check_loadable(value: Any, where: str) -> None:
 
 def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
     """The checkpoint files in ``directory`` (or in its ``checkpoint/`` folder), newest
-    first."""
+    first; where there are none but best ones (``Checkpoint(keep=0, best=...)``), those."""
     directory = Path(directory)
-    found = sorted(directory.glob(PATTERN)) or sorted((directory / "checkpoint").glob(PATTERN))
-    return found[::-1]  # names sort by epoch, then step
+    for folder in (directory, directory / "checkpoint"):
+        found = sorted(folder.glob(PATTERN))  # names sort by epoch, then step
+        if found:
+            return found[::-1]
+    for folder in (directory, directory / "checkpoint"):
+        best = sorted(folder.glob(BEST_PATTERN), key=lambda p: p.stem.rsplit("-", 2)[1:])
+        if best:
+            return best[::-1]
+    return []
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -273,6 +281,20 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
                           f"by a newer runmodel; this one reads formats 1 to {FORMAT}: "
                           f"upgrade runmodel to resume it")
     return state
+
+
+def run_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run record in the checkpoint file ``path`` (``{"id": ..., "started": ...,
+    "max_epochs": ..., "max_steps": ...}``; ``{}`` for one written before runs had
+    records; None for a file that is no readable checkpoint), read without loading the
+    tensors' bytes (memory-mapped)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a torn or foreign file: not a checkpoint of any run
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("engine"), dict):
+        return None
+    return dict(state["engine"].get("run") or {})
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:

@@ -27,10 +27,10 @@ from . import plot as plotting  # its module imports only the standard library
 from .core.phases import MODES
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
-    from .runs import PreparedRun
     from .core import RunResult
     from .engine import Engine
     from .models import Model
+    from .runs import PreparedRun
 
 __all__ = ["main"]
 
@@ -208,8 +208,8 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from .runs import INTERRUPTED, list_runs, resume_dir, runs_table
     from .modes import Benchmark, Profile
+    from .runs import INTERRUPTED, list_runs, resume_dir, runs_table
 
     if args.command == "runs":
         print(runs_table(list_runs(args.dir)))

@@ -69,7 +69,7 @@ class Engine(core.Engine):
                              '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
                              'resume="DIR"')
         newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
-                     key=lambda c: c.name, default=None)  # names sort by epoch, then step
+                     key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
         if newest is None:
             print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                   f"starting fresh", file=sys.stderr)

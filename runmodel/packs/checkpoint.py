@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,16 @@ class Checkpoint(Pack):
     ``best=("eval_accuracy", "max")`` also keeps the best ``keep_best`` checkpoints by
     that metric of ``engine.state.metrics`` (``"min"`` for a loss), as
     ``best-<metric>=<value>-<epoch>-<step>.pt`` beside the newest ones; ``resume=`` with
-    the folder still takes the newest checkpoint, not the best.
+    the folder still takes the newest checkpoint, not the best. ``keep=0`` with ``best=``
+    keeps the best alone (and ``resume="auto"`` continues from the newest of them).
+    ``best_path`` and ``last_path`` name the best and the newest checkpoint (also in the
+    run's ``result.files``).
+
+    The folder holds one run's checkpoints (``docs/runs.md``): every checkpoint records
+    the run that wrote it (its id and start time). A run started afresh (no
+    ``resume=``) into a folder that holds another run's checkpoints is refused at setup,
+    unless ``overwrite=True``, which moves the old run's files into a subfolder
+    ``previous-<run id>/`` (nothing is deleted) and starts afresh.
 
     A run resumed from any of them goes on exactly as a straight run would, also from one
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
@@ -44,12 +54,14 @@ class Checkpoint(Pack):
 
     def __init__(self, directory: str | os.PathLike[str], every: int | str = "1ep",
                  keep: int | None = 2, best: tuple[str, str] | None = None,
-                 keep_best: int = 1, async_save: bool = False) -> None:
+                 keep_best: int = 1, async_save: bool = False, overwrite: bool = False) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), got {keep!r}")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0
+                                 or (keep == 0 and best is None)):
+            raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
+                             f"best= (keep only the best); got {keep!r}")
         if best is not None and not (isinstance(best, (tuple, list)) and len(best) == 2
                                      and isinstance(best[0], str) and best[1] in ("min", "max")):
             raise ValueError(f"best= names a metric and whether lower or higher is better, as "
@@ -58,6 +70,9 @@ class Checkpoint(Pack):
             raise ValueError(f"keep_best= must be a whole number >= 1, got {keep_best!r}")
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite= takes True or False, got {overwrite!r}")
+        self.overwrite = overwrite
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
         self.saved: list[str] = []
@@ -67,7 +82,77 @@ class Checkpoint(Pack):
         # the lists before the save being written: put back if writing it fails
         self._rollback: tuple[list[str], list[tuple[float, str]]] | None = None
 
+    @property
+    def last_path(self) -> Path | None:
+        """The newest checkpoint this pack wrote or resumed with (None: none yet)."""
+        return self.directory / self.saved[-1] if self.saved else None
+
+    @property
+    def best_path(self) -> Path | None:
+        """The best checkpoint by ``best=``'s metric (None: no ``best=``, or none yet)."""
+        return self.directory / self.best_saved[0][1] if self.best_saved else None
+
+    def folder_run(self) -> dict[str, Any] | None:
+        """The run whose checkpoints the folder holds, as its newest readable checkpoint
+        records it (``{}``: checkpoints written before runs had records, which count as
+        one run's); None for a folder without checkpoints."""
+        for path in checkpoint.checkpoints_in(self.directory) if self.directory.is_dir() else ():
+            if path.parent != self.directory:
+                break  # checkpoints_in looks into DIR/checkpoint/ too: not this folder
+            record = checkpoint.run_of(path)
+            if record is not None:
+                return record
+        return None
+
+    def check_setup(self, engine: Any) -> None:
+        """The folder holds one run's checkpoints: a fresh run into one that holds a run
+        is refused (unless ``overwrite=True``), and so is continuing another run there."""
+        if engine.state.kind != "train":
+            return
+        holder, record = self.folder_run(), engine.run_record
+        self._move_old = False
+        if holder is None:
+            return
+        if engine.resumed_from is None:
+            if self.overwrite:
+                self._move_old = True
+                return
+            started = holder.get("started")
+            when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" \
+                if isinstance(started, (int, float)) else ""
+            name = f"run {holder['id']}{when}" if holder.get("id") else "a run"
+            raise FileExistsError(
+                f"{self.directory} holds the checkpoints of {name}; this run starts from step "
+                f"0. Continue that run with resume=\"auto\", give this run another folder, or "
+                f"use Checkpoint({str(self.directory)!r}, overwrite=True) to move the old run "
+                f"into {self.directory / 'previous-<run id>'} and start afresh (nothing is "
+                f"deleted)")
+        if holder.get("id") and holder["id"] != record.get("id"):
+            raise FileExistsError(
+                f"{self.directory} holds the checkpoints of run {holder['id']}, and this run "
+                f"continues run {record.get('id')} (from {engine.resumed_from}); a folder "
+                f"holds one run's checkpoints: give this run another folder")
+
+    def setup(self, engine: Any) -> None:
+        """``overwrite=True`` on a folder that holds a run: move it aside."""
+        if getattr(self, "_move_old", False):
+            self._move_old = False
+            self._move_aside()
+
+    def _move_aside(self) -> Path:
+        holder = self.folder_run() or {}
+        base = f"previous-{holder.get('id') or time.strftime('%Y%m%d-%H%M%S')}"
+        target, n = self.directory / base, 2
+        while target.exists():
+            target, n = self.directory / f"{base}-{n}", n + 1
+        target.mkdir(parents=True)
+        for item in sorted(self.directory.iterdir()):
+            if item.is_file() and item.suffix == ".pt":
+                os.replace(item, target / item.name)
+        return target
+
     def hooks(self) -> Iterator[Hook]:
+        yield Hook(self.setup, "setup", HookOptions.of(modes="train", rank=0, priority=1000))
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
         # last: after other hooks' state changes
         yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
@@ -88,6 +173,9 @@ class Checkpoint(Pack):
             return self._write(engine, counters)
         finally:
             self.wait()
+            s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
+                                                    ("last_checkpoint", self.last_path))
+                            if v is not None})
 
     def save(self, engine: Any) -> Path:
         s = engine.state
@@ -124,7 +212,7 @@ class Checkpoint(Pack):
             # the lists saved inside the checkpoint already hold the checkpoint itself, so
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
-            self.saved = kept[-self.keep:] if self.keep is not None else kept
+            self.saved = kept if self.keep is None else kept[-self.keep:] if self.keep else []
             best_name = self._rank_best(s.metrics, epoch, step)
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
