@@ -17,6 +17,8 @@ from .modes import as_mode
 if TYPE_CHECKING:
     import ignite.engine
 
+    from .packs.run_folder import RunFolder
+
 __all__ = ["Engine"]
 
 
@@ -30,8 +32,8 @@ class Engine(core.Engine):
     def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
             backend: core.Backend | Spec | str | dict[str, Any] | None = None,
-            resume: str | os.PathLike[str] | Literal["auto"] | None = None
-            ) -> core.RunResult:
+            resume: str | os.PathLike[str] | Literal["auto"] | None = None,
+            run_dir: str | os.PathLike[str] | None = None) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
         ``epochs`` epochs.
@@ -44,8 +46,16 @@ class Engine(core.Engine):
         readable one), or ``"auto"``: the newest checkpoint of the attached ``Checkpoint``
         packs when there is one, else a fresh start (which, is said on stderr), so a script
         rerun after a crash goes on where it was.
+
+        ``run_dir`` gives a train run the folder a config run has (``docs/runs.md``):
+        ``run.json`` (how it was started), ``status.json``, ``metrics.json``, ``run.log``,
+        the trained weights and TensorBoard events; packs given relative folders
+        (``Checkpoint("checkpoint")``, ``TensorBoard``, ``Profile``) put them inside it.
+        ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
+        config run. A folder holding a run is continued with ``resume="auto"`` only.
         """
         mode = as_mode(mode)
+        folder = self._run_folder(Path(run_dir), mode) if run_dir is not None else None
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
         prepares = (make_backend(backend or "plain") if backend is None
@@ -53,8 +63,43 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        return super().run(model, mode, steps=steps, epochs=epochs,
-                           setup_options=setup_options, backend=prepares, resume=resume)
+        if folder is not None:
+            folder.check_start(resuming=resume is not None)
+        if folder is None:
+            return super().run(model, mode, steps=steps, epochs=epochs,
+                               setup_options=setup_options, backend=prepares, resume=resume)
+        handle = self.attach(folder)
+        try:
+            result = super().run(model, mode, steps=steps, epochs=epochs,
+                                 setup_options=setup_options, backend=prepares, resume=resume)
+        except BaseException as error:
+            folder.finish(self, None, error)
+            raise
+        finally:
+            handle.detach()
+        folder.finish(self, result)
+        return result
+
+    def _run_folder(self, run_dir: Path, mode: core.Mode) -> RunFolder | None:
+        """``run_dir``: relative folders of attached packs (and of a Profile mode) go
+        inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
+        a TensorBoard pack is attached)."""
+        from .packs import TensorBoard
+        from .packs.run_folder import RunFolder, start_record
+
+        packs = list(self.table.packs.values())
+        for holder in (*packs, mode):
+            directory = getattr(holder, "directory", None)
+            inside = isinstance(directory, Path) and (
+                directory.parts[:len(run_dir.parts)] == run_dir.parts)
+            if isinstance(directory, Path) and not directory.is_absolute() and not inside:
+                setattr(holder, "directory", run_dir / directory)  # noqa: B010
+        if mode.kind != "train":
+            return None
+        folder = RunFolder(run_dir, start_record(self.table.packs, mode.name))
+        if not any(isinstance(p, TensorBoard) for p in packs):
+            setattr(folder, "tensorboard", TensorBoard(run_dir / "tensorboard"))  # noqa: B010
+        return folder
 
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest

@@ -57,7 +57,7 @@ class Snapshots:
         for key, pack_state in state.get("packs", {}).items():
             if key in self.table.packs:
                 self.table.packs[key].load_state_dict(pack_state)
-            else:
+            elif pack_state:  # a pack without state (a run folder's log) loses nothing
                 warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
                               f"(attached: {sorted(self.table.packs) or 'none'})", stacklevel=2)
 

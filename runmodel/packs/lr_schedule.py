@@ -130,7 +130,8 @@ class LRSchedule(Pack):
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(self._pending)
             self._pending = None
-        if not self._restored:  # a run from the start
+        restored = self._restored
+        if not restored:  # a run from the start
             self.optimizer_steps = 0
         self._restored = False
         model = engine.model
@@ -140,7 +141,10 @@ class LRSchedule(Pack):
         self._base = [g.setdefault("initial_lr", g["lr"]) for g in groups]
         if self.optimizer_steps < self.warmup_steps:
             self._warm(groups, self.optimizer_steps)
-        engine.state.metrics["lr"] = float(groups[0]["lr"])
+        if not restored or "lr" not in engine.state.metrics:
+            # a resumed run's optimizer gets its checkpoint's lr after the setup hooks: the
+            # lr until the next step is the checkpoint's, which state.metrics holds already
+            engine.state.metrics["lr"] = float(groups[0]["lr"])
 
     def stepped(self, engine: Engine, default: Callable[[Engine], Any]) -> None:
         """The optimizer step, then this pack's step after it."""
