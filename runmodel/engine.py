@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +21,12 @@ if TYPE_CHECKING:
     from .packs.run_folder import RunFolder
 
 __all__ = ["Engine"]
+
+#: While the ``runmodel`` command runs a script (``runmodel eval RUN_DIR`` on a script
+#: run, ``runmodel describe script.py``...): called, once, in place of the script's first
+#: ``engine.run`` with the engine, the model and the run's arguments, to do the asked thing
+#: instead of training (set by ``runmodel.runs.script``, above the engine).
+instead_of_run: Callable[[Engine, Any, dict[str, Any]], Any] | None = None
 
 
 class Engine(core.Engine):
@@ -54,6 +61,12 @@ class Engine(core.Engine):
         ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
         config run. A folder holding a run is continued with ``resume="auto"`` only.
         """
+        global instead_of_run
+        if instead_of_run is not None:
+            asked, instead_of_run = instead_of_run, None
+            return asked(self, model, {
+                "mode": mode, "steps": steps, "epochs": epochs, "setup_options": setup_options,
+                "backend": backend, "resume": resume, "run_dir": run_dir})
         mode = as_mode(mode)
         folder = self._run_folder(Path(run_dir), mode) if run_dir is not None else None
         if resume == "auto":
@@ -94,7 +107,7 @@ class Engine(core.Engine):
                 directory.parts[:len(run_dir.parts)] == run_dir.parts)
             if isinstance(directory, Path) and not directory.is_absolute() and not inside:
                 setattr(holder, "directory", run_dir / directory)  # noqa: B010
-        if mode.kind != "train":
+        if mode.name != "train":
             return None
         folder = RunFolder(run_dir, start_record(self.table.packs, mode.name))
         if not any(isinstance(p, TensorBoard) for p in packs):

@@ -107,7 +107,7 @@ class Checkpoint(Pack):
     def check_setup(self, engine: Any) -> None:
         """The folder holds one run's checkpoints: a fresh run into one that holds a run
         is refused (unless ``overwrite=True``), and so is continuing another run there."""
-        if engine.state.kind != "train":
+        if engine.state.mode != "train":  # the only mode it saves in
             return
         holder, record = self.folder_run(), engine.run_record
         self._move_old = False

@@ -91,6 +91,9 @@ class PreparedRun:
     engine: Engine
     checkpoint: Path | None
     base: Path
+    #: the length to run to, where it is not the config's (``runmodel resume --epochs``)
+    epochs: int | None = None
+    steps: int | None = None
 
     def run(self) -> RunResult:
         """Run it, recording status, metrics and the trained model in its directory.
@@ -102,14 +105,33 @@ class PreparedRun:
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "config.json", config.to_dict())
+        epochs = config.epochs if self.epochs is None else self.epochs
+        steps = config.steps if self.steps is None else self.steps
+        before = read_status(run_dir)  # the length the run has: changed once checks pass
         status = {"status": "running", "started": time.time(), "pid": os.getpid(),
                   "host": socket.gethostname(), "digest": config.digest(),
-                  "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or "")}
+                  "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or ""),
+                  "epochs": before.get("epochs", config.epochs),
+                  "steps": before.get("steps", config.steps),
+                  "extensions": before.get("extensions", [])}
         write_json(run_dir / "status.json", status)
+        engine = self.engine
+
+        @engine.on("setup", priority=1500, name="config_run.record")
+        def record(engine: Any) -> None:  # the run's id, and an extension, in its folder
+            status.update(run=engine.run_record.get("id"), epochs=epochs, steps=steps,
+                          run_started=engine.run_record.get("started"))
+            if engine.extension:
+                status.setdefault("extensions", []).append(engine.extension)
+                with open(run_dir / "run.log", "a") as log:
+                    log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} extended: "
+                              f"{engine.extension}\n")
+            write_json(run_dir / "status.json", status)
+
         try:
             with _ctrl_c_stops(self.engine):
-                result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
-                                         epochs=config.epochs, backend=self.backend,
+                result = self.engine.run(self.model, mode=config.mode, steps=steps,
+                                         epochs=epochs, backend=self.backend,
                                          resume=self.checkpoint)
             if result.reason == INTERRUPTED:
                 status.update(status="interrupted", ended=time.time(), error=INTERRUPTED)
@@ -123,10 +145,13 @@ class PreparedRun:
                           error=f"{type(error).__name__}: {error}")
             write_json(run_dir / "status.json", status)
             raise
+        finally:
+            record.detach()
         write_json(run_dir / "metrics.json", {
             "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-            "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
-        status.update(status="finished", ended=time.time())
+            "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
+            "files": result.files})
+        status.update(status="finished", ended=time.time(), files=result.files)
         write_json(run_dir / "status.json", status)
         return result
 
@@ -169,6 +194,30 @@ def _ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def build(config: RunConfig, base: str | os.PathLike[str] = ".") -> tuple[Any, Any]:
+    """The model and the backend ``config`` names, seeded (``base``: where relative
+    ``imports`` are found)."""
+    _seed(config.seed)
+    _import(config, Path(base))
+    model = make_model(config.model, device=config.device)
+    if config.interface is not None:
+        model.interface = make_interface(config.interface)
+    backend = make_backend(config.backend or "plain")
+    if config.optimizer is not None:  # a bad name or bad arguments show now
+        backend.optimizer = optimizer_factory(config.optimizer)
+    return model, backend
+
+
+def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
+    """The config of the config run in ``directory`` and the folder its relative
+    ``imports`` are found from."""
+    data = read_json(directory / "config.json")
+    if not data:
+        raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
+    base = Path(read_status(directory).get("base", "."))
+    return RunConfig.from_dict(data, source=str(directory / "config.json")), base
+
+
 def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             directory: str | os.PathLike[str] | None = None, resume: bool = False,
             restart: bool = False, base: str | os.PathLike[str] = ".",
@@ -185,14 +234,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     too (``runmodel run --timer`` gives a Timer).
     """
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
-    _seed(config.seed)
-    _import(config, Path(base))
-    model = make_model(config.model, device=config.device)
-    if config.interface is not None:
-        model.interface = make_interface(config.interface)
-    backend = make_backend(config.backend or "plain")
-    if config.optimizer is not None:  # a bad name or bad arguments show now
-        backend.optimizer = optimizer_factory(config.optimizer)
+    model, backend = build(config, base)
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events, and a run shows its
     # progress; a config that lists these packs sets their options
@@ -213,8 +255,9 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             found = checkpoints_in(run_dir)
             if not found:
                 raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from (give the "
-                                        f"config a checkpoint pack); start it again with "
-                                        f"--restart")
+                                        f"config a checkpoint pack); start it afresh with "
+                                        f"`runmodel run CONFIG --restart` (CONFIG: the config "
+                                        f"file that made it)")
             checkpoint = found[0].parent
         else:
             raise RunExists(f"{run_dir} holds a run of this config already (status: "
@@ -252,15 +295,21 @@ def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options:
     return prepared.run(), prepared.directory
 
 
-def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None,
+def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None, *,
+               epochs: int | None = None, steps: int | None = None,
                **options: Any) -> PreparedRun:
-    """Prepare the run in ``directory`` to continue from its newest checkpoint."""
+    """Prepare the run in ``directory`` to continue from its newest checkpoint; with
+    ``epochs``/``steps``, to that length (more than it has: an extension, recorded in
+    its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
-    data = read_json(directory / "config.json")
-    if not data:
-        raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
-    base = read_status(directory).get("base", ".")
-    return prepare(RunConfig.from_dict(data, source=str(directory / "config.json")),
-                   directory=directory, resume=True, base=base, engine=engine, **options)
+    config, base = load_run_config(directory)
+    prepared = prepare(config, directory=directory, resume=True, base=base, engine=engine,
+                       **options)
+    prepared.epochs, prepared.steps = epochs, steps
+    if epochs is None and steps is None:  # the length it has now (after an extension)
+        status = read_status(directory)
+        prepared.epochs = status.get("epochs", config.epochs)
+        prepared.steps = status.get("steps", config.steps)
+    return prepared
 
 
