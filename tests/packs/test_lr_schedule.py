@@ -273,7 +273,7 @@ def test_extending_a_run_whose_schedule_spans_its_length_is_refused(tmp_path: Pa
                                          r"out over the run's total length"):
         engine.run(Tiny(), epochs=4, resume="auto")
     assert steps == []
-    halving, _, _ = train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=2)
+    train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=2)
     more, result, _ = train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=3,
                             resume=tmp_path / "b")  # a step schedule extends
     assert len(more) == 4 and result.epochs == 3
