@@ -67,8 +67,10 @@ class Position:
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """What a checkpoint keeps; ``counters``: where a run resumed from it starts."""
         batches = self.batches(counters)
-        if not batches:
-            return {"batches": 0}
+        if not batches:  # at an epoch's end: the next epoch draws from the loader's own
+            # generators (a DataLoader's generator=) as they are now, as a straight run would
+            generators = getattr(self.tracker, "generators", None) or []
+            return {"batches": 0, "generators": [g.get_state() for g in generators]}
         return {"batches": batches, "epoch_rng": self.epoch_rng,
                 "data": None if self.tracker is None else self.tracker.state()}
 
@@ -78,6 +80,9 @@ class Position:
         batches = int(saved.get("batches", 0))
         if not batches:
             _set_rng_state(rng)
+            generators = getattr(self.tracker, "generators", None) or []
+            for generator, state in zip(generators, saved.get("generators", []), strict=False):
+                generator.set_state(state)
             return
         self.skipped_before = self.state.skipped - (batches - self.state.epoch_step)
         self.epoch_rng = saved["epoch_rng"]

@@ -217,6 +217,8 @@ class Checkpoint(Pack):
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
+            if self.keep == 0:  # only the best are kept: this file goes once linked
+                old.add(name)
             finish = _Finish(path, None if best_name is None else self.directory / best_name,
                              [self.directory / n for n in sorted(old)])
             snapshot = engine.snapshot(counters)
