@@ -31,9 +31,10 @@ _EXPORTS = {
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
+    "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
 }
 _SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
-                "modes", "packs", "runs")
+                "modes", "packs", "runs", "sweeps")
 
 __all__ = [
     "MODES",
@@ -81,6 +82,7 @@ __all__ = [
     "register_model",
     "register_optimizer",
     "register_pack",
+    "sweep",
 ]
 
 
@@ -138,3 +140,4 @@ if TYPE_CHECKING:
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute
+    from .sweeps import sweep

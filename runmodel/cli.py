@@ -116,6 +116,31 @@ def _parser() -> argparse.ArgumentParser:
         if name == "infer":
             trained.add_argument("--output", "-o", metavar="FILE.pt", required=True,
                                  help="where the outputs go (torch.save)")
+    sweep = commands.add_parser(
+        "sweep", help="search a config's values over many runs (on Optuna)",
+        description="search a config's values over many config runs, pruning the hopeless "
+        "ones (on Optuna); the same command again continues the sweep")
+    sweep.add_argument("source", metavar="CONFIG", help="a config file; its [sweep] table "
+                       "says what to search (the options below override it)")
+    sweep.add_argument("--param", dest="params", action="append", default=[],
+                       metavar="KEY=SPACE", help="a config key and its space, as in "
+                       "--param 'model.args.hidden={choice = [32, 64]}' (repeatable); spaces: "
+                       "uniform, log_uniform, int, choice")
+    sweep.add_argument("--trials", type=_count, help="finished trials wanted (default 10)")
+    sweep.add_argument("--metric", help="the metric to optimize, as in eval_accuracy")
+    sweep.add_argument("--direction", choices=("max", "min"), help="default: max")
+    sweep.add_argument("--sampler", help="tpe (default) or random")
+    sweep.add_argument("--pruner", help="median (default), percentile, hyperband, "
+                       "successive_halving or none")
+    sweep.add_argument("--seed", type=int, help="the sampler's seed (default: the config's)")
+    sweep.add_argument("--storage", help="an Optuna storage URL shared by several machines "
+                       "(default: a journal file in the sweep's folder)")
+    sweep.add_argument("--jobs", type=_count, default=1, help="trials at a time, each in "
+                       "its own process (default 1)")
+    sweep.add_argument("--runs-dir", default="runs", help="the sweep's folder goes here")
+    sweep.add_argument("--set", dest="options", action="append", default=[],
+                       metavar="KEY=VALUE", help="a config value for every trial (repeatable)")
+    sweep.add_argument("--debug", action="store_true", help="show full tracebacks")
     plot = commands.add_parser("plot", help="plot config runs' loss and metric curves (PNG)",
                                description="plot the loss and metric curves of config runs "
                                "into one PNG")
@@ -399,7 +424,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         try:
             config, base = load_run_config(run_dir)
-            model, _ = build(config, base)
+            _, model, _ = build(config, base)
         except (OSError, ImportError, ValueError, TypeError, KeyError) as error:
             raise UsageError(str(error).strip("'\"")) from error
         result = evaluate_model(model, weights, args.command)
@@ -446,6 +471,37 @@ def _print_hint(error: BaseException) -> None:
         print(f"  {text}", file=sys.stderr)
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    """``runmodel sweep``: bad input is exit 2 before any trial; trials failing in a row
+    exit 1; Ctrl-C exits 130 with the running trials saved."""
+    try:
+        from .sweeps import SweepError, SweepFailed, parse_param, sweep
+
+        params = dict(parse_param(text) for text in args.params)
+        result = sweep(args.source, params=params, trials=args.trials,
+                       metric=args.metric, direction=args.direction, sampler=args.sampler,
+                       pruner=args.pruner, seed=args.seed, storage=args.storage,
+                       jobs=args.jobs, runs_dir=args.runs_dir, overrides=args.options)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (SweepError, ImportError) as error:
+        if args.debug:
+            traceback.print_exception(error)
+        print(f"runmodel sweep: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except SweepFailed as error:
+        print(f"runmodel sweep: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{result.complete} complete, {result.pruned} pruned, {result.failed} failed "
+          f"in {result.directory}")
+    if result.best:
+        best = result.best
+        print(f"best: trial {best['number']}, {result.metric} "
+              f"{best['value']:.4f}, " + ", ".join(f"{k}={v}" for k, v in best["params"].items())
+              + f"\n  {best['run_dir']}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runmodel`` command; returns the exit code."""
     parser = _parser()
@@ -458,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "plot":
         return plotting.main(args)
+    if args.command == "sweep":
+        return _sweep(args)
     try:
         if args.command == "run" and launch.asked_for(args):
             if _is_config(args.source):

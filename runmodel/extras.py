@@ -39,6 +39,7 @@ OPTIONAL: dict[str, Dependency] = {
     # StatefulDataLoader (exact resume mid-epoch with workers) is the user's choice of loader:
     # only the dev extra installs it, so say the pip name
     "torchdata": Dependency("torchdata", None),
+    "optuna": Dependency("optuna", "sweep"),
 }
 
 

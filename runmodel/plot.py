@@ -2,6 +2,7 @@
 
     runmodel plot runs/digits-* -o digits.png
     runmodel plot runs/a runs/b --metrics loss,eval_accuracy
+    runmodel plot runs/my_sweep -o sweep.png     # a sweep: its metric by each parameter
 
 One panel per quantity, one line per run, against the global step. The curves are what
 each run's TensorBoard pack wrote to ``RUN_DIR/tensorboard`` (every config run has one):
@@ -245,10 +246,59 @@ def plot(run_dirs: Iterable[str | Path], output: str | Path,
     path = Path(output)
     if not path.suffix:
         path = path.with_suffix(".png")
-    fig = figure(run_dirs, metrics)
+    run_dirs = list(run_dirs)
+    sweeps = [Path(d) for d in run_dirs if (Path(d) / "sweep.json").is_file()]
+    if sweeps and len(run_dirs) > 1:
+        raise ValueError(f"{sweeps[0]} is a sweep's folder: plot it alone")
+    fig = sweep_figure(sweeps[0]) if sweeps else figure(run_dirs, metrics)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
+
+
+def sweep_figure(folder: str | Path) -> Figure:
+    """A sweep's figure (``runmodel plot SWEEP_DIR``): its metric against each swept
+    parameter, one point per finished trial (a log axis for a ``log_uniform`` space), and
+    the best value so far by trial, in the order the trials started."""
+    require("matplotlib", needed_by="runmodel plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    folder = Path(folder)
+    sweep = _read_json(folder / "sweep.json")
+    metric, params = sweep.get("metric"), sweep.get("params") or {}
+    trials = []
+    for config_file in folder.glob("*/config.json"):
+        value = _read_json(config_file.parent / "metrics.json").get("metrics", {}).get(metric)
+        if isinstance(value, (int, float)):
+            started = _read_json(config_file.parent / "status.json").get("started", 0)
+            trials.append((started, _flatten(_read_json(config_file)), float(value)))
+    if not trials:
+        raise ValueError(f"{folder}: the sweep has no finished trial with {metric!r} yet")
+    trials.sort(key=lambda t: t[0])
+    panels = [*params, "best so far"]
+    columns = min(COLUMNS, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(PANEL[0] * columns, PANEL[1] * rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    values = [value for _, _, value in trials]
+    for i, key in enumerate(params):
+        axes = fig.add_subplot(rows, columns, i + 1)
+        xs: list[Any] = [json.loads(flat[key]) if key in flat else None for _, flat, _ in trials]
+        axes.scatter([str(x) for x in xs] if "choice" in params[key] else xs, values)
+        if "log_uniform" in params[key]:
+            axes.set_xscale("log")
+        axes.set(title=f"{metric} by {key}", xlabel=key, ylabel=metric)
+        axes.grid(alpha=0.3)
+    pick = max if sweep.get("direction", "max") == "max" else min
+    best = [pick(values[:n + 1]) for n in range(len(values))]
+    axes = fig.add_subplot(rows, columns, len(panels))
+    axes.plot(range(1, len(best) + 1), best, marker="o", markersize=3, label="best so far")
+    axes.scatter(range(1, len(values) + 1), values, s=9, alpha=0.5, label="trial")
+    axes.set(title=f"best {metric} so far", xlabel="trials finished", ylabel=metric)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    return fig
 
 
 def _names(text: str) -> list[str]:

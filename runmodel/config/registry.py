@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,12 +21,13 @@ import torch
 
 from ..backends import Backend
 from ..core import Pack
-from ..models import Interface, Model
+from ..models import Interface, Model, unknown_option_text
 from . import builtins
 
 __all__ = [
     "Registry",
     "Spec",
+    "known_model_args",
     "make_backend",
     "make_interface",
     "make_loss",
@@ -198,6 +200,25 @@ def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
     if inspect.isclass(factory) and issubclass(factory, Model):
         return registries["model"].make(spec, device=device, args_as="init_options")
     return registries["model"].make(spec, name=name or spec.type_, device=device)
+
+
+def known_model_args(spec: Spec) -> Spec:
+    """``spec`` with the init options its registered model does not declare left out,
+    each with the model contract's one warning (a did-you-mean when one is close): an
+    ignored option must not name a run folder or change its hash. A factory that
+    declares nothing (no ``init_defaults``) takes what it is given, so none is left out."""
+    factory = registries["model"].get(spec.type_)
+    declared = getattr(factory, "init_defaults", None) if inspect.isclass(factory) and (
+        issubclass(factory, Model)) else None
+    if not declared:
+        return spec
+    unknown = [key for key in spec.args if key not in declared]
+    if not unknown:
+        return spec
+    for key in unknown:
+        warnings.warn(unknown_option_text(factory.__name__, "init", key, declared),
+                      UserWarning, stacklevel=2)
+    return Spec(spec.type_, {k: v for k, v in spec.args.items() if k in declared})
 
 
 def make_interface(spec: Spec | str | dict[str, Any]) -> Any:

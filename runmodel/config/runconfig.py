@@ -207,8 +207,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             value = text
         keys = dotted.split(".")
         if keys[0] not in _FIELDS:
+            # a dotted key goes into a table: guess among the fields that are tables
+            tables = (*_SPEC_FIELDS, "packs") if len(keys) > 1 else _FIELDS
             raise ConfigError(f"--set {item!r}: unknown key {keys[0]!r}"
-                              f"{_did_you_mean(keys[0])}; valid keys: {', '.join(_FIELDS)}")
+                              f"{_did_you_mean(keys[0], tables)}; valid keys: "
+                              f"{', '.join(_FIELDS)}")
         _set(data, keys, value, item)
     return data
 
@@ -260,6 +263,11 @@ def _get(node: Any, index: Any) -> Any:
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a TOML or JSON config file, apply ``--set`` overrides, check it."""
-    data = apply_overrides(read_config_file(path), overrides)
+    """Read a TOML or JSON config file, apply ``--set`` overrides, check it. A ``[sweep]``
+    table is ``runmodel sweep``'s: the run is the base config, and the table enters
+    neither its hash nor its folder's name."""
+    data = read_config_file(path)
+    if isinstance(data, dict):
+        data.pop("sweep", None)
+    data = apply_overrides(data, overrides)
     return RunConfig.from_dict(data, source=str(path))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
+from .metric_names import STEP_WRITES, check_metric_names
 from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
@@ -65,7 +66,8 @@ class Engine(Snapshots):
            **options: Unpack[HookArgs]) -> Any:
         """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
         are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
-        ``when``, ``modes``, ``rank``, ``name``; all are checked here, not at run time.
+        ``when``, ``modes``, ``rank``, ``name``, and ``reads``/``writes`` (the metrics it
+        reads and writes, compared at setup); all are checked here, not at run time.
         Returns a ``HookHandle`` (the decorator form returns it in place of the function;
         it stays callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))
@@ -164,7 +166,7 @@ class Engine(Snapshots):
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
-            self._check(loop, model, mode, saved)
+            self._check(loop, plan, model, mode, saved)
             self.fire("setup")
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
@@ -210,10 +212,12 @@ class Engine(Snapshots):
             self._loop = None
             self.table.stop()
 
-    def _check(self, loop: Loop, model: Any, mode: Mode, saved: dict[str, Any] | None) -> None:
+    def _check(self, loop: Loop, plan: StepPlan, model: Any, mode: Mode,
+               saved: dict[str, Any] | None) -> None:
         """The run's setup-time checks, before any hook runs: a resumed run's checkpoint
         fits the model and the length asked for, then every attached pack's
-        ``check_setup``, in attach order. A refusal ends the run with no ``exception`` or
+        ``check_setup``, in attach order, then the metric names read against those
+        declared (``metric_names.py``). A refusal ends the run with no ``exception`` or
         ``teardown`` hook but those of the packs attached for the run (a backend's
         cleanup)."""
         loop.refusing = True
@@ -224,6 +228,8 @@ class Engine(Snapshots):
             self._check_length(loop)
         for pack in list(self.table.packs.values()):
             pack.check_setup(self)
+        check_metric_names(self.table, self.state.mode, self.state.rank,
+                           (*STEP_WRITES, *plan.writes))
         loop.refusing = False
 
     def _check_length(self, loop: Loop) -> None:

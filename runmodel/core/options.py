@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = ["ARGS", "Duration", "HookArgs", "HookOptions", "check_phase", "check_signature",
-           "code_of", "describe_fn", "parse_duration", "source_of"]
+           "code_of", "describe_fn", "metric_names", "parse_duration", "source_of"]
 
 #: What a hook (False) and an override (True) are called with.
 ARGS = {False: ("engine",), True: ("engine", "default")}
@@ -42,6 +42,8 @@ class HookArgs(TypedDict, total=False):
     modes: str | Iterable[str] | None
     rank: int | Iterable[int] | None
     name: str | None
+    reads: str | Iterable[str] | None
+    writes: str | Iterable[str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,9 @@ class HookOptions:
     modes: frozenset[str] | None = None
     rank: frozenset[int] | None = None
     name: str | None = None
+    # the metrics (keys of state.metrics) the hook reads and writes: checked at setup
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, **args: Unpack[HookArgs]) -> HookOptions:
@@ -104,7 +109,8 @@ class HookOptions:
                    every=None if every is None else parse_duration(every, "every"),
                    once=None if once is None else parse_duration(once, "once"),
                    when=when, modes=_modes(args.get("modes")), rank=_ranks(args.get("rank")),
-                   name=name)
+                   name=name, reads=metric_names(args.get("reads"), "reads"),
+                   writes=metric_names(args.get("writes"), "writes"))
 
     def replace(self, **changes: Any) -> HookOptions:
         """A copy with some fields changed (already in their checked form)."""
@@ -184,6 +190,18 @@ def _names(value: str | Iterable[str] | None, option: str) -> tuple[str, ...]:
     if not items or not all(isinstance(v, str) and v for v in items):
         raise TypeError(f"{option}= takes a hook name or a list of names, got {value!r}")
     return items
+
+
+def metric_names(value: str | Iterable[str] | None, option: str) -> tuple[str, ...]:
+    """Metric names as declared (``reads=``/``writes=``): one name or several."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else (
+        tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else None)
+    if items is None or not all(isinstance(v, str) and v for v in items):
+        raise TypeError(f"{option}= takes a metric name (a key of state.metrics, such as "
+                        f"'eval_loss') or a list of them, got {value!r}")
+    return tuple(dict.fromkeys(items))
 
 
 def _modes(value: str | Iterable[str] | None) -> frozenset[str] | None:

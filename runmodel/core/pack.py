@@ -4,7 +4,7 @@ a pack's methods as hooks or overrides."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook
@@ -53,10 +53,19 @@ class Pack:
     its arguments (a checkpoint interval, say) overrides ``hooks()`` and yields
     ``runmodel.Hook(self.method, phase, HookOptions.of(...))``. Packs held in attributes
     (directly or in a list or tuple) are attached and detached with their holder.
-    ``state_dict``/``load_state_dict`` are saved in checkpoints.
+    ``state_dict``/``load_state_dict`` are saved in checkpoints. ``reads``/``writes``
+    declare the metrics it reads and writes; ``check_setup`` refuses a run that cannot
+    work, before it begins.
     """
 
     name: str | None = None
+    #: The metrics (keys of ``state.metrics``) this pack's hooks read and write. At setup
+    #: the engine compares every name read with the names written (by packs, hooks'
+    #: ``writes=`` and the step): a read name a typo away from a written one stops the
+    #: run. Class attributes, or set in ``__init__`` when they depend on the arguments, or
+    #: in ``check_setup`` when they depend on the model (``docs/writing_packs.md``).
+    reads: Collection[str] = ()
+    writes: Collection[str] = ()
 
     def hooks(self) -> Iterator[Hook]:
         """This pack's own hooks (not its children's), in definition order; a subclass's

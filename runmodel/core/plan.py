@@ -42,6 +42,9 @@ class StepPlan:
     # the phase's, also when a step calls it directly (train mode's step while nothing
     # hooks the three phases)
     parts: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    # the metrics (keys of state.metrics) the mode's built-ins write: declared names
+    # (core/metric_names.py), as the metrics eval mode computes
+    writes: tuple[str, ...] = ()
 
 
 class DataTracker(Protocol):

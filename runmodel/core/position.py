@@ -70,7 +70,8 @@ class Position:
         if not batches:  # at an epoch's end: the next epoch draws from the loader's own
             # generators (a DataLoader's generator=) as they are now, as a straight run would
             generators = getattr(self.tracker, "generators", None) or []
-            return {"batches": 0, "generators": [g.get_state() for g in generators]}
+            return {"batches": 0, **({"generators": [g.get_state() for g in generators]}
+                                     if generators else {})}
         return {"batches": batches, "epoch_rng": self.epoch_rng,
                 "data": None if self.tracker is None else self.tracker.state()}
 

@@ -5,17 +5,39 @@ compute metrics here."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from ignite.metrics import Metric
 
-    from .torch_model import TorchModel
+__all__ = ["Evaluable", "MetricSet", "evaluate", "inference"]
 
-__all__ = ["MetricSet", "evaluate", "inference"]
+
+class _Outputs(Protocol):
+    def output_fn(self, model: Any) -> Callable[[Any], Any]: ...
+
+
+class Evaluable(Protocol):
+    """What ``evaluate`` needs of a model; a ``TorchModel`` has it. A protocol here, so
+    that this module names no model class: ``interface`` evaluates through it, and
+    ``torch_model`` imports ``interface`` (no import circle, typing included)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def interface(self) -> _Outputs: ...
+
+    def metrics(self) -> dict[str, Metric]: ...
+
+    def data_for(self, kind: str) -> Iterable[Any]: ...
+
+    def to_device(self, batch: Any) -> Any: ...
+
+    def target(self, batch: Any) -> Any: ...
 
 
 @contextlib.contextmanager
@@ -53,7 +75,7 @@ class MetricSet:
                 for k, v in computed.items()}
 
 
-def evaluate(model: TorchModel, data: Iterable[Any] | None = None,
+def evaluate(model: Evaluable, data: Iterable[Any] | None = None,
              metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
     """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
     data), without grad and outside any run: for a hook that checks a model mid-training.

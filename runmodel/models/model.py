@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import abc
+import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from ..core import RunStep
 
-__all__ = ["Model", "declared_options", "resolve_options"]
+__all__ = ["Model", "declared_options", "resolve_options", "unknown_option_text"]
+
+
+def unknown_option_text(owner: str, kind: str, key: str, known: Iterable[str]) -> str:
+    """The one warning for an option ``owner`` does not declare: it is ignored, with a
+    did-you-mean when a declared name is close."""
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (f"{owner}: unknown {kind} option {key!r} ignored{hint} (known: "
+            f"{', '.join(names) or 'none'})")
 
 
 def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,
@@ -28,9 +39,8 @@ def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,
     resolved = dict(defaults)
     for key, value in given.items():
         if key not in defaults:
-            known = ", ".join(sorted(defaults)) or "none"
-            warnings.warn(f"{name}: unknown {kind} option {key!r} ignored (known: {known})",
-                          UserWarning, stacklevel=3)
+            warnings.warn(unknown_option_text(name, kind, key, defaults), UserWarning,
+                          stacklevel=3)
             continue
         resolved[key] = _checked(name, kind, key, value, defaults[key])
     return resolved

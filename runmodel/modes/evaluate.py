@@ -45,7 +45,7 @@ class Eval(Mode):
 
         return StepPlan({"runstep": eval_step}, before={"epoch_start": [reset],
                                                         "epoch_end": [compute]},
-                        context=lambda: inference(model))
+                        context=lambda: inference(model), writes=tuple(metrics.metrics))
 
 
 class Infer(Mode):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..core.folders import prepare_folder
 from .base import Mode
 from .evaluate import infer_plan
 from .train import train_plan
@@ -167,7 +168,7 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
 
     folder = directory or Path("runs") / (f"profile-{type(model).__name__}-"
                                           f"{time.strftime('%Y%m%d-%H%M%S')}")
-    folder.mkdir(parents=True, exist_ok=True)
+    prepare_folder(folder, "Profile")
     activities = [ProfilerActivity.CPU]
     if _device(model).type == "cuda":
         activities.append(ProfilerActivity.CUDA)

@@ -11,7 +11,9 @@ from typing import Any
 
 from .. import checkpoint
 from ..core import Hook, HookOptions, Pack
+from ..core.folders import prepare_folder
 from ..core.options import parse_duration
+from ._common import read_metric
 
 __all__ = ["Checkpoint"]
 
@@ -75,6 +77,7 @@ class Checkpoint(Pack):
         self.overwrite = overwrite
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
+        self.reads = () if best is None else (best[0],)  # checked at setup
         self.saved: list[str] = []
         self.best_saved: list[tuple[float, str]] = []  # (metric value, file), best first
         self.async_save = async_save
@@ -106,9 +109,17 @@ class Checkpoint(Pack):
 
     def check_setup(self, engine: Any) -> None:
         """The folder holds one run's checkpoints: a fresh run into one that holds a run
-        is refused (unless ``overwrite=True``), and so is continuing another run there."""
+        is refused (unless ``overwrite=True``), and so is continuing another run there.
+        Then the folder is made and tried, where this process will write (rank 0 of a
+        train run), so that one that cannot be written stops the run before its first
+        step, not at the first save."""
         if engine.state.mode != "train":  # the only mode it saves in
             return
+        self._check_folder_run(engine)
+        if engine.state.rank == 0:
+            prepare_folder(self.directory, "Checkpoint")
+
+    def _check_folder_run(self, engine: Any) -> None:
         holder, record = self.folder_run(), engine.run_record
         self._move_old = False
         if holder is None:
@@ -213,7 +224,7 @@ class Checkpoint(Pack):
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
             self.saved = kept if self.keep is None else kept[-self.keep:] if self.keep else []
-            best_name = self._rank_best(s.metrics, epoch, step)
+            best_name = self._rank_best(s, epoch, step)
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
@@ -234,17 +245,18 @@ class Checkpoint(Pack):
         finish.prune()
         return path
 
-    def _rank_best(self, metrics: dict[str, Any], epoch: int, step: int) -> str | None:
+    def _rank_best(self, state: Any, epoch: int, step: int) -> str | None:
         """Put this checkpoint among the best by the metric; its file name if it is."""
         if self.best is None:
             return None
         metric, mode = self.best
-        if metric not in metrics:
+        value = read_metric(state, metric)
+        if value is None:
             raise ValueError(f"Checkpoint(best=({metric!r}, {mode!r})): no metric {metric!r} in "
                              f"engine.state.metrics at epoch {epoch}, step {step}; there are: "
-                             f"{', '.join(sorted(metrics)) or 'none'} (attach an Evaluate pack, "
-                             f"or name one of these)")
-        value = float(metrics[metric])
+                             f"{', '.join(sorted(state.metrics)) or 'none'} (attach an Evaluate "
+                             f"pack, or name one of these)")
+        value = float(value)
         name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
         ranked = sorted([*self.best_saved, (value, name)], key=lambda entry: entry[0],
                         reverse=mode == "max")  # stable: an equal value keeps the older

@@ -54,6 +54,7 @@ class EarlyStopping(Pack):
             raise ValueError(f"EarlyStopping(every=) must be a whole number of epochs >= 1 (as "
                              f"Evaluate's every=); got {every!r}")
         self.metric, self.patience, self.min_delta = metric, patience, float(min_delta)
+        self.reads = (metric,)  # checked at setup against the metrics declared written
         self.mode, self.every = mode, every
         self.best: float | None = None
         self.best_epoch: int | None = None

@@ -67,7 +67,12 @@ class Evaluate(Pack):
         yield Hook(self.run, phase, HookOptions.of(every=self.every.text, modes=self.modes,
                                                    name="evaluate"))
 
-    def setup(self, engine: Engine) -> None:
+    def check_setup(self, engine: Engine) -> None:
+        """In a run it evaluates in: the model, its eval data and its metrics, whose
+        names (with the prefix) this pack declares it writes."""
+        self.writes = ()
+        if self.modes is not None and engine.state.mode not in self.modes:
+            return
         model = engine.model
         if not isinstance(model, TorchModel):
             raise TypeError(f"Evaluate needs a TorchModel (it feeds ignite metrics with its "
@@ -79,6 +84,9 @@ class Evaluate(Pack):
         if not self._metrics:
             raise ValueError(f"Evaluate: {type(model).__name__}.metrics() is empty (it has no "
                              f"loss_fn); give Evaluate(metrics={{'name': ignite metric}})")
+        self.writes = tuple(self.prefix + name for name in self._metrics)
+
+    def setup(self, engine: Engine) -> None:
         if not self._restored:  # a run from the start: nothing evaluated yet
             self.last = {}
         self._restored = False
@@ -86,7 +94,7 @@ class Evaluate(Pack):
 
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
-        model = engine.model
+        model: TorchModel = engine.model  # typed: mypy checks that it is Evaluable
         values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)

@@ -36,6 +36,7 @@ class GradClip(Pack):
     """
 
     name = "grad_clip"
+    writes = ("grad_norm",)
 
     def __init__(self, max_norm: float | None = None, value: float | None = None,
                  norm_type: float = 2.0) -> None:

@@ -52,6 +52,7 @@ class LRSchedule(Pack):
     """
 
     name = "lr_schedule"
+    writes = ("lr",)
 
     def __init__(self, scheduler: Scheduler | Factory | str | Mapping[str, Any] | None = None,
                  interval: str = "step", warmup_steps: int = 0,
@@ -71,6 +72,7 @@ class LRSchedule(Pack):
             raise ValueError("LRSchedule needs a scheduler, warmup_steps= or both; as in "
                              f"LRSchedule({_FACTORY_EXAMPLE})")
         self.interval, self.warmup_steps, self.metric = interval, warmup_steps, metric
+        self.reads = () if metric is None else (metric,)  # checked at setup
         self.scheduler: Scheduler | None = None  # the one stepping, from the run's start
         self._given: Scheduler | None = None
         self._factory: Factory | None = None

@@ -43,6 +43,7 @@ class NaNGuard(Pack):
     """
 
     name = "nan_guard"
+    writes = ("nan_skipped",)
 
     def __init__(self, action: str = "skip", every: int = 1) -> None:
         if action not in ACTIONS:

@@ -24,6 +24,7 @@ import platform
 import socket
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +80,12 @@ def versions() -> dict[str, str]:
     """The versions of Python, torch and runmodel running now."""
     import torch
 
-    from .. import __version__
-
+    try:  # as runmodel.__version__ (the package's __init__ is above the packs)
+        runmodel = version("runmodel")
+    except PackageNotFoundError:
+        runmodel = "0+unknown"
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "runmodel": __version__}
+            "runmodel": runmodel}
 
 
 class RunFolder(Pack):

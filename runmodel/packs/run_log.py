@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..core import Pack, hook
+from ..core.folders import prepare_folder
 
 __all__ = ["RunLog"]
 
@@ -23,6 +24,15 @@ class RunLog(Pack):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+
+    def check_setup(self, engine: Any) -> None:
+        """The log's folder is made and tried now (on rank 0, which writes)."""
+        if engine.state.rank == 0:
+            prepare_folder(self.path.parent, "RunLog")
+            if self.path.is_dir():
+                raise IsADirectoryError(f"RunLog({str(self.path)!r}) appends to a file, and "
+                                        f"that path is a folder; give a file's path, as in "
+                                        f"RunLog({str(self.path / 'run.log')!r})")
 
     def write(self, text: str) -> None:
         with open(self.path, "a") as log:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..core import Hook, HookOptions, Pack
+from ..core.folders import prepare_folder
 
 __all__ = ["TensorBoard"]
 
@@ -20,7 +21,14 @@ class TensorBoard(Pack):
     ``state.metrics`` and each optimizer group's learning rate, against the
     global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
     each time, never per step). Only process rank 0 writes (a distributed run's other
-    processes add nothing)."""
+    processes add nothing).
+
+    ``hparams`` (a dict of names to numbers, strings or booleans; a config run sets its
+    config's values) goes to TensorBoard's HParams dashboard at the run's end, with the
+    final metrics, in this run's own event folder (not a timestamped
+    sub-run as ``SummaryWriter.add_hparams`` makes), each metric as the last value of its
+    ``MODE/NAME`` curve: ``tensorboard --logdir`` over many runs then compares them in
+    one table."""
 
     name = "tensorboard"
 
@@ -31,6 +39,7 @@ class TensorBoard(Pack):
                              f"got {every_steps!r}")
         self.directory, self.every_steps = Path(directory), every_steps
         self.writer: Any = None
+        self.hparams: dict[str, Any] | None = None
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open", rank=0))
@@ -40,6 +49,12 @@ class TensorBoard(Pack):
             yield Hook(self.log_step, "runstep", HookOptions.of(
                 every=self.every_steps, name="tensorboard.step", rank=0))
         yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close", rank=0))
+
+    def check_setup(self, engine: Any) -> None:
+        """The folder is made and tried now (on rank 0, which writes): one that cannot be
+        written stops the run before its first step."""
+        if engine.state.rank == 0:
+            prepare_folder(self.directory, "TensorBoard")
 
     def open(self, engine: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -66,7 +81,21 @@ class TensorBoard(Pack):
             self.writer.add_scalar(f"lr/group{i}", group["lr"], step)
         self.writer.flush()
 
+    def log_hparams(self, metrics: dict[str, Any], mode: str) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {k: v for k, v in (self.hparams or {}).items()
+                  if isinstance(v, (bool, int, float, str))}
+        # the dashboard shows each metric's last value under the tag the epoch ends
+        # logged it as: no second copy of the curves
+        final = {f"{mode}/{k}": float(v) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for summary in hparams(values, final):
+            self.writer.file_writer.add_summary(summary)
+
     def close(self, engine: Any) -> None:
         if self.writer is not None:
+            if self.hparams:
+                self.log_hparams(engine.state.metrics, engine.state.mode)
             self.writer.close()
             self.writer = None

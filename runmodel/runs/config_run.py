@@ -17,6 +17,7 @@ restarts only when asked, and never overwrites a run silently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -34,6 +35,7 @@ import torch
 from ..checkpoint import checkpoints_in
 from ..config.registry import (
     Spec,
+    known_model_args,
     make_backend,
     make_interface,
     make_model,
@@ -45,8 +47,8 @@ from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
-from ..packs import RunLog
-from .folder import read_json, read_status, write_json
+from ..packs import RunLog, TensorBoard
+from .folder import flatten, read_json, read_status, write_json
 
 __all__ = ["PreparedRun", "RunExists", "execute", "prepare", "resume_dir", "run_dir_for"]
 
@@ -194,18 +196,21 @@ def _ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def build(config: RunConfig, base: str | os.PathLike[str] = ".") -> tuple[Any, Any]:
-    """The model and the backend ``config`` names, seeded (``base``: where relative
-    ``imports`` are found)."""
+def build(config: RunConfig, base: str | os.PathLike[str] = "."
+          ) -> tuple[RunConfig, Any, Any]:
+    """The config as a run records it, and the model and the backend it names, seeded
+    (``base``: where relative ``imports`` are found)."""
     _seed(config.seed)
     _import(config, Path(base))
+    # issue 19: a model option the model ignores names no folder and changes no hash
+    config = dataclasses.replace(config, model=known_model_args(config.model))
     model = make_model(config.model, device=config.device)
     if config.interface is not None:
         model.interface = make_interface(config.interface)
     backend = make_backend(config.backend or "plain")
     if config.optimizer is not None:  # a bad name or bad arguments show now
         backend.optimizer = optimizer_factory(config.optimizer)
-    return model, backend
+    return config, model, backend
 
 
 def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
@@ -233,8 +238,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
     too (``runmodel run --timer`` gives a Timer).
     """
+    config, model, backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
-    model, backend = build(config, base)
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events, and a run shows its
     # progress; a config that lists these packs sets their options
@@ -273,6 +278,9 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
     engine = engine or Engine()
+    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
+        if isinstance(pack, TensorBoard):
+            pack.hparams = flatten(config.to_dict())
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))

@@ -175,17 +175,29 @@ def test_plateau_reads_the_eval_metric_evaluate_puts_there() -> None:
 
 def test_a_missing_metric_fails_at_the_first_epoch_end_naming_the_metrics() -> None:
     pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch",
-                      metric="eval_los")
+                      metric="val_score")  # undeclared, and close to no declared name
     engine = runmodel.Engine()
     engine.attach(pack, Evaluate())
     steps = lrs_used(engine)
     with pytest.raises(ValueError) as caught:
         engine.run(Tiny(), epochs=3)
     assert str(caught.value) == (
-        "LRSchedule(metric='eval_los'): no metric 'eval_los' in state.metrics at the end of "
-        "epoch 0. Did you mean 'eval_loss'? There are: eval_loss, lr (attach Evaluate() before "
-        "it for eval_loss and the other eval metrics)")
+        "LRSchedule(metric='val_score'): no metric 'val_score' in state.metrics at the end of "
+        "epoch 0. There are: eval_loss, lr (attach Evaluate() for eval_loss and the other "
+        "eval_ metrics; a hook that puts a metric there can declare it with writes=)")
     assert len(steps) == 4
+
+
+def test_a_misspelt_metric_stops_the_run_at_setup() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch",
+                      metric="eval_los")
+    engine = runmodel.Engine()
+    engine.attach(pack, Evaluate())
+    steps = lrs_used(engine)
+    with pytest.raises(ValueError, match=r"^LRSchedule reads the metric 'eval_los', .* Did you "
+                                         r"mean 'eval_loss' \(written by Evaluate\)\?"):
+        engine.run(Tiny(), epochs=3)
+    assert steps == []
 
 
 def test_with_unfreeze_each_stage_keeps_its_scale() -> None:

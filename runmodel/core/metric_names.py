@@ -1,0 +1,96 @@
+"""The metric names a run's packs and hooks declare, compared at setup.
+
+Packs declare the keys of ``state.metrics`` they read and write (``Pack.reads`` and
+``Pack.writes``), hooks with ``reads=``/``writes=``, and the step its own (``loss``, and
+what the mode's plan puts there). A name read that nothing declares but that is a typo
+away from one declared (``eval_acuracy``) stops the run before its first step; any other
+undeclared name is left to the reader, which says so when it finds no such metric (a
+hook may write metrics without declaring them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .options import metric_names
+
+if TYPE_CHECKING:
+    from .hooks import Hook
+    from .pack import Pack
+    from .table import HookTable
+
+__all__ = ["STEP_WRITES", "check_metric_names", "edit_distance"]
+
+#: What every run's step declares: ``loss`` (the ``loss`` metric, or the last step's loss
+#: where no pack puts one; ``packs/_common.metric_value`` reads it so).
+STEP_WRITES = ("loss",)
+
+
+def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
+                       ) -> None:
+    """Refuse a read metric name close to, but not one of, the names declared written by
+    the packs and hooks of this run (mode ``mode``, process ``rank``) and the step."""
+    written: dict[str, str] = dict.fromkeys(step_writes, "the step")
+    readers: list[tuple[str, str]] = []  # (who, name)
+    running: set[int] = set()  # the packs with a hook that runs in this run
+    hooks = [h for phase in (table.hooks, table.overrides) for hs in phase.values() for h in hs]
+    for h in hooks:
+        if not _applies(h, mode, rank):
+            continue
+        who = f"hook {h.name!r}"
+        running.add(id(h.pack))
+        readers += [(who, n) for n in h.options.reads]
+        written.update((n, written.get(n, who)) for n in h.options.writes)
+    for key, pack in table.packs.items():
+        if id(pack) not in running and any(h.pack is pack for h in hooks):
+            continue  # none of its hooks runs in this run: its names do not count
+        who = _pack_text(key, pack)
+        readers += [(who, n) for n in metric_names(pack.reads, f"{who}.reads")]
+        writes = metric_names(pack.writes, f"{who}.writes")
+        written.update((n, written.get(n, who)) for n in writes)
+    for who, name in readers:
+        if name in written:
+            continue
+        close = _closest(name, written)
+        if close is not None:
+            declared = ", ".join(sorted(written))
+            raise ValueError(
+                f"{who} reads the metric {name!r}, which nothing in this run writes. Did you "
+                f"mean {close!r} (written by {written[close]})? Declared: {declared}. If a "
+                f"hook of yours writes {name!r}, declare it: engine.on(phase, fn, "
+                f"writes=[{name!r}]), or in a pack, writes = [{name!r}]")
+
+
+def _applies(hook: Hook, mode: str, rank: int) -> bool:
+    o = hook.options
+    return (o.modes is None or mode in o.modes) and (o.rank is None or rank in o.rank)
+
+
+def _pack_text(key: str, pack: Pack) -> str:
+    kind = type(pack).__name__
+    return kind if key in (kind, pack.name) else f"{kind} {key!r}"
+
+
+def _closest(name: str, names: Iterable[str]) -> str | None:
+    """The declared name nearest ``name`` within a small edit distance: 1 for names of
+    up to 7 characters, 2 for longer ones."""
+    limit = 1 if len(name) < 8 else 2
+    best = min(((edit_distance(name, n), n) for n in names), default=None)
+    return best[1] if best is not None and best[0] <= limit else None
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours that make ``a`` into
+    ``b`` (optimal string alignment distance)."""
+    previous2: list[Any] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            current[j] = min(previous[j] + 1, current[j - 1] + 1,
+                             previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[-1]
