@@ -69,6 +69,7 @@ class Engine(core.Engine):
                 "backend": backend, "resume": resume, "run_dir": run_dir})
         mode = as_mode(mode)
         folder = self._run_folder(Path(run_dir), mode) if run_dir is not None else None
+        auto = resume == "auto"
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
         prepares = (make_backend(backend or "plain") if backend is None
@@ -77,7 +78,7 @@ class Engine(core.Engine):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
         if folder is not None:
-            folder.check_start(resuming=resume is not None)
+            folder.check_start(resuming=resume is not None, auto=auto)
         if folder is None:
             return super().run(model, mode, steps=steps, epochs=epochs,
                                setup_options=setup_options, backend=prepares, resume=resume)

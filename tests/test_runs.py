@@ -336,3 +336,41 @@ def test_runs_shows_the_steps_of_an_interrupted_run(tmp_path: Path) -> None:
     (run_dir / "run.log").write_text("start train at epoch 0, step 0\nepoch 0 step 17 loss 1\n")
     [listed] = list_runs(tmp_path / "runs")
     assert (listed.status, listed.steps) == ("interrupted", 17)
+
+
+LINE = '''
+import torch
+from torch import nn
+import runmodel
+
+class Line(runmodel.TorchModel):
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Linear(1, 1)
+
+    def setup(self, setup_options=None):
+        x = torch.linspace(-1, 1, 64).unsqueeze(1)
+        self.train_data = [(x[i:i + 16], 3 * x[i:i + 16] - 1) for i in range(0, 64, 16)]
+        self.eval_data = self.train_data
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+        self.loss_fn = nn.MSELoss()
+'''
+
+
+def test_eval_mode_without_trained_weights_warns_once_and_a_folder_of_no_run_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runmodel.cli import main
+    from runmodel.runs.script import is_script
+
+    source = tmp_path / "line.py"
+    source.write_text(LINE)
+    assert not is_script(str(source))  # a model source keeps its meaning
+    assert main(["run", str(source), "--mode", "eval"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "`runmodel eval RUN_DIR`" in err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "is not a run folder" in capsys.readouterr().err
+    script = tmp_path / "train.py"
+    script.write_text("from line import Line\nimport runmodel\nrunmodel.Engine().run(Line())\n")
+    assert is_script(str(script))

@@ -109,7 +109,7 @@ class RunFolder(Pack):
         """Whether the folder holds a run already."""
         return (self.directory / RECORD).is_file() or (self.directory / STATUS).is_file()
 
-    def check_start(self, resuming: bool) -> None:
+    def check_start(self, resuming: bool, auto: bool = False) -> None:
         """Refuse a folder that another live process uses, and a run from step 0 into a
         folder that holds a run: before anything else of the run happens."""
         status = read_json(self.directory / STATUS)
@@ -119,6 +119,12 @@ class RunFolder(Pack):
                                   f"now (pid {pid} on {status.get('host')}); two processes "
                                   f"never share a run folder: wait for it, stop it, or give "
                                   f"this run another run_dir")
+        if self.holds_run() and not resuming and auto:
+            raise FileNotFoundError(
+                f"{self.directory} holds a run, but none of its checkpoints to continue it "
+                f"from (resume=\"auto\" looks in the attached Checkpoint packs' folders: give "
+                f"the run a Checkpoint pack, such as Checkpoint(\"checkpoint\") inside "
+                f"run_dir), or give this run another run_dir")
         if self.holds_run() and not resuming:
             held = read_json(self.directory / RECORD).get("id") or status.get("run")
             raise FileExistsError(
