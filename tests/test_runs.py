@@ -374,3 +374,19 @@ def test_eval_mode_without_trained_weights_warns_once_and_a_folder_of_no_run_is_
     script = tmp_path / "train.py"
     script.write_text("from line import Line\nimport runmodel\nrunmodel.Engine().run(Line())\n")
     assert is_script(str(script))
+
+
+def test_a_continued_run_reports_the_checkpoints_learning_rate(tmp_path: Path) -> None:
+    from torch.optim import lr_scheduler
+
+    from runmodel.packs import LRSchedule
+
+    def engine() -> runmodel.Engine:
+        made = runmodel.Engine()
+        made.attach(LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)),
+                    Checkpoint(tmp_path))
+        return made
+
+    trained = engine().run(dropout_mlp(), epochs=2)
+    again = engine().run(dropout_mlp(), epochs=2, resume="auto")  # nothing to train
+    assert again.metrics["lr"] == trained.metrics["lr"] < 0.1  # not the optimizer's own
