@@ -199,8 +199,12 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert RunConfig.from_dict(read_json(directory / "config.json")) == config
 
     status = read_json(directory / "status.json")
-    assert sorted(status) == ["base", "digest", "ended", "host", "pid", "resumed_from",
-                              "started", "status"]
+    assert sorted(status) == ["base", "digest", "ended", "epochs", "extensions", "files",
+                              "host", "pid", "resumed_from", "run", "run_started", "started",
+                              "status", "steps"]
+    # the run's id and start, as every checkpoint records them; its best and last
+    last = torch.load(status["files"]["last_checkpoint"], weights_only=True)
+    assert last["engine"]["run"]["id"] == status["run"] and status["epochs"] == 3
     assert status["status"] == "finished" and status["pid"] == os.getpid()
     assert status["host"] == socket.gethostname() and status["digest"] == config.digest()
     assert status["base"] == str(project.dir.resolve()) and status["resumed_from"] == ""
@@ -220,7 +224,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     accuracy = (logits.argmax(1) == y).double().mean().item()
     loss = nn.functional.cross_entropy(logits, y).item()
     metrics = read_json(directory / "metrics.json")
-    assert sorted(metrics) == ["ended", "epochs", "metrics", "seconds", "steps", "timings"]
+    assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "seconds", "steps",
+                               "timings"]
     assert (metrics["ended"], metrics["steps"], metrics["epochs"]) == ("completed", 12, 3)
     assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss"]
     assert metrics["metrics"]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-12)
