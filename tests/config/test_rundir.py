@@ -429,7 +429,10 @@ def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
     assert main(["runs", str(root)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["run", "status", "steps"]
-    assert table[2].split() == [directory.name, "interrupted", "-"] and len(table) == 3
+    # an interrupted run shows the steps its run log got to
+    assert table[2].split()[:2] == [directory.name, "interrupted"] and len(table) == 3
+    logged = re.findall(r" step (\d+)", (directory / "run.log").read_text())[-1]
+    assert table[2].split()[2] == logged
 
     resumed = cli_process("resume", str(directory), cwd=project.dir)
     assert resumed.returncode == 0, resumed.stderr
