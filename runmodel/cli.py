@@ -188,7 +188,7 @@ def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
     model = cls(device=args.device, init_options=init or None)
     if getattr(cls, "setup_defaults", None):  # bad setup options are bad input too
         setup = resolve_options(model, "setup", setup, cls.setup_defaults)
-    engine = Engine()
+    engine = Engine(progress=False)  # the command attaches its own (--no-progress)
     configure_engine(cls, engine)
     return model, engine, setup
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
 from .config.registry import Spec, make_backend
+from .core.ctrl_c import ctrl_c_finishes_the_step
 from .models import declared_options
 from .modes import as_mode
 
@@ -30,11 +31,21 @@ instead_of_run: Callable[[Engine, Any, dict[str, Any]], Any] | None = None
 
 
 class Engine(core.Engine):
-    """Owns the phases, their hooks and overrides, the run state and the run."""
+    """Owns the phases, their hooks and overrides, the run state and the run.
 
-    def __init__(self) -> None:
+    ``Engine(*packs)`` attaches ``packs`` as ``attach`` would. A train run shows a
+    progress bar when the output is a terminal or a Jupyter kernel and no progress
+    display is attached (``runmodel.packs.Progress``, or ignite's ``ProgressBar`` through
+    ``engine.ignite``); ``progress=False`` turns that off."""
+
+    def __init__(self, *packs: core.Pack, progress: bool = True) -> None:
         super().__init__()
         self._ignite: Any = None
+        self.progress = progress
+        self._auto_progress: core.HookHandle | None = None  # the bar this run added
+        self._on_setup: Callable[[Any], None] | None = None  # Ctrl-C: the loaders' workers
+        if packs:
+            self.attach(*packs)
 
     def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
@@ -79,19 +90,34 @@ class Engine(core.Engine):
                                              getattr(model, "setup_defaults", {}))
         if folder is not None:
             folder.check_start(resuming=resume is not None, auto=auto)
-        if folder is None:
-            return super().run(model, mode, steps=steps, epochs=epochs,
-                               setup_options=setup_options, backend=prepares, resume=resume)
-        handle = self.attach(folder)
+        bar = self._progress_for(mode) if self._loop is None else None
+        if bar is not None:
+            self._auto_progress = bar
+        handle = self.attach(folder) if folder is not None else None
         try:
-            result = super().run(model, mode, steps=steps, epochs=epochs,
-                                 setup_options=setup_options, backend=prepares, resume=resume)
+            with ctrl_c_finishes_the_step(self) as self._on_setup:
+                result = super().run(model, mode, steps=steps, epochs=epochs,
+                                     setup_options=setup_options, backend=prepares,
+                                     resume=resume)
+        except core.Interrupted as interrupted:  # one line, one short traceback
+            if folder is not None:
+                folder.finish(self, None, KeyboardInterrupt(*interrupted.args))
+            print(self._interrupted(auto), file=sys.stderr, flush=True)
+            # a plain KeyboardInterrupt: Python exits "killed by SIGINT" (130 in a shell)
+            # only for that exact type, as it does for any Ctrl-C
+            raise KeyboardInterrupt(*interrupted.args) from None
         except BaseException as error:
-            folder.finish(self, None, error)
+            if folder is not None:
+                folder.finish(self, None, error)
             raise
         finally:
-            handle.detach()
-        folder.finish(self, result)
+            if handle is not None:
+                handle.detach()
+            if bar is not None:
+                bar.detach()
+                self._auto_progress = None
+        if folder is not None:
+            folder.finish(self, result)
         return result
 
     def _run_folder(self, run_dir: Path, mode: core.Mode) -> RunFolder | None:
@@ -114,6 +140,43 @@ class Engine(core.Engine):
         if not any(isinstance(p, TensorBoard) for p in packs):
             setattr(folder, "tensorboard", TensorBoard(run_dir / "tensorboard"))  # noqa: B010
         return folder
+
+    def _interrupted(self, auto: bool) -> str:
+        """What a run that Ctrl-C stopped says: where it saved, how to go on."""
+        from .packs.checkpoint import Checkpoint
+
+        step = self.state.step
+        saved = [p.directory / p.saved[-1] for p in self.table.packs.values()
+                 if isinstance(p, Checkpoint) and p.saved]
+        if not saved:
+            return (f"runmodel: Ctrl-C stopped the run after step {step}; nothing saved "
+                    f"(attach a runmodel.packs.Checkpoint for a run that can go on)")
+        again = ('run the script again (resume="auto" continues from it)' if auto else
+                 'run it again with engine.run(..., resume="auto")')
+        return f"runmodel: Ctrl-C stopped the run after step {step}; saved {saved[0]}; {again}"
+
+    def _prepare(self, model: Any, *args: Any) -> Any:
+        prepared = super()._prepare(model, *args)
+        if self._on_setup is not None:  # the model's loaders exist now
+            self._on_setup(model)
+        return prepared
+
+    def _progress_for(self, mode: core.Mode) -> core.HookHandle | None:
+        """A progress bar for this run when one is wanted and none is attached."""
+        from .packs.progress import Progress, interactive
+
+        if (not self.progress or mode.name != "train" or not interactive(sys.stderr)
+                or any(isinstance(p, Progress) for p in self.table.packs.values())
+                or (self._ignite is not None and self._ignite.has_progress_bar())):
+            return None
+        return self.attach(Progress())
+
+    def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        state = super().state_dict(counters)
+        if self._auto_progress is not None:  # there or not by the terminal: not a run's state
+            state["packs"] = {k: v for k, v in state["packs"].items()
+                              if self.table.packs.get(k) not in self._auto_progress.packs}
+        return state
 
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest

@@ -11,6 +11,8 @@ moves each batch to the model's device.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -236,3 +238,13 @@ def default_ctrl_c() -> None:
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def finish_group(process: subprocess.Popen[str], limit_s: float) -> tuple[str, str]:
+    """``process.communicate()`` within ``limit_s``; past it, the process and all it
+    started (it was started with ``start_new_session=True``) are SIGKILLed first."""
+    try:
+        return process.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.communicate()

@@ -334,7 +334,7 @@ def test_run_digits_trains_to_95_percent(cli: Results) -> None:
     # configure(engine) attaches
     progress = [PROGRESS.fullmatch(line) for line in lines(result.stderr)]
     assert len(progress) == 20 and all(progress), result.stderr
-    assert [int(m[1]) for m in progress] == list(range(20))
+    assert [int(m[1]) for m in progress] == list(range(1, 21))  # epochs from 1
     losses = [float(m[2]) for m in progress]
     accuracies = [float(m[3]) for m in progress]
     assert sum(losses[-3:]) < sum(losses[:3]) / 5  # one batch each: noisy
@@ -525,7 +525,7 @@ def test_set_unknown_keys_warn_and_the_run_goes_on(cli: Results) -> None:
     assert "setup options: lr=0.1 batch_size=16" in lines(err)
     assert "Traceback" not in err
     # training shows its progress by default: off a terminal, a line per epoch
-    assert re.fullmatch(r"train epoch 0  step 4  loss \S+  \(\d+\.\d+s\)", lines(err)[-1])
+    assert re.fullmatch(r"train epoch 1  step 4  loss \S+  \(\d+\.\d+s\)", lines(err)[-1])
 
 
 def test_no_progress_leaves_stderr_to_the_model(cli: Results) -> None:
@@ -638,5 +638,9 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, err
-    assert lines(out) == ["exception: KeyboardInterrupt", "model.teardown ran"]
-    assert lines(err) == ["runmodel: interrupted"]
+    # the first Ctrl-C finishes the step: runmodel.Interrupted, a KeyboardInterrupt
+    assert lines(out) == ["exception: Interrupted", "model.teardown ran"]
+    said = [line for line in lines(err) if line.startswith("runmodel")]  # not progress's
+    assert said[0].startswith("runmodel: Ctrl-C: stopping after this step"), err
+    assert said[1].startswith("runmodel: Ctrl-C stopped the run after step "), err
+    assert "nothing saved" in said[1] and said[2:] == ["runmodel: interrupted"], err

@@ -19,6 +19,8 @@ import runmodel  # noqa: E402
 from runmodel.cli import main  # noqa: E402
 from runmodel.config.runconfig import load_config  # noqa: E402
 
+from helpers import finish_group  # noqa: E402
+
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits.py"
 
 
@@ -64,12 +66,8 @@ def command(*args: str, cwd: Path) -> subprocess.Popen[str]:
                             start_new_session=True)  # killed with its trials
 
 
-def finish(process: subprocess.Popen[str], limit: float = 300) -> tuple[str, str]:
-    try:
-        return process.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        return process.communicate()
+def finish(process: subprocess.Popen[str]) -> tuple[str, str]:
+    return finish_group(process, 300)
 
 
 def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(

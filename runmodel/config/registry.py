@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -79,10 +80,13 @@ def _place(obj: object) -> str:
     target: Any = inspect.unwrap(obj) if callable(obj) else obj
     name = getattr(target, "__qualname__", type(target).__name__)
     code = getattr(target, "__code__", None)
+    # a real path: one file imported as configs/../digits.py and as digits.py is one place
     if code is not None and not code.co_filename.startswith("<"):
-        return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+        return f"{name} ({os.path.realpath(code.co_filename)}:{code.co_firstlineno})"
     try:
-        return f"{name} ({inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]})"
+        source = inspect.getsourcefile(target)
+        return (f"{name} ({source and os.path.realpath(source)}:"
+                f"{inspect.getsourcelines(target)[1]})")
     except (TypeError, OSError):
         return f"{name} (defined without a source file, id {id(target):#x})"
 

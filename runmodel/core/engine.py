@@ -27,7 +27,7 @@ from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
 from .snapshot import Snapshots
-from .state import RunResult, State, StopRun
+from .state import Interrupted, RunResult, State, StopRun
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -127,6 +127,17 @@ class Engine(Snapshots):
         if self._loop is not None:
             self._loop.stop(reason)
 
+    def interrupt(self, reason: str = "interrupted: Ctrl-C") -> bool:
+        """End the run as a first Ctrl-C in a script does: once the current step is done,
+        the run raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception``
+        hooks see; its state is whole, so a ``Checkpoint`` pack saves that step. Returns
+        False, doing nothing, when no run is under way."""
+        if self._loop is None:
+            return False
+        self._loop.stop(reason)
+        self._loop.interrupted = True
+        return True
+
     def end_epoch(self) -> None:
         """End the current epoch once the current step is done: the model's remaining
         runstep calls in it do nothing. Without ``runstep.epochs()`` it ends the run."""
@@ -175,6 +186,8 @@ class Engine(Snapshots):
                 with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                     model.run(loop.runstep(mode.kind), steps)
                 loop.finish()
+                if loop.interrupted:
+                    raise Interrupted(f"{loop.reason} (after step {self.state.step})")
             extras = plan.finish(self)
         except BaseException as error:
             loop.failed(error, self._run_packs() if loop.refusing else None)

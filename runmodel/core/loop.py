@@ -36,6 +36,7 @@ class Loop:
             1 if steps is None else float("inf"))
         self.ended = "completed"
         self.reason: str | None = None  # what stop() was given
+        self.interrupted = False  # engine.interrupt(): the run ends with Interrupted
         self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
         self.skip = self.in_step_start = False
         self.refusing = False  # while packs' check() runs: a failure is a refusal

@@ -10,12 +10,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["RunResult", "RunStep", "State", "StopRun", "current_rank"]
+__all__ = ["Interrupted", "RunResult", "RunStep", "State", "StopRun", "current_rank"]
 
 
 class StopRun(BaseException):
     """Ends a run cleanly from inside ``runstep``: the budget is spent or ``stop()`` was
     called. A ``BaseException``, so a model's ``except Exception`` cannot swallow it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The ``KeyboardInterrupt`` a run ends with when ``engine.interrupt()`` (a first
+    Ctrl-C in a script) stopped it: raised once the current step was done, so the run's
+    state is whole and a ``Checkpoint`` pack saves it; ``exception`` hooks see it."""
 
 
 class State:

@@ -188,10 +188,13 @@ class HookTable:
                                                       if self._run else "")
         self.where.add(f"phase {phase!r} (built-in action)", chain)
         self.where.add(f"phase {phase!r} (built-in action)", plan.parts.get(phase))
+        linked = chain
         for h in reversed(self.overrides[phase]):
             fn = self._compile(h)
             if fn is not None:
                 chain = _link(fn, chain)
+        if phase == "runstep" and chain is not linked:
+            chain = _step_result(chain)
         return chain
 
 
@@ -216,6 +219,26 @@ def _link(fn: Callable[[Any, Action], Any], default: Action) -> Action:
     def link(engine: Any) -> Any:
         return fn(engine, default)
     return link
+
+
+def _step_result(chain: Action) -> Action:
+    """The outermost ``runstep`` override's return value as the step's result, as the
+    built-in step sets it: a loss tensor, or a dict with ``"loss"`` and other outputs.
+    ``None`` leaves ``state.loss`` and ``state.output`` to the override."""
+    def step(engine: Any) -> None:
+        result = chain(engine)
+        if result is not None:
+            state = engine.state
+            if isinstance(result, dict):
+                state.output, state.loss = result, result.get("loss")
+            elif hasattr(result, "backward"):  # a tensor (torch is not imported here)
+                state.output = state.loss = result
+            else:
+                raise TypeError(f"a runstep override returned {type(result).__name__} "
+                                f"{result!r:.60}; return the step's loss tensor, a dict with "
+                                f"'loss' and other outputs, or None (it sets state.loss "
+                                f"itself)")
+    return step
 
 
 def _no_action(phase: str, mode: str) -> Action:

@@ -165,6 +165,14 @@ class IgniteView:
         for phase in _PHASES:
             engine.on(phase, getattr(self, "_" + phase), name="ignite")
 
+    def has_progress_bar(self) -> bool:
+        """Whether an ignite ``ProgressBar`` is attached (runmodel then adds no bar)."""
+        from ignite.handlers import ProgressBar
+
+        return any(isinstance(getattr(handler, "__self__", None), ProgressBar)
+                   for handlers in self.engine._event_handlers.values()
+                   for handler, *_ in handlers)
+
     # -- one hook per phase ------------------------------------------------------------
 
     def _setup(self, engine: Any) -> None:

@@ -49,10 +49,10 @@ def model_step(model: Any) -> Any:
     return runstep
 
 
-def check_steps_for(mode: str, model: Any, *names: str) -> None:
-    """``model`` has the parts a ``mode`` step needs."""
+def check_steps_for(mode: str, model: Any, *names: str, hint: str = "") -> None:
+    """``model`` has the parts a ``mode`` step needs; ``hint`` ends the error."""
     missing = [n for n in names if getattr(model, n, None) is None]
     if missing:
         raise ValueError(f"{mode} mode needs {type(model).__name__}."
                          f"{' and .'.join(missing)}; set {'them' if len(missing) > 1 else 'it'} "
-                         f"in __init__ (module) or setup() (optimizer, loss_fn, data)")
+                         f"in __init__ (module) or setup() (optimizer, loss_fn, data){hint}")

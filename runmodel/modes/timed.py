@@ -201,6 +201,10 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
         return timed
 
     def finish(engine: Engine) -> dict[str, Any]:
+        for hooks_of in (engine.table.hooks, engine.table.overrides):
+            for attached in (h for hs in hooks_of.values() for h in hs if h.pack is not None):
+                # a pack's hook that never fired here (a train-only one): listed, 0 calls
+                table.setdefault((attached.phase, attached.name), [0, 0.0])
         traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
         hooks: list[dict[str, Any]] = [
             {"phase": phase, "hook": name, "calls": int(calls), "total_ms": total * 1e3,

@@ -34,7 +34,14 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
                         data=track(getattr(model, "train_data", None)))
     if not isinstance(model, TorchModel):
         return StepPlan({"runstep": model_step(model)})
-    check_steps_for("train", model, "module", "optimizer", "loss_fn")
+    mode = engine.state.mode
+    if any(o.options.modes is None or mode in o.options.modes
+           for o in engine.table.overrides["runstep"]):
+        check_steps_for("train", model, "module")  # the override's step may use neither
+    else:
+        check_steps_for("train", model, "module", "optimizer", "loss_fn",
+                        hint=" (from_parts: optimizer=, loss_fn=), or write the step yourself "
+                             "with engine.override('runstep', ...)")
     assert model.module is not None and interface is not None  # checked: TorchModel has both
     model.module.train()
     forward, backward, optimizer_step = (interface.forward, interface.backward,

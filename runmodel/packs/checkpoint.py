@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint
-from ..core import Hook, HookOptions, Pack
+from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.folders import prepare_folder
 from ..core.options import parse_duration
 from ._common import read_metric
@@ -171,12 +171,14 @@ class Checkpoint(Pack):
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train", rank=0))
 
     def save_last(self, engine: Any) -> Path | None:
-        """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) is saved
-        where it stopped, unless the newest checkpoint is there already. Waits for the
-        background write, however the run ended."""
+        """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
+        ``engine.interrupt()`` ended (Ctrl-C in a script: ``Interrupted``, after a whole
+        step) is saved where it stopped, unless the newest checkpoint is there already.
+        Waits for the background write, however the run ended."""
         s = engine.state
         try:
-            if s.error is not None or s.ended != "stopped":
+            whole = isinstance(s.error, Interrupted) or (s.error is None and s.ended == "stopped")
+            if not whole:
                 return None
             counters = {} if not s.epoch_complete else {"epoch_step": 0}
             if self.saved and self.saved[-1] == _name(s.epoch, s.step):

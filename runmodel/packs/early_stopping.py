@@ -99,8 +99,8 @@ class EarlyStopping(Pack):
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
         checks = (f"{self.bad} epoch{'s' if self.bad != 1 else ''}" if self.every == 1
                   else f"{self.bad} checks {self.every} epochs apart")
-        best = ("no value that was a number" if self.best is None
-                else f"best {self.best:.6g} at epoch {self.best_epoch}")
+        best = ("no value that was a number" if self.best is None or self.best_epoch is None
+                else f"best {self.best:.6g} at epoch {self.best_epoch + 1}")  # from 1
         tail = "" if self.last is None else f", last {self.last:.6g}"
         return f"early stopping: {self.metric} did not improve{by} for {checks} ({best}{tail})"
 

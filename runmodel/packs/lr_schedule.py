@@ -46,7 +46,9 @@ class LRSchedule(Pack):
 
     ``warmup_steps=N`` scales the scheduled learning rates by ``k/N`` for the k-th of the
     first N optimizer steps (k = 1..N), then leaves them as scheduled. Group 0's lr goes
-    into ``state.metrics["lr"]`` whenever it changes (a float; no device sync). The
+    into ``state.metrics["lr"]`` whenever it changes (a float; no device sync); with
+    ``interval="epoch"`` when the next epoch starts, so that what an epoch's end shows
+    (progress, run log, TensorBoard) is the rate that epoch trained with. The
     scheduler's state and the count of optimizer steps are in ``state_dict()``, so a
     resumed run continues the curve exactly.
     """
@@ -115,6 +117,8 @@ class LRSchedule(Pack):
             # a checkpoint saves the epoch
             yield Hook(self.epoch_end, "epoch_end", HookOptions.of(
                 priority=-150, after="evaluate", modes="train", name="lr_schedule.epoch"))
+            yield Hook(self.epoch_start, "epoch_start", HookOptions.of(
+                modes="train", name="lr_schedule.epoch_start"))
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -189,7 +193,10 @@ class LRSchedule(Pack):
             scheduler.step()
         if warming:
             self._warm(groups, self.optimizer_steps)
-        s.metrics["lr"] = float(groups[0]["lr"])
+
+    def epoch_start(self, engine: Engine) -> None:
+        """The rate this epoch trains with (interval="epoch": set by the last epoch_end)."""
+        engine.state.metrics["lr"] = float(self._groups(engine)[0]["lr"])
 
     # -- warm-up -------------------------------------------------------------------------------
 

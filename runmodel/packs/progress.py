@@ -11,13 +11,31 @@ import torch
 
 from ..core import Hook, HookOptions, Pack
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "interactive"]
+
+
+def in_jupyter() -> bool:
+    """Whether this process is a Jupyter kernel (its output goes to a notebook)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def interactive(stream: IO[str]) -> bool:
+    """Whether a person watches ``stream`` as it is written: a terminal, or the standard
+    output or error of a Jupyter kernel (not a file, a pipe, a test's capture or CI)."""
+    isatty = getattr(stream, "isatty", None)
+    if callable(isatty) and isatty():
+        return True
+    return stream in (sys.stdout, sys.stderr) and in_jupyter()
 
 
 class Progress(Pack):
     """Shows how a run goes, on process rank 0 only.
 
     On a terminal: a tqdm bar per epoch with the epoch, the step, the loss and the rate.
+    It counts as people do (``docs/phases.md``): the epoch under way by its ordinal from 1
+    (``epoch 1/3`` during the first), steps by how many are done.
     The loss is read (one ``.item()``, a device sync on a GPU) only when the bar redraws,
     at most every ``refresh`` seconds, never once per step. Elsewhere (a log file, a
     pipe, CI): one plain line per epoch with the loss, the float metrics and the time.
@@ -44,22 +62,22 @@ class Progress(Pack):
         yield Hook(self.epoch_start, "epoch_start", on_rank_0)
         yield Hook(self.epoch_end, "epoch_end", on_rank_0)
         yield Hook(self.teardown, "teardown", on_rank_0)
-        if self.stream.isatty():  # a bar: a cheap hook per step; else nothing per step
+        if interactive(self.stream):  # a bar: a cheap hook per step; else nothing per step
             yield Hook(self.step, "runstep", on_rank_0)
 
     def epoch_start(self, engine: Any) -> None:
         self._epoch_began = self._shown_at = time.monotonic()
         self.count = 0
-        if not self.stream.isatty():
+        if not interactive(self.stream):
             return
-        from tqdm import tqdm
+        from tqdm.auto import tqdm  # a notebook's widget in Jupyter, else the text bar
 
         s = engine.state
         total = _epoch_length(engine)
         if s.max_steps is not None:
             total = min(total or s.max_steps, s.max_steps - s.step)
         self.bar = tqdm(total=total, initial=0, file=self.stream, leave=True, dynamic_ncols=True,
-                        desc=f"{s.mode} epoch {s.epoch}" + (
+                        desc=f"{s.mode} epoch {s.epoch + 1}" + (
                             f"/{s.max_epochs}" if s.max_epochs is not None else ""),
                         unit="step", mininterval=self.refresh)
 
@@ -70,7 +88,8 @@ class Progress(Pack):
             return
         self._shown_at = now  # a redraw: the only time the loss is read
         s = engine.state
-        self.bar.set_postfix_str(f"step {s.step}" + _loss_text(s.loss), refresh=False)
+        # a runstep hook runs before state.step counts its step: this step is step + 1
+        self.bar.set_postfix_str(f"step {s.step + 1}" + _loss_text(s.loss), refresh=False)
         self.bar.update(self.count - self.bar.n)
 
     def epoch_end(self, engine: Any) -> None:
@@ -86,7 +105,7 @@ class Progress(Pack):
             return
         total = f"/{s.max_epochs}" if s.max_epochs is not None else ""
         elapsed = time.monotonic() - self._epoch_began
-        print(f"{s.mode} epoch {s.epoch}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
+        print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
               f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
 
     def teardown(self, engine: Any) -> None:

@@ -18,7 +18,11 @@ __all__ = ["RunLog"]
 class RunLog(Pack):
     """Appends a line to ``path`` at the start, each epoch end (the loss and the float
     metrics) and the end of a run (with the error, if one ended it). Only process rank 0
-    writes (the processes of a distributed run would write the same lines)."""
+    writes (the processes of a distributed run would write the same lines).
+
+    It counts as people do (``docs/phases.md``): an epoch by its ordinal from 1 (``epoch 1
+    step 4`` ends the first), steps and epochs done by their count (``start train: 1
+    epoch, 4 steps done`` resumes after the first epoch), as checkpoint names do."""
 
     name = "run_log"
 
@@ -41,7 +45,7 @@ class RunLog(Pack):
     @hook(rank=0)
     def setup(self, engine: Any) -> None:
         s = engine.state
-        self.write(f"start {s.mode} at epoch {s.epoch}, step {s.step}")
+        self.write(f"start {s.mode}: {_done(s.epoch, s.step)}")
 
     @hook(priority=-50, rank=0)  # after hooks that compute metrics
     def epoch_end(self, engine: Any) -> None:
@@ -49,10 +53,15 @@ class RunLog(Pack):
         loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
             s.loss.numel() == 1) else ""
         metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
-        self.write(f"epoch {s.epoch} step {s.step}{loss}{metrics}")
+        self.write(f"epoch {s.epoch + 1} step {s.step}{loss}{metrics}")
 
     @hook(rank=0)
     def teardown(self, engine: Any) -> None:
         error = engine.state.error
-        self.write(f"end at epoch {engine.state.epoch}, step {engine.state.step}"
+        self.write(f"end: {_done(engine.state.epoch, engine.state.step)}"
                    + (f": {type(error).__name__}: {error}" if error is not None else ""))
+
+
+def _done(epochs: int, steps: int) -> str:
+    return (f"{epochs} epoch{'' if epochs == 1 else 's'}, {steps} step{'' if steps == 1 else 's'}"
+            f" done")

@@ -190,7 +190,16 @@ def _check_schedule(schedule: object) -> Schedule:
     if not any(checked.values()):
         raise ValueError(f"Unfreeze: the schedule {schedule!r} names no module, so everything "
                          f"would stay frozen; write it as {_EXAMPLE}")
-    return dict(sorted(checked.items()))
+    ordered = dict(sorted(checked.items()))
+    everything = next((e for e, names in ordered.items() if names == ALL), None)
+    later = [e for e in ordered if everything is not None and e > everything]
+    if later:  # what reads like "freeze again at epoch N": a schedule only ever unfreezes
+        raise ValueError(f"Unfreeze: the schedule unfreezes 'all' at epoch {everything}, then "
+                         f"lists {list(ordered[later[0]])!r} at epoch {later[0]}; a schedule only "
+                         f"unfreezes, and what an epoch lists trains from then on, so nothing "
+                         f"is left to unfreeze after 'all' (and nothing freezes again). Drop "
+                         f"the later stages, or move 'all' to the last epoch")
+    return ordered
 
 
 def _check_lr_scale(lr_scale: object, schedule: Schedule) -> dict[int, float] | None:

@@ -277,7 +277,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         except FileExistsError:
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
-    engine = engine or Engine()
+    engine = engine or Engine(progress=False)  # progress= above decides
     for pack in made:  # the config's values, on TensorBoard's HParams dashboard
         if isinstance(pack, TensorBoard):
             pack.hparams = flatten(config.to_dict())

@@ -360,8 +360,8 @@ def test_checkpoints_tensorboard_and_run_log_are_written_by_rank_0_alone(runs: R
         f"ckpt-{step // 8:05d}-{step:010d}.pt" for step in (5, 10, 15, 20)]
     log = (folder / "run.log").read_text().splitlines()
     assert [line.split(" ", 2)[2].split(" loss")[0] for line in log] == [
-        "start train at epoch 0, step 0", "epoch 0 step 8", "epoch 1 step 16",
-        "epoch 2 step 24", "end at epoch 3, step 24"]
+        "start train: 0 epochs, 0 steps done", "epoch 1 step 8", "epoch 2 step 16",
+        "epoch 3 step 24", "end: 3 epochs, 24 steps done"]
     events = list((folder / "tb").glob("events.out.tfevents.*"))
     assert len(events) == 1, events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -406,7 +406,7 @@ def test_a_checkpoint_of_the_two_process_run_resumes_to_the_same_weights(runs: R
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name
     log = (runs.straight_dir / "resumed" / "run.log").read_text().splitlines()
-    assert "start train at epoch 1, step 10" in log[0]
+    assert "start train: 1 epoch, 10 steps done" in log[0]
 
 
 # -- failures -------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ group's threads must be gone when ``engine.run`` returns (before the fix: 3 left
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from helpers import finish_group
 
 RUNS, AT_ONCE = 10, 2
 LIMIT_S = 240
@@ -85,11 +86,7 @@ def launch(cwd: Path, **extra: str) -> subprocess.Popen[str]:
 
 
 def communicate(process: subprocess.Popen[str]) -> tuple[str, str]:
-    try:
-        return process.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        return process.communicate()
+    return finish_group(process, LIMIT_S)
 
 
 def test_two_process_runs_that_finish_exit_0_every_time_and_leave_no_group_behind(

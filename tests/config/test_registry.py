@@ -564,3 +564,12 @@ def test_falsy_non_dict_args_are_a_type_error(args: Any) -> None:
 def test_spec_of_anything_else_is_a_type_error(value: Any) -> None:
     with pytest.raises(TypeError, match=r"backend: give a registered name or "):
         Spec.of(value, "backend")
+
+
+def test_one_file_imported_by_two_spellings_of_its_path_registers_once() -> None:
+    from runmodel.models import load_source
+
+    examples = Path(__file__).resolve().parent.parent.parent / "examples"
+    load_source(str(examples / "configs" / ".." / "digits.py"))
+    load_source(str(examples / "digits.py"))  # a config's import, then a test's: one model
+    assert runmodel.config.registry.registries["model"].get("digits").__name__ == "Digits"

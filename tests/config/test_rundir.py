@@ -239,11 +239,11 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
     log = (directory / "run.log").read_text().splitlines()
     assert len(log) == 5
-    assert re.fullmatch(stamp + "start train at epoch 0, step 0", log[0])
+    assert re.fullmatch(stamp + "start train: 0 epochs, 0 steps done", log[0])
     for epoch, line in enumerate(log[1:4]):
-        assert re.fullmatch(stamp + re.escape(f"epoch {epoch} step {4 * (epoch + 1)} loss "
+        assert re.fullmatch(stamp + re.escape(f"epoch {epoch + 1} step {4 * (epoch + 1)} loss "
                                               f"{losses[epoch]}"), line)
-    assert re.fullmatch(stamp + "end at epoch 3, step 12", log[4])
+    assert re.fullmatch(stamp + "end: 3 epochs, 12 steps done", log[4])
 
     assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000008.pt",
                                                             "ckpt-00003-0000000012.pt"]
@@ -344,7 +344,7 @@ def test_a_failing_run_is_marked_failed_and_the_error_propagates(project: Projec
                                              "status.json", "tensorboard"]
     assert os.listdir(directory / "checkpoint") == ["ckpt-00001-0000000004.pt"]
     last = (directory / "run.log").read_text().splitlines()[-1]
-    assert last.endswith(" end at epoch 1, step 5: RuntimeError: boom at call 5")
+    assert last.endswith(" end: 1 epoch, 5 steps done: RuntimeError: boom at call 5")
 
 
 def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project) -> None:
@@ -363,7 +363,7 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project)
     assert status["status"] == "interrupted" and status["error"] == "KeyboardInterrupt: "
     assert not (directory / "metrics.json").exists() and not (directory / "model.pt").exists()
     assert (directory / "run.log").read_text().splitlines()[-1].endswith(
-        " end at epoch 1, step 6: KeyboardInterrupt: ")
+        " end: 1 epoch, 6 steps done: KeyboardInterrupt: ")
 
     with pytest.raises(RunExists, match=r"status: interrupted"):
         execute(config, project.root, base=project.dir)
@@ -374,7 +374,7 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project)
     assert status["status"] == "finished" and "error" not in status
     assert status["resumed_from"] == str(directory / "checkpoint")
     log = (directory / "run.log").read_text()
-    assert "start train at epoch 1, step 4" in log and log.count("start train") == 2
+    assert "start train: 1 epoch, 4 steps done" in log and log.count("start train") == 2
 
     straight_result, straight = execute(config, project.dir / "straight", base=project.dir)
     assert_same_weights(directory, straight)
@@ -470,7 +470,7 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     assert first.stderr.splitlines()[0] == f"run directory: {directory}"
     assert [re.sub(r"loss \S+  \(\S+s\)", "loss L (Ts)", line)
             for line in first.stderr.splitlines()[1:]] == [
-        f"train epoch {e}/3  step {4 * (e + 1)}  loss L (Ts)" for e in range(3)]
+        f"train epoch {e}/3  step {4 * e}  loss L (Ts)" for e in range(1, 4)]  # from 1
     assert first.stdout.startswith("train: completed after 12 steps, 3 epochs in ")
     assert read_status(directory)["status"] == "finished"
     before = snapshot(directory)
@@ -588,7 +588,7 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     # the model file's configure(engine) applies to config runs: its Evaluate pack's
     # metrics show in the progress lines
     assert [line.split("  ")[0] for line in err.splitlines()[1:]] == [
-        f"train epoch {e}/3" for e in range(3)]
+        f"train epoch {e}/3" for e in range(1, 4)]
     assert all("eval_accuracy" in line for line in err.splitlines()[1:])
     assert out.startswith("train: completed after 69 steps, 3 epochs in ")
     assert os.listdir(runs) == [directory.name]

@@ -39,14 +39,14 @@ def run(pack: EarlyStopping, values: list[float], epochs: int | None = None, **o
 
 @pytest.mark.parametrize(("values", "options", "stopped_at", "reason"), [
     ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 2}, 5,
-     "score did not improve for 2 epochs (best 0.4 at epoch 3, last 0.5)"),
+     "score did not improve for 2 epochs (best 0.4 at epoch 4, last 0.5)"),
     ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 2, "min_delta": 0.15}, 3,
-     "score did not improve by more than 0.15 for 2 epochs (best 0.5 at epoch 1, last 0.4)"),
+     "score did not improve by more than 0.15 for 2 epochs (best 0.5 at epoch 2, last 0.4)"),
     ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 3}, None, None),
     ([0.1, 0.3, 0.2, 0.2, 0.2], {"patience": 2, "mode": "max"}, 3,
-     "score did not improve for 2 epochs (best 0.3 at epoch 1, last 0.2)"),
+     "score did not improve for 2 epochs (best 0.3 at epoch 2, last 0.2)"),
     ([0.1, 0.3, 0.3], {"patience": 1, "mode": "max"}, 2,  # equal is no improvement
-     "score did not improve for 1 epoch (best 0.3 at epoch 1, last 0.3)"),
+     "score did not improve for 1 epoch (best 0.3 at epoch 2, last 0.3)"),
     ([math.nan, math.nan, 1.0], {"patience": 2}, 1,
      "score did not improve for 2 epochs (no value that was a number, last nan)"),
     ([1.0, math.nan, 0.5, math.nan], {"patience": 2}, None, None),  # a NaN is a bad epoch
@@ -68,7 +68,7 @@ def test_every_two_epochs_checks_the_2nd_4th_and_so_on() -> None:
     pack = EarlyStopping("score", patience=2, every=2)
     result = run(pack, values)
     assert result.epochs == 6 and result.reason == (
-        "early stopping: score did not improve for 2 checks 2 epochs apart (best 1 at epoch 1, "
+        "early stopping: score did not improve for 2 checks 2 epochs apart (best 1 at epoch 2, "
         "last 3)")
 
 
@@ -82,7 +82,7 @@ def test_reads_the_eval_loss_evaluate_puts_there() -> None:
     assert len(losses) == 3 and losses == sorted(losses, reverse=True)
     assert result.epochs == 3 and result.reason == (
         f"early stopping: eval_loss did not improve for 2 epochs (best {losses[0]:.6g} at "
-        f"epoch 0, last {losses[2]:.6g})")
+        f"epoch 1, last {losses[2]:.6g})")
 
 
 def test_an_epoch_cut_short_is_not_a_check() -> None:

@@ -65,7 +65,19 @@ def test_interval_epoch_steps_at_each_epoch_end() -> None:
     used, result, _ = train(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
                                        interval="epoch"), epochs=3)
     assert used == [0.1] * 4 + [0.05] * 4 + [0.025] * 4
-    assert result.metrics["lr"] == 0.0125
+    assert result.metrics["lr"] == 0.025  # the rate the last epoch trained with
+
+
+def test_interval_epoch_shows_each_epoch_the_rate_it_trained_with() -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
+                             interval="epoch"))
+    shown: list[float] = []
+    engine.on("epoch_end", lambda e: shown.append(e.state.metrics["lr"]), priority=-1000)
+    model = Tiny()
+    engine.run(model, epochs=3)
+    assert shown == [0.1, 0.05, 0.025]  # after the scheduler's step (-150) too
+    assert model.optimizer.param_groups[0]["lr"] == 0.0125  # what a next epoch would use
 
 
 def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler() -> None:

@@ -32,8 +32,8 @@ def test_off_a_terminal_one_line_per_epoch_and_no_per_step_hook() -> None:
     engine.run(Tiny(), epochs=3)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
-    assert lines[0].startswith("train epoch 0/3  step 4  loss ")
-    assert "eval_accuracy 0.5" in lines[2] and lines[2].startswith("train epoch 2/3  step 12")
+    assert lines[0].startswith("train epoch 1/3  step 4  loss ")
+    assert "eval_accuracy 0.5" in lines[2] and lines[2].startswith("train epoch 3/3  step 12")
     assert not any(h.phase == "runstep" for h in progress.hooks())  # idle between epochs
 
 
@@ -88,11 +88,11 @@ def run_on_a_terminal(refresh: float) -> str:
 
 def test_on_a_terminal_a_bar_per_epoch_that_redraws_with_the_loss() -> None:
     screen = run_on_a_terminal(refresh=0.05)
-    assert "train epoch 0/2" in screen and "train epoch 1/2" in screen
+    assert "train epoch 1/2" in screen and "train epoch 2/2" in screen  # from 1
     assert "30/30" in screen and "step/s" in screen  # tqdm's count and rate
     redraws = screen.count("loss ")
     assert redraws >= 4, screen  # mid-epoch redraws show the loss, and each epoch's end
-    assert "step 59" in screen or "step 60" in screen
+    assert "step 60" in screen and "epoch 0/" not in screen and "step 0 " not in screen
 
 
 def test_the_loss_is_not_read_between_redraws() -> None:
