@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="a config whose run exists: continue it from its newest checkpoint")
     run.add_argument("--restart", action="store_true",
                      help="a config whose run exists: move that run aside and start again")
+    run.add_argument("--backend", choices=("ddp", "fsdp"),
+                     help="with --nproc-per-node: ddp (default) or fsdp (sharded parameters, "
+                     "gradients and optimizer state)")
     launch.add_arguments(run)
     for name, text in (("benchmark", "time a model's steps (warm-up dropped)"),
                        ("profile", "profile a model's steps with torch.profiler")):
@@ -116,6 +119,15 @@ def _parser() -> argparse.ArgumentParser:
         if name == "infer":
             trained.add_argument("--output", "-o", metavar="FILE.pt", required=True,
                                  help="where the outputs go (torch.save)")
+    export = commands.add_parser(
+        "export", help="write a checkpoint's full model weights as one plain state dict file",
+        description="write the full model state dict of a checkpoint (a file, a sharded "
+        "checkpoint folder, a Checkpoint pack's folder or a run folder: its newest readable "
+        "checkpoint) to OUT, one torch.save file that torch.load(weights_only=True) loads "
+        "into the bare module")
+    export.add_argument("path", metavar="PATH")
+    export.add_argument("out", metavar="OUT")
+    export.add_argument("--debug", action="store_true", help="show full tracebacks")
     sweep = commands.add_parser(
         "sweep", help="search a config's values over many runs (on Optuna)",
         description="search a config's values over many config runs, pruning the hopeless "
@@ -276,6 +288,15 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     if args.command in ("describe", "benchmark", "profile") and _is_script(args.source):
         return _script_command(args, extra)
     _untrained_warning(args)
+    if args.command == "export":
+        from .checkpoint_sharded import export
+
+        try:
+            used, out = export(args.path, args.out)
+        except (OSError, ValueError) as error:
+            raise UsageError(str(error).strip("'\"")) from error
+        print(f"exported {used} to {out}", file=sys.stderr)
+        return EXIT_OK
     if args.command == "resume" or (args.command == "run" and _is_config(args.source)):
         if launch.under_torchrun():
             raise UsageError("config runs do not run in several processes yet; run the "
@@ -320,7 +341,8 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     engine.attach(*_packs_asked_for(args))
     distributed = args.command == "run" and launch.under_torchrun()
     result = engine.run(model, mode, steps=args.steps, epochs=getattr(args, "epochs", None),
-                        setup_options=setup or None, backend="ddp" if distributed else None)
+                        setup_options=setup or None,
+                        backend=(args.backend or "ddp") if distributed else None)
     if not distributed or _rank() == 0:  # the processes of a ddp run have the same result
         print(_json(result) if args.json else _summary(result))
     return EXIT_OK
@@ -517,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sweep":
         return _sweep(args)
     try:
+        if args.command == "run" and args.backend and (
+                _is_config(args.source) or not (launch.asked_for(args) or launch.under_torchrun())):
+            raise UsageError(f"--backend {args.backend} picks the distributed backend of a run "
+                             f"in several processes: add --nproc-per-node N (a config names "
+                             f"its backend itself: backend = {{type = \"{args.backend}\"}})")
         if args.command == "run" and launch.asked_for(args):
             if _is_config(args.source):
                 raise UsageError("--nproc-per-node and torchrun's other options run a model "

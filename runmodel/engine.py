@@ -181,7 +181,7 @@ class Engine(core.Engine):
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest
         checkpoint (``None`` when they hold none)."""
-        from .checkpoint import checkpoints_in
+        from .checkpoint_sharded import all_checkpoints_in as checkpoints_in
         from .packs.checkpoint import Checkpoint
 
         folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}

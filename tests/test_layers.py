@@ -6,6 +6,7 @@ the lower module ends it), except inside ``runmodel.core``, whose parts name the
 that holds them in their type hints.
 
     checkpoint            the file format, on plain values
+    checkpoint_sharded    sharded checkpoint folders (fsdp), on checkpoint
     core                  phases, hooks, tables, packs, state, the engine's loop
     models                Model, TorchModel, Interface, evaluation, loading by source
     modes | backends      what a step does per mode | how a model is prepared
@@ -33,6 +34,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 LAYERS: list[tuple[str, ...]] = [
     # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
     ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
+    ("runmodel.checkpoint_sharded",),  # sharded checkpoint folders (fsdp), on checkpoint
     ("runmodel.core",),
     ("runmodel.models",),
     ("runmodel.modes", "runmodel.backends"),

@@ -7,10 +7,11 @@ from .amp import AMP
 from .base import Backend, OptimizerFactory, Plain
 from .compile import Compile
 from .ddp import DDP
+from .fsdp import FSDP
 
-__all__ = ["AMP", "BACKEND_TYPES", "DDP", "Backend", "Compile", "FineTuneSpec",
+__all__ = ["AMP", "BACKEND_TYPES", "DDP", "FSDP", "Backend", "Compile", "FineTuneSpec",
            "OptimizerFactory", "Plain"]
 
 #: The built-in backends by name (``runmodel.register_backend`` adds others).
 BACKEND_TYPES: dict[str, type[Backend]] = {"plain": Plain, "amp": AMP, "compile": Compile,
-                                           "ddp": DDP}
+                                           "ddp": DDP, "fsdp": FSDP}

@@ -92,32 +92,33 @@ class DDP(Backend):
                  ddp_options: dict[str, Any] | None = None, end_timeout: float = 60.0,
                  **options: Any) -> None:
         super().__init__(**options)
+        who = type(self).__name__
         if process_group is not None and process_group not in ("gloo", "nccl", "mpi"):
-            raise ValueError(f"DDP(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
+            raise ValueError(f"{who}(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
                              f"(CUDA), 'mpi', or None to choose by the model's device")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(
                 timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"DDP(timeout={timeout!r}): give seconds > 0, or None for "
+            raise ValueError(f"{who}(timeout={timeout!r}): give seconds > 0, or None for "
                              f"torch's default")
         if isinstance(end_timeout, bool) or not isinstance(end_timeout, (int, float)) or (
                 end_timeout <= 0):
-            raise ValueError(f"DDP(end_timeout={end_timeout!r}): give the seconds a process "
+            raise ValueError(f"{who}(end_timeout={end_timeout!r}): give the seconds a process "
                              f"that ended waits for the others to end too (> 0)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"DDP(seed={seed!r}): give a whole number, or None to draw one")
+            raise ValueError(f"{who}(seed={seed!r}): give a whole number, or None to draw one")
         if not isinstance(shard_data, bool):
-            raise TypeError(f"DDP(shard_data=) takes True or False, got {shard_data!r}")
+            raise TypeError(f"{who}(shard_data=) takes True or False, got {shard_data!r}")
         if ddp_options is not None and not isinstance(ddp_options, dict):
-            raise TypeError(f"DDP(ddp_options=) takes a dict of DistributedDataParallel "
+            raise TypeError(f"{who}(ddp_options=) takes a dict of DistributedDataParallel "
                             f"arguments, got {ddp_options!r}")
         if not dist.is_available():
-            raise RuntimeError("the ddp backend needs torch.distributed, which this build of "
-                               f"torch ({torch.__version__}) does not have")
+            raise RuntimeError(f"the {self.backend_name} backend needs torch.distributed, which "
+                               f"this build of torch ({torch.__version__}) does not have")
         if not dist.is_initialized():
             missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
             if missing:
                 raise RuntimeError(
-                    f"the ddp backend runs in processes started by torchrun, and "
+                    f"the {self.backend_name} backend runs in processes started by torchrun, and "
                     f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: "
                     f"start the run with `runmodel run SOURCE --nproc-per-node N` or "
                     f"`torchrun --nproc-per-node N script.py` (or make the default process "
@@ -128,12 +129,15 @@ class DDP(Backend):
         self.ddp_options = dict(ddp_options or {})
         self._pack: DistributedRun | None = None
 
+    #: The backend's name, in messages.
+    backend_name = "ddp"
+
     def initialize(self, model: Any, spec: FineTuneSpec) -> None:
         super().initialize(model, spec)
         module = getattr(model, "module", None)
         if not isinstance(module, torch.nn.Module):
-            raise ValueError(f"the ddp backend wraps {type(model).__name__}.module in "
-                             f"DistributedDataParallel, and it is "
+            raise ValueError(f"the {self.backend_name} backend wraps "
+                             f"{type(model).__name__}.module, and it is "
                              f"{type(module).__name__}, not a torch.nn.Module")
         device = model_device(model)
         owned = not dist.is_initialized()
@@ -148,7 +152,7 @@ class DDP(Backend):
             dist.init_process_group(backend, timeout=timeout,
                                     device_id=device if backend == "nccl" else None)
         _sync_ignite()  # ignite's metrics then add up across the processes
-        run = DistributedRun(model, module, owned, self.end_timeout)
+        run = self._run(model, module, owned)
         self._pack = run
         try:
             if device.type == "cuda" and hasattr(model, "device"):
@@ -156,15 +160,23 @@ class DDP(Backend):
             inner = unwrap(module)
             assert inner is not None
             inner.to(device)
-            ids = [device.index] if device.type == "cuda" else None
-            # DDP's constructor is a collective: every process gives process 0's weights
-            model.module = DistributedDataParallel(inner, device_ids=ids, output_device=(
-                None if ids is None else ids[0]), **self.ddp_options)
+            self._wrap(model, inner, device)
             if self.shard_data:
                 run.shard(self.seed)
         except BaseException:
             run.restore()
             raise
+
+    def _run(self, model: Any, module: torch.nn.Module, owned: bool) -> DistributedRun:
+        """The backend's pack for this run."""
+        return DistributedRun(model, module, owned, self.end_timeout)
+
+    def _wrap(self, model: Any, inner: torch.nn.Module, device: torch.device) -> None:
+        """Make ``model.module`` (``inner``, on ``device``) distributed."""
+        ids = [device.index] if device.type == "cuda" else None
+        # DDP's constructor is a collective: every process gives process 0's weights
+        model.module = DistributedDataParallel(inner, device_ids=ids, output_device=(
+            None if ids is None else ids[0]), **self.ddp_options)
 
     def pack(self) -> Pack | None:
         return self._pack
@@ -178,6 +190,9 @@ class DistributedRun(Pack):
     only when this process ended normally."""
 
     name = "ddp"
+    #: Whether the processes agree at the start of teardown (before the teardown hooks:
+    #: a final save is collective under fsdp) rather than at its end.
+    agree_first = False
 
     def __init__(self, model: Any, module: torch.nn.Module, owned: bool,
                  end_timeout: float = 60.0) -> None:
@@ -214,8 +229,11 @@ class DistributedRun(Pack):
             yield Hook(getattr(self.ending, phase), phase, HookOptions.of(
                 priority=10_000, name=f"ddp.{phase}_mark"))
         yield Hook(self.failed, "exception", HookOptions.of(priority=10_000, name="ddp.failed"))
+        if self.agree_first:  # before the teardown hooks, whose saves talk to the others
+            yield Hook(self.agree, "teardown", HookOptions.of(priority=10_000,
+                                                              name=f"{self.name}.agree"))
         yield Hook(self.teardown, "teardown", HookOptions.of(priority=-10_000,
-                                                             name="ddp.teardown"))
+                                                             name=f"{self.name}.teardown"))
 
     def failed(self, engine: Any) -> None:
         # first of all: the processes this one's failure brings down fail later, so the
@@ -231,10 +249,15 @@ class DistributedRun(Pack):
         assert self.sampler is not None
         self.sampler.set_epoch(engine.state.epoch)
 
+    def agree(self, engine: Any) -> None:
+        """At a normal end, that every process ended here too; a failure never waits."""
+        if engine.state.error is None:
+            self.ending.agree(engine.state)
+
     def teardown(self, engine: Any) -> None:
         try:
-            if engine.state.error is None:  # a failure never waits for the others
-                self.ending.agree(engine.state)
+            if not self.agree_first:
+                self.agree(engine)
         finally:
             self.restore()
 
@@ -353,7 +376,7 @@ class EndAgreement:
             f") at step {step}, and the others did not end with it within {self.timeout:g} s "
             f"({where}): a stop() that some processes reach and others do not; decide to "
             f"stop from values every process has (a reduced metric, the counters), or "
-            f"raise DDP(end_timeout=) if the others were only slow")
+            f"raise end_timeout= (DDP, FSDP) if the others were only slow")
 
     def _read(self, rank: int) -> tuple[str, int, int] | None:
         key = f"{self._prefix}/{rank}"

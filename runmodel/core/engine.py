@@ -235,7 +235,7 @@ class Engine(Snapshots):
         cleanup)."""
         loop.refusing = True
         check_state = getattr(model, "check_state_dict", None)
-        if saved is not None and saved.get("model") is not None and callable(check_state):
+        if saved is not None and isinstance(saved.get("model"), dict) and callable(check_state):
             check_state(saved["model"])  # before the setup hooks, not when restoring
         if self._loaded_run is not None and mode.kind == "train":
             self._check_length(loop)
@@ -288,9 +288,9 @@ class Engine(Snapshots):
                 self._for_run.append(self.attach(pack))
         saved = None
         if resume is not None:
-            from .. import checkpoint
+            from .. import checkpoint_sharded  # checkpoint files, and sharded folders
 
-            self.resumed_from, saved = checkpoint.load(resume)
+            self.resumed_from, saved = checkpoint_sharded.load(resume, model)
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
         loaded = self._loaded_run

@@ -81,8 +81,13 @@ class Snapshots:
     def _restore_model(self, snapshot: dict[str, Any]) -> None:
         from .. import checkpoint
 
-        if snapshot.get("model") is not None:
-            self.model.load_state_dict(snapshot["model"])
+        model_state = snapshot.get("model")
+        if model_state is not None:
+            restore_into = getattr(model_state, "restore_into", None)
+            if callable(restore_into):  # a sharded checkpoint's: each process reads its shards
+                restore_into(self.model)
+            else:
+                self.model.load_state_dict(model_state)
         if self._loop is None:
             checkpoint.set_rng_state(snapshot["rng"])
         else:  # in a run: the generators are set where the data is (position.py)

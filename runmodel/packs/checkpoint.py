@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint
+from .. import checkpoint, checkpoint_sharded
 from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.folders import prepare_folder
 from ..core.options import parse_duration
@@ -50,6 +51,11 @@ class Checkpoint(Pack):
     of the run (also one ended by an error) waits for the last write; an error that a
     background write met is raised at the next save or at the end of the run, naming the
     file. ``wait()`` waits for the write under way.
+
+    Under the ``fsdp`` backend every process writes: each save is a folder of shards
+    (``runmodel/checkpoint_sharded.py``), made visible by one rename once all have
+    written; best-K keeps the best folders themselves (no links) and lists them in
+    ``best.json``; ``async_save`` writes with ``torch.distributed.checkpoint``'s async save.
     """
 
     name = "checkpoint"
@@ -84,6 +90,9 @@ class Checkpoint(Pack):
         self._writer = checkpoint.Writer() if async_save else None
         # the lists before the save being written: put back if writing it fails
         self._rollback: tuple[list[str], list[tuple[float, str]]] | None = None
+        # the run's sharding (fsdp: every process writes its shard), found at setup
+        self._sharded: checkpoint_sharded.Sharded | None = None
+        self._plain_writer = self._writer
 
     @property
     def last_path(self) -> Path | None:
@@ -166,9 +175,26 @@ class Checkpoint(Pack):
         yield Hook(self.setup, "setup", HookOptions.of(modes="train", rank=0, priority=1000))
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
         # last: after other hooks' state changes
+        # every rank: under fsdp each writes its shard; else all but rank 0 return at once
+        yield Hook(self.sharding, "setup", HookOptions.of(modes="train", priority=10_000,
+                                                          name="checkpoint.sharding"))
         yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
-                                                      priority=-1000, rank=0))
-        yield Hook(self.save_last, "teardown", HookOptions.of(modes="train", rank=0))
+                                                      priority=-1000))
+        yield Hook(self.save_last, "teardown", HookOptions.of(modes="train"))
+
+    def sharding(self, engine: Any) -> None:
+        """Whether this run's checkpoints are sharded (the fsdp backend), and so written
+        by every process rather than by rank 0 alone."""
+        self._sharded = sharded = checkpoint_sharded.of(engine.model)
+        self._writer = self._plain_writer
+        if sharded is not None:
+            if self.async_save:
+                self._writer = checkpoint_sharded.ShardedWriter(sharded)  # type: ignore[assignment]
+            if sharded.rank == 0:
+                checkpoint_sharded.remove_stale_staging(self.directory, sharded.token)
+
+    def _writes_here(self, engine: Any) -> bool:
+        return self._sharded is not None or engine.state.rank == 0
 
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
@@ -176,22 +202,31 @@ class Checkpoint(Pack):
         step) is saved where it stopped, unless the newest checkpoint is there already.
         Waits for the background write, however the run ended."""
         s = engine.state
+        if not self._writes_here(engine):
+            return None
         try:
             whole = isinstance(s.error, Interrupted) or (s.error is None and s.ended == "stopped")
             if not whole:
                 return None
+            if self._sharded is not None and not self._sharded.ended_together:
+                return None  # a collective save needs every process: they did not agree
             counters = {} if not s.epoch_complete else {"epoch_step": 0}
-            if self.saved and self.saved[-1] == _name(s.epoch, s.step):
+            if self.saved and self.saved[-1] == self._name(s.epoch, s.step):
                 return None
             return self._write(engine, counters)
         finally:
-            self.wait()
-            s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
-                                                    ("last_checkpoint", self.last_path))
-                            if v is not None})
+            try:
+                self.wait()
+            finally:  # the run's sharding (and its model) go with the run
+                self._sharded, self._writer = None, self._plain_writer
+                s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
+                                                        ("last_checkpoint", self.last_path))
+                                if v is not None})
 
-    def save(self, engine: Any) -> Path:
+    def save(self, engine: Any) -> Path | None:
         s = engine.state
+        if not self._writes_here(engine):
+            return None
         if self.every.unit != "ep":  # after this step
             counters = {"step": s.step + 1, "epoch_step": s.epoch_step + 1}
         elif s.epoch_complete:  # after this epoch
@@ -218,7 +253,7 @@ class Checkpoint(Pack):
         self.wait()  # at most one write under way
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
-        name = _name(epoch, step)
+        name = self._name(epoch, step)
         previous, previous_best = self.saved, self.best_saved
         path = self.directory / name
         try:
@@ -232,14 +267,21 @@ class Checkpoint(Pack):
                 n for _, n in self.best_saved}
             if self.keep == 0:  # only the best are kept: this file goes once linked
                 old.add(name)
-            finish = _Finish(path, None if best_name is None else self.directory / best_name,
-                             [self.directory / n for n in sorted(old)])
+            finish: _Finish | _ShardedFinish = _Finish(
+                path, None if best_name is None else self.directory / best_name,
+                [self.directory / n for n in sorted(old)])
+            if self._sharded is not None:
+                finish = _ShardedFinish(self, {*previous, *(n for _, n in previous_best)},
+                                        self._sharded.rank == 0)
             snapshot = engine.snapshot(counters)
             if self._writer is not None:
                 self._writer.submit(path, snapshot, finish)
                 self._rollback = (previous, previous_best)
                 return path
-            checkpoint.save(path, snapshot)
+            if self._sharded is not None:
+                checkpoint_sharded.save(path, snapshot, self._sharded)
+            else:
+                checkpoint.save(path, snapshot)
             finish.link()
         except BaseException:
             self.saved, self.best_saved = previous, previous_best
@@ -260,10 +302,16 @@ class Checkpoint(Pack):
                              f"pack, or name one of these)")
         value = float(value)
         name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
+        if self._sharded is not None:  # folders cannot be linked: the save itself is kept
+            name = self._name(epoch, step)
         ranked = sorted([*self.best_saved, (value, name)], key=lambda entry: entry[0],
                         reverse=mode == "max")  # stable: an equal value keeps the older
         self.best_saved = ranked[:self.keep_best]
         return name if (value, name) in self.best_saved else None
+
+    def _name(self, epoch: int, step: int) -> str:
+        name = _name(epoch, step)
+        return name if self._sharded is None else checkpoint_sharded.folder_name(name)
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": list(self.saved),
@@ -294,6 +342,36 @@ class _Finish:
     def prune(self) -> None:
         for old in self.old:
             old.unlink(missing_ok=True)
+
+
+class _ShardedFinish:
+    """After a sharded save is visible (on rank 0): ``best.json`` lists the best
+    folders, then the folders neither kept nor best go."""
+
+    __slots__ = ("best", "directory", "here", "old")
+
+    def __init__(self, pack: Checkpoint, old: set[str], here: bool) -> None:
+        self.directory, self.here = pack.directory, here
+        kept = {*pack.saved} | {n for _, n in pack.best_saved}
+        self.old = [pack.directory / n for n in sorted(old - kept)]
+        self.best = None if pack.best is None else {
+            "metric": pack.best[0], "mode": pack.best[1],
+            "best": [{"checkpoint": n, "value": v} for v, n in pack.best_saved]}
+
+    def __call__(self) -> None:
+        self.link()
+        self.prune()
+
+    def link(self) -> None:
+        if self.here and self.best is not None:
+            temporary = self.directory / f".best.json.tmp{os.getpid()}"
+            temporary.write_text(json.dumps(self.best, indent=1))
+            os.replace(temporary, self.directory / "best.json")
+
+    def prune(self) -> None:
+        if self.here:
+            for old in self.old:
+                checkpoint_sharded.remove(old)
 
 
 def _name(epoch: int, step: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,11 @@ class GradAccumulation(Pack):
     (``GradClip``), ``NaNGuard`` and the amp backend's GradScaler step run once per real
     step, on the accumulated gradient. ``optimizer_step`` *hooks* still fire at every
     step, since the phase does.
+
+    Under the ``fsdp`` backend the accumulating steps skip the gradient reduction
+    (``set_requires_gradient_sync(False)``): only a window's last backward (or the
+    epoch's last, by ``len(train_data)``) reduces the summed gradients across the
+    processes. Training data without a length syncs every step.
     """
 
     name = "grad_accumulation"
@@ -43,6 +49,10 @@ class GradAccumulation(Pack):
         # the optimizer_step chain inside this override, kept from the latest step for
         # the step at an epoch's end
         self._step: Callable[[Any], Any] | None = None
+        # fsdp: the module's switch for gradient reduction, and the epoch's length
+        self._sync: Callable[[bool], Any] | None = None
+        self._length: int | None = None
+        self._unsynced = False
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:
@@ -50,11 +60,25 @@ class GradAccumulation(Pack):
         optimizer_step (else this pack would never run)."""
         self._step = None
         require_phased_step(engine, type(self).__name__)
+        model = engine.model
+        self._sync = getattr(getattr(model, "module", None), "set_requires_gradient_sync", None)
+        try:
+            self._length = len(model.train_data)
+        except TypeError:  # no train_data, or no length: sync every step
+            self._sync = None
+        self._unsynced = False
 
     @override("backward", priority=300, modes=TRAIN_MODES)
     def scaled_backward(self, engine: Any, default: Callable[[Any], Any]) -> None:
         """Backward on ``loss / k``; ``state.loss`` is the true loss again afterwards."""
         state = engine.state
+        if self._sync is not None:  # fsdp: reduce at a window's last backward only
+            last = ((state.epoch_step + 1) % self.k == 0
+                    or state.epoch_step + 1 >= (self._length or 0)
+                    or (state.max_steps is not None and state.step + 1 >= state.max_steps))
+            if last == self._unsynced:  # a change: the switch walks every shard unit
+                self._sync(last)
+            self._unsynced = not last
         loss = state.loss
         state.loss = loss / self.k
         try:
@@ -73,7 +97,18 @@ class GradAccumulation(Pack):
     def epoch_end(self, engine: Any) -> None:
         """Step on the epoch's last, shorter window, if it has one."""
         if self._step is not None and engine.state.epoch_step % self.k:
+            if self._unsynced:  # an epoch cut short mid-window: its gradients were never
+                # reduced, and stepping on them would set the processes apart
+                warnings.warn(f"GradAccumulation: the epoch ended after step "
+                              f"{engine.state.step} in the middle of a window; under fsdp "
+                              f"its gradients were not reduced across the processes, so "
+                              f"the window is dropped", stacklevel=2)
+                engine.model.optimizer.zero_grad()
+                return
             self._step(engine)
 
     def teardown(self, engine: Any) -> None:
+        if self._sync is not None and self._unsynced:
+            self._sync(True)
+        self._sync, self._unsynced = None, False
         self._step = None  # the chain holds the model; let it go with the run

@@ -199,7 +199,7 @@ def test_backend_by_name_and_unknown_names() -> None:
     with pytest.raises(KeyError, match=r"no backend registered as 'plian'\. Did you mean "
                                        r"'plain'\?"):
         runmodel.Engine().run(tiny(), epochs=1, backend="plian")
-    with pytest.raises(KeyError, match=r"Registered: amp, compile, ddp, plain"):
+    with pytest.raises(KeyError, match=r"Registered: amp, compile, ddp, fsdp, plain"):
         runmodel.Engine().run(tiny(), epochs=1, backend="tpu")
 
 
