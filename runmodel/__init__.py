@@ -30,11 +30,11 @@ _EXPORTS = {
                      "register_loss", "register_model", "register_optimizer", "register_pack"),
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
-    "execute": "config.rundir",
+    "execute": "runs",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
 }
 _SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
-                "modes", "packs", "sweeps")
+                "modes", "packs", "runs", "sweeps")
 
 __all__ = [
     "MODES",
@@ -119,7 +119,6 @@ if TYPE_CHECKING:
         register_pack,
     )
     from .config.runconfig import RunConfig, load_config
-    from .config.rundir import execute
     from .core import (
         MODES,
         PHASES,
@@ -142,4 +141,5 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .modes import Benchmark, Eval, Infer, Profile, Train
+    from .runs import execute
     from .sweeps import sweep

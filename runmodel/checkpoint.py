@@ -29,11 +29,13 @@ import torch
 
 from ._files import DiskFullError, atomic_write, remove_stale
 
-__all__ = ["FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer", "checkpoints_in",
-           "load", "read", "rng_state", "save", "set_rng_state", "weights"]
+__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer",
+           "checkpoints_in", "load", "read", "rng_state", "run_of", "save", "set_rng_state",
+           "weights"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
+BEST_PATTERN = "best-*.pt"  # the best-K by a metric: best-<metric>=<value>-<epoch>-<step>.pt
 
 
 class _Foreign(ValueError):
@@ -248,10 +250,17 @@ def _check_loadable(value: Any, where: str) -> None:
 
 def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
     """The checkpoint files in ``directory`` (or in its ``checkpoint/`` folder), newest
-    first."""
+    first; where there are none but best ones (``Checkpoint(keep=0, best=...)``), those."""
     directory = Path(directory)
-    found = sorted(directory.glob(PATTERN)) or sorted((directory / "checkpoint").glob(PATTERN))
-    return found[::-1]  # names sort by epoch, then step
+    for folder in (directory, directory / "checkpoint"):
+        found = sorted(folder.glob(PATTERN))  # names sort by epoch, then step
+        if found:
+            return found[::-1]
+    for folder in (directory, directory / "checkpoint"):
+        best = sorted(folder.glob(BEST_PATTERN), key=lambda p: p.stem.rsplit("-", 2)[1:])
+        if best:
+            return best[::-1]
+    return []
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -292,6 +301,20 @@ def _why_unreadable(path: Path, error: BaseException) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (f"it is cut short or damaged ({size} bytes), not a whole checkpoint "
             f"({type(error).__name__}: {first[:160]})")
+
+
+def run_of(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run record in the checkpoint file ``path`` (``{"id": ..., "started": ...,
+    "max_epochs": ..., "max_steps": ...}``; ``{}`` for one written before runs had
+    records; None for a file that is no readable checkpoint), read without loading the
+    tensors' bytes (memory-mapped)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a torn or foreign file: not a checkpoint of any run
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("engine"), dict):
+        return None
+    return dict(state["engine"].get("run") or {})
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:

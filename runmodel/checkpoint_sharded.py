@@ -136,7 +136,7 @@ def all_checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
                  *(p for p in folder.glob("ckpt-*") if is_checkpoint(p))]
         if found:
             return sorted(set(found), key=lambda p: folder_name(p.name), reverse=True)
-    return []
+    return checkpoint.checkpoints_in(directory)  # the best alone (keep=0 with best=), if any
 
 
 # -- saving ----------------------------------------------------------------------------------

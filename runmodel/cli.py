@@ -27,10 +27,10 @@ from . import plot as plotting  # its module imports only the standard library
 from .core.phases import MODES
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
-    from .config.rundir import PreparedRun
     from .core import RunResult
     from .engine import Engine
     from .models import Model
+    from .runs import PreparedRun
 
 __all__ = ["main"]
 
@@ -44,7 +44,8 @@ class UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runmodel", description="Run PyTorch models through runmodel's hook-driven engine.",
-        epilog="SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName.")
+        epilog="SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName; a .py "
+        "file that defines no Model subclass is a script (docs/runs.md).")
     parser.add_argument("--version", action="version", version=f"runmodel {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -94,13 +95,30 @@ def _parser() -> argparse.ArgumentParser:
                                description="list config runs: what differs, metrics, status")
     runs.add_argument("dir", nargs="?", default="runs", help="default: runs")
     runs.add_argument("--debug", action="store_true", help="show full tracebacks")
-    resume = commands.add_parser("resume", help="continue a config run from its checkpoint",
-                                 description="continue a config run from its newest checkpoint")
+    resume = commands.add_parser("resume", help="continue a run from its checkpoint",
+                                 description="continue a run (config or script run) from its "
+                                 "newest checkpoint; --epochs/--steps extend it")
     resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--epochs", type=_count, help="the run's length in epochs, from its "
+                        "start (more than it has: an extension)")
+    resume.add_argument("--steps", type=_count, help="the run's step budget, from its start")
     resume.add_argument("--json", action="store_true", help="print the result as JSON")
     resume.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (or line per epoch)")
     resume.add_argument("--debug", action="store_true", help="show full tracebacks")
+    for name, text in (("eval", "evaluate a trained run on its eval data"),
+                       ("infer", "infer with a trained run and save its outputs")):
+        trained = commands.add_parser(name, help=text, description=text + ": its best "
+                                      "checkpoint, else its last, else its final weights")
+        trained.add_argument("run_dir", metavar="RUN_DIR")
+        trained.add_argument("--checkpoint", metavar="best|last|FILE",
+                             help="the weights to use (default: best, else last, else the "
+                             "final model.pt)")
+        trained.add_argument("--json", action="store_true", help="print the result as JSON")
+        trained.add_argument("--debug", action="store_true", help="show full tracebacks")
+        if name == "infer":
+            trained.add_argument("--output", "-o", metavar="FILE.pt", required=True,
+                                 help="where the outputs go (torch.save)")
     export = commands.add_parser(
         "export", help="write a checkpoint's full model weights as one plain state dict file",
         description="write the full model state dict of a checkpoint (a file, a sharded "
@@ -231,7 +249,7 @@ def _is_config(source: str) -> bool:
 def _prepare_config(args: argparse.Namespace) -> PreparedRun:
     """A config run, with --mode/--epochs/--steps/--device as overrides."""
     from .config.runconfig import load_config
-    from .config.rundir import prepare
+    from .runs import prepare
 
     overrides = list(args.options)
     overrides += [f"{key}={getattr(args, key)!r}" for key in ("mode", "epochs", "steps", "device")
@@ -244,13 +262,32 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
                    base=Path(args.source).resolve().parent)
 
 
-def _execute(args: argparse.Namespace) -> int:
-    from .config.rundir import INTERRUPTED, list_runs, resume_dir, runs_table
+def _untrained_warning(args: argparse.Namespace) -> None:
+    """``--mode eval``/``infer`` of a model or config loads no trained weights: say so,
+    once, and how to use a trained run's."""
+    mode = getattr(args, "mode", None)
+    if args.command == "run" and mode in ("eval", "infer"):
+        print(f"runmodel: warning: --mode {mode} runs the model with its initial weights (no "
+              f"trained weights are loaded); to {mode} a trained run, use `runmodel {mode} "
+              f"RUN_DIR`", file=sys.stderr)
+
+
+def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     from .modes import Benchmark, Profile
+    from .runs import INTERRUPTED, list_runs, resume_dir, runs_table
+    from .runs.folder import is_run, is_script_run
 
     if args.command == "runs":
         print(runs_table(list_runs(args.dir)))
         return EXIT_OK
+    if args.command in ("eval", "infer"):
+        return _evaluate(args)
+    if args.command == "resume" and is_run(Path(args.run_dir)) and is_script_run(
+            Path(args.run_dir)):
+        return _resume_script(args)
+    if args.command in ("describe", "benchmark", "profile") and _is_script(args.source):
+        return _script_command(args, extra)
+    _untrained_warning(args)
     if args.command == "export":
         from .checkpoint_sharded import export
 
@@ -266,9 +303,9 @@ def _execute(args: argparse.Namespace) -> int:
                              "config's model as a source (runmodel run SOURCE "
                              "--nproc-per-node N) or from a script with backend='ddp'")
         try:
-            prepared = resume_dir(args.run_dir, progress=args.progress,
-                                  packs=_packs_asked_for(args)) if args.command == "resume" else (
-                _prepare_config(args))
+            prepared = resume_dir(args.run_dir, progress=args.progress, epochs=args.epochs,
+                                  steps=args.steps, packs=_packs_asked_for(args)
+                                  ) if args.command == "resume" else _prepare_config(args)
         except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError,
                 UsageError) as error:
             raise UsageError(str(error).strip("'\"")) from error
@@ -308,6 +345,118 @@ def _execute(args: argparse.Namespace) -> int:
                         backend=(args.backend or "ddp") if distributed else None)
     if not distributed or _rank() == 0:  # the processes of a ddp run have the same result
         print(_json(result) if args.json else _summary(result))
+    return EXIT_OK
+
+
+def _is_script(source: str) -> bool:
+    from .runs.script import is_script
+
+    return is_script(source)
+
+
+def _script_command(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """describe, benchmark or profile a script: it runs up to its first engine.run."""
+    from .modes import Benchmark, Profile
+    from .runs.script import run_script
+
+    def instead(engine: Any, model: Any, arguments: dict[str, Any]) -> Any:
+        if args.command == "describe":
+            return _describe(args.source, model, engine, arguments["setup_options"] or {})
+        return engine.run(model, mode, steps=args.steps, backend=arguments["backend"],
+                          setup_options=arguments["setup_options"])
+
+    try:
+        if args.command == "benchmark":
+            mode: Any = Benchmark(measure=args.measure, warmup=args.warmup)
+        elif args.command == "profile":
+            mode = Profile(measure=args.measure, warmup=args.warmup,
+                           directory=None if args.dir is None else Path(args.dir).resolve())
+        if args.command != "describe":
+            mode.budget(args.steps)
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error)) from error
+    result = run_script(args.source, extra, os.getcwd(), instead)
+    if args.command == "describe":
+        print(result)
+    else:
+        print(_json(result) if args.json else _summary(result))
+    return EXIT_OK
+
+
+def _script_record(run_dir: Path) -> dict[str, Any]:
+    from .runs.folder import read_json
+
+    record = read_json(run_dir / "run.json")
+    if not record.get("script") or not Path(record["script"]).is_file():
+        raise UsageError(f"{run_dir} is a script run, and its script "
+                         f"{record.get('script')!r} is not there to run")
+    return record
+
+
+def _resume_script(args: argparse.Namespace) -> int:
+    """``runmodel resume RUN_DIR`` of a script run: the script, run as it was started, up
+    to its engine.run, which continues the run (``resume="auto"``) to the asked length."""
+    from .runs.script import run_script
+
+    run_dir = Path(args.run_dir).resolve()
+    record = _script_record(run_dir)
+
+    def instead(engine: Any, model: Any, arguments: dict[str, Any]) -> Any:
+        epochs = args.epochs if args.epochs is not None else record.get(
+            "epochs", arguments["epochs"])
+        steps = args.steps if args.steps is not None else record.get("steps", arguments["steps"])
+        return engine.run(model, arguments["mode"], epochs=epochs, steps=steps,
+                          setup_options=arguments["setup_options"],
+                          backend=arguments["backend"], resume="auto",
+                          run_dir=arguments["run_dir"] or run_dir)
+
+    print(f"run directory: {run_dir} (a run of {record['script']})", file=sys.stderr)
+    result = run_script(record["script"], record.get("argv") or [], record.get("cwd", "."),
+                        instead)
+    print(_json(result) if args.json else _summary(result))
+    return EXIT_OK
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """``runmodel eval|infer RUN_DIR``: the run's model with its chosen weights, on its
+    data; eval adds its result to the run's eval.json, infer saves the outputs."""
+    import torch
+
+    from .runs.config_run import build, load_run_config
+    from .runs.evaluate import choose_weights, evaluate_model, record_eval
+    from .runs.folder import is_run, is_script_run
+    from .runs.script import run_script
+
+    run_dir = Path(args.run_dir).resolve()
+    if not is_run(run_dir):
+        raise UsageError(f"{args.run_dir} is not a run folder (it has no config.json or "
+                         f"run.json); give a folder that `runmodel runs` lists")
+    output = Path(args.output).resolve() if args.command == "infer" else None
+    try:
+        weights = choose_weights(run_dir, args.checkpoint).resolve()
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from error
+    print(f"runmodel {args.command}: {run_dir.name} with {weights}", file=sys.stderr)
+    if is_script_run(run_dir):
+        record = _script_record(run_dir)
+        result = run_script(record["script"], record.get("argv") or [], record.get("cwd", "."),
+                            lambda engine, model, arguments: evaluate_model(
+                                model, weights, args.command,
+                                setup_options=arguments["setup_options"]))
+    else:
+        try:
+            config, base = load_run_config(run_dir)
+            _, model, _ = build(config, base)
+        except (OSError, ImportError, ValueError, TypeError, KeyError) as error:
+            raise UsageError(str(error).strip("'\"")) from error
+        result = evaluate_model(model, weights, args.command)
+    if output is not None:
+        torch.save(result.outputs, output)
+        result.files["outputs"] = str(output)
+    else:
+        key = record_eval(run_dir, weights, result)
+        result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
+    print(_json(result) if args.json else _summary(result))
     return EXIT_OK
 
 
@@ -379,7 +528,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runmodel`` command; returns the exit code."""
     parser = _parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    if extra and not (args.command in ("describe", "benchmark", "profile")
+                      and _is_script(args.source)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "plot":
         return plotting.main(args)
     if args.command == "sweep":
@@ -399,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if source_file.endswith(".py") and not Path(source_file).is_file():
                 raise UsageError(f"{args.source}: no such file {source_file!r}")
             return launch.launch(args, argv)
-        return _execute(args)
+        return _execute(args, extra)
     except KeyboardInterrupt:
         print("runmodel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -19,7 +19,15 @@ from .modes import as_mode
 if TYPE_CHECKING:
     import ignite.engine
 
+    from .packs.run_folder import RunFolder
+
 __all__ = ["Engine"]
+
+#: While the ``runmodel`` command runs a script (``runmodel eval RUN_DIR`` on a script
+#: run, ``runmodel describe script.py``...): called, once, in place of the script's first
+#: ``engine.run`` with the engine, the model and the run's arguments, to do the asked thing
+#: instead of training (set by ``runmodel.runs.script``, above the engine).
+instead_of_run: Callable[[Engine, Any, dict[str, Any]], Any] | None = None
 
 
 class Engine(core.Engine):
@@ -42,8 +50,8 @@ class Engine(core.Engine):
     def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
             backend: core.Backend | Spec | str | dict[str, Any] | None = None,
-            resume: str | os.PathLike[str] | Literal["auto"] | None = None
-            ) -> core.RunResult:
+            resume: str | os.PathLike[str] | Literal["auto"] | None = None,
+            run_dir: str | os.PathLike[str] | None = None) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
         ``epochs`` epochs.
@@ -56,8 +64,22 @@ class Engine(core.Engine):
         readable one), or ``"auto"``: the newest checkpoint of the attached ``Checkpoint``
         packs when there is one, else a fresh start (which, is said on stderr), so a script
         rerun after a crash goes on where it was.
+
+        ``run_dir`` gives a train run the folder a config run has (``docs/runs.md``):
+        ``run.json`` (how it was started), ``status.json``, ``metrics.json``, ``run.log``,
+        the trained weights and TensorBoard events; packs given relative folders
+        (``Checkpoint("checkpoint")``, ``TensorBoard``, ``Profile``) put them inside it.
+        ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
+        config run. A folder holding a run is continued with ``resume="auto"`` only.
         """
+        global instead_of_run
+        if instead_of_run is not None:
+            asked, instead_of_run = instead_of_run, None
+            return asked(self, model, {
+                "mode": mode, "steps": steps, "epochs": epochs, "setup_options": setup_options,
+                "backend": backend, "resume": resume, "run_dir": run_dir})
         mode = as_mode(mode)
+        folder = self._run_folder(Path(run_dir), mode) if run_dir is not None else None
         auto = resume == "auto"
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
@@ -66,22 +88,58 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
+        if folder is not None:
+            folder.check_start(resuming=resume is not None, auto=auto)
         bar = self._progress_for(mode) if self._loop is None else None
         if bar is not None:
             self._auto_progress = bar
+        handle = self.attach(folder) if folder is not None else None
         try:
             with ctrl_c_finishes_the_step(self) as self._on_setup:
-                return super().run(model, mode, steps=steps, epochs=epochs,
-                                   setup_options=setup_options, backend=prepares, resume=resume)
+                result = super().run(model, mode, steps=steps, epochs=epochs,
+                                     setup_options=setup_options, backend=prepares,
+                                     resume=resume)
         except core.Interrupted as interrupted:  # one line, one short traceback
+            if folder is not None:
+                folder.finish(self, None, KeyboardInterrupt(*interrupted.args))
             print(self._interrupted(auto), file=sys.stderr, flush=True)
             # a plain KeyboardInterrupt: Python exits "killed by SIGINT" (130 in a shell)
             # only for that exact type, as it does for any Ctrl-C
             raise KeyboardInterrupt(*interrupted.args) from None
+        except BaseException as error:
+            if folder is not None:
+                folder.finish(self, None, error)
+            raise
         finally:
+            if handle is not None:
+                handle.detach()
             if bar is not None:
                 bar.detach()
                 self._auto_progress = None
+        if folder is not None:
+            folder.finish(self, result)
+        return result
+
+    def _run_folder(self, run_dir: Path, mode: core.Mode) -> RunFolder | None:
+        """``run_dir``: relative folders of attached packs (and of a Profile mode) go
+        inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
+        a TensorBoard pack is attached)."""
+        from .packs import TensorBoard
+        from .packs.run_folder import RunFolder, start_record
+
+        packs = list(self.table.packs.values())
+        for holder in (*packs, mode):
+            directory = getattr(holder, "directory", None)
+            inside = isinstance(directory, Path) and (
+                directory.parts[:len(run_dir.parts)] == run_dir.parts)
+            if isinstance(directory, Path) and not directory.is_absolute() and not inside:
+                setattr(holder, "directory", run_dir / directory)  # noqa: B010
+        if mode.name != "train":
+            return None
+        folder = RunFolder(run_dir, start_record(self.table.packs, mode.name))
+        if not any(isinstance(p, TensorBoard) for p in packs):
+            setattr(folder, "tensorboard", TensorBoard(run_dir / "tensorboard"))  # noqa: B010
+        return folder
 
     def _interrupted(self, auto: bool) -> str:
         """What a run that Ctrl-C stopped says: where it saved, how to go on."""
@@ -133,7 +191,7 @@ class Engine(core.Engine):
                              '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
                              'resume="DIR"')
         newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
-                     key=lambda c: c.name, default=None)  # names sort by epoch, then step
+                     key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
         if newest is None:
             print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                   f"starting fresh", file=sys.stderr)

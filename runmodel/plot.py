@@ -71,15 +71,27 @@ def _not_a_run(path: Path) -> str:
         return f"{path} does not exist"
     if not path.is_dir():
         return f"{path} is a file, not a run directory"
-    runs = sorted(p.parent.name for p in path.glob("*/config.json"))
+    runs = sorted({p.parent.name for name in ("config.json", "run.json")
+                   for p in path.glob(f"*/{name}")})
     if runs:
         return (f"{path} is not a run directory but holds {len(runs)} runs: give them, as in "
                 f"`runmodel plot {path / '*'}` ({', '.join(runs[:5])}"
                 + (", ..." if len(runs) > 5 else "") + ")")
     found = sorted(p.name for p in path.iterdir())
-    return (f"{path} is not a run directory (no config.json; it holds "
+    return (f"{path} is not a run directory (no config.json or run.json; it holds "
             + (", ".join(found[:8]) + (", ..." if len(found) > 8 else "") if found
                else "nothing") + ")")
+
+
+def _script_run(path: Path) -> dict[str, Any]:
+    """A script run (``engine.run(..., run_dir=)``) as plot labels it: script, arguments,
+    length."""
+    record = _read_json(path / "run.json")
+    if not record:
+        return {}
+    return {"script": Path(str(record.get("script"))).name,
+            "args": " ".join(map(str, record.get("argv") or [])),
+            "epochs": record.get("epochs"), "steps": record.get("steps")}
 
 
 def read_curves(directory: str | Path) -> dict[str, Curve]:
@@ -107,21 +119,27 @@ def load_runs(run_dirs: Iterable[str | Path]) -> list[Run]:
     there."""
     runs: list[Run] = []
     seen: set[Path] = set()
-    for given in run_dirs:
-        path = Path(given)
+    given_all = [Path(given) for given in run_dirs]
+    for path in given_all:
         if path.resolve() in seen:
             continue
         seen.add(path.resolve())
-        config = _read_json(path / "config.json")
+        config = _read_json(path / "config.json") or _script_run(path)
         if not config:
-            raise ValueError(_not_a_run(path))
+            if len(given_all) == 1:
+                raise ValueError(_not_a_run(path))
+            # several folders (a glob such as runs/*): the ones that are no runs (a
+            # profile's trace folder...) are skipped, each said in one line
+            print(f"runmodel plot: skipping {path}: not a run folder", file=sys.stderr)
+            continue
         events = path / "tensorboard"
         if not any(events.glob("*tfevents*")):
             raise ValueError(f"{path} has no TensorBoard events in {events} (a config run "
                              f"writes them from its first epoch's end)")
         runs.append(Run(path, config, read_curves(events)))
     if not runs:
-        raise ValueError("give at least one run directory")
+        raise ValueError("give at least one run directory" + (
+            f" (none of the {len(given_all)} folders given is one)" if given_all else ""))
     return runs
 
 

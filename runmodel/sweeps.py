@@ -37,10 +37,10 @@ from typing import Any
 from .checkpoint import checkpoints_in
 from .config.registry import Spec, registries
 from .config.runconfig import ConfigError, RunConfig, apply_overrides, read_config_file
-from .config.rundir import INTERRUPTED, prepare, read_status, run_dir_for
 from .core import Hook, HookOptions, Pack, RunResult
 from .extras import require
 from .models import load_source
+from .runs import INTERRUPTED, prepare, read_status, run_dir_for
 
 __all__ = ["SPACES", "ReportToTrial", "SweepError", "SweepFailed", "SweepResult", "SweepSpec",
            "parse_param", "read_spec", "sweep"]

@@ -139,15 +139,15 @@ def log_until_full(kind: str, folder: str) -> None:
 def status_until_full(folder: str) -> None:
     """Write a config run's status file, then again on a disk that has no room for it;
     what was raised goes to ``folder/error``."""
-    from runmodel.config import rundir
+    from runmodel.runs.folder import write_json
 
     path = Path(folder) / "status.json"
-    rundir._write_json(path, {"status": "running"})
+    write_json(path, {"status": "running"})
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
     resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
     try:
-        rundir._write_json(path, {"status": "failed", "error": "x" * 100})
+        write_json(path, {"status": "failed", "error": "x" * 100})
     except OSError as error:
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
         Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"

@@ -270,9 +270,11 @@ def test_top_level_help(cli: Results) -> None:
                           ("profile", "profile a model's steps with torch.profiler"),
                           ("describe", "show a model and the resolved phase and hook table"),
                           ("runs", "list config runs: what differs, metrics, status"),
-                          ("resume", "continue a config run from its checkpoint")):
+                          ("resume", "continue a run from its checkpoint"),
+                          ("eval", "evaluate a trained run on its eval data"),
+                          ("infer", "infer with a trained run and save its outputs")):
         assert re.search(rf"^    {command}\s+{re.escape(text)}$", out, re.MULTILINE), command
-    assert "SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName." in out
+    assert "SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName;" in out
     assert result.stderr == ""
 
 

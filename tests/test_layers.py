@@ -13,7 +13,8 @@ that holds them in their type hints.
     packs | integrations  packs of hooks | the pytorch-ignite view
     config.builtins, .registry, .runconfig   things by name, runs as data
     engine                runmodel.Engine: the core engine with modes and backends by name
-    config.rundir         a config run in its directory, run by runmodel.Engine
+    runs                  run folders: a config run in its folder, a script run's folder,
+                          the runs table (above the engine; config/ stays data below it)
     sweeps                many config runs searched, pruned and resumed on Optuna
     runmodel (__init__), plot   the package's names | plots of config runs' curves
     launch                runmodel run --nproc-per-node: the hand-off to torchrun
@@ -43,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runmodel.config.registry",),
     ("runmodel.config.runconfig",),
     ("runmodel.engine",),
-    ("runmodel.config.rundir",),
+    ("runmodel.runs",),
     ("runmodel.sweeps",),  # runmodel sweep: config runs searched on Optuna
     ("runmodel", "runmodel.plot"),  # the package's __init__ alone (lazy exports, __version__)
     ("runmodel.launch",),  # imports torch (and the ddp backend) only when it launches
@@ -192,3 +193,29 @@ def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path: Pa
         assert imports("runmodel.core.example") == {"runmodel.modes", "runmodel.checkpoint"}
     finally:
         del MODULES["runmodel.core.example"]
+
+
+def _engine_rank() -> int:
+    return group("runmodel.engine")[0]
+
+
+@pytest.mark.parametrize("package", ["runmodel.config", "runmodel.runs"])
+def test_a_package_folder_sits_on_one_side_of_the_engine(package: str) -> None:
+    """A folder of modules is below the engine facade or above it, never both: config/
+    keeps registries and configs as data (the engine uses them), runs/ runs them. A module
+    in config/ that imports the engine (as config/rundir.py did) is the arrow back up."""
+    ranks = {group(m)[0] for m in MODULES if m == package or m.startswith(package + ".")}
+    sides = {rank < _engine_rank() for rank in ranks}
+    assert len(sides) == 1, f"{package} has modules below and above runmodel.engine: {ranks}"
+    if package == "runmodel.config":
+        assert sides == {True}, "config/ is data below the engine"
+        reached: set[str] = set()
+        todo = [m for m in MODULES if m.startswith(package)]
+        while todo:  # what config/ imports, and what that imports...
+            module = todo.pop()
+            for target in GRAPH.get(module, ()):
+                if target not in reached:
+                    reached.add(target)
+                    todo.append(target)
+        assert "runmodel.engine" not in reached and not any(
+            r.startswith("runmodel.runs") for r in reached), "config/ reaches up to the engine"

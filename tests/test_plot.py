@@ -224,8 +224,8 @@ def test_bad_input_is_a_one_line_error_naming_what_is_there(run_dirs: list[Path]
     with pytest.raises(ValueError, match=r"is not a run directory but holds 3 runs: give "
                        r"them, as in `runmodel plot .*/\*`"):
         load_runs([root])
-    with pytest.raises(ValueError, match=r"checkpoint is not a run directory \(no config.json; "
-                       r"it holds nothing\)"):
+    with pytest.raises(ValueError, match=r"checkpoint is not a run directory \(no config.json "
+                       r"or run.json; it holds nothing\)"):
         (tmp_path / "checkpoint").mkdir()
         load_runs([tmp_path / "checkpoint"])
     with pytest.raises(ValueError, match=r"does not exist"):

@@ -167,10 +167,12 @@ def test_a_resumed_run_with_the_finished_epochs_runs_no_steps(tmp_path: Path) ->
 def test_the_counters_are_this_runs_only(tmp_path: Path) -> None:
     train_with_checkpoints(tmp_path, epochs=2)
     engine = runmodel.Engine()
-    engine.attach(Checkpoint(tmp_path / "other"))
+    engine.attach(Checkpoint(tmp_path / "other", overwrite=True))
     engine.run(dropout_mlp(), epochs=3, resume=tmp_path)
     assert (engine.state.step, engine.state.epoch) == (12, 3)
     result = engine.run(dropout_mlp(), epochs=1)  # a later run without resume= starts at zero
+    [moved] = (tmp_path / "other").glob("previous-*")  # overwrite=True: the old run aside
+    assert sorted(p.name for p in moved.iterdir())[-1] == "ckpt-00003-0000000012.pt"
     assert (result.steps, result.epochs) == (4, 1)
 
 
@@ -389,7 +391,9 @@ def test_resume_auto_starts_fresh_then_continues_exactly(
 def test_resume_auto_takes_the_newest_of_several_checkpoint_packs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     train_with_checkpoints(tmp_path / "a", epochs=1)
-    train_with_checkpoints(tmp_path / "b", epochs=3)
+    later = runmodel.Engine()  # the same run goes on, writing its checkpoints into b
+    later.attach(Checkpoint(tmp_path / "b"))
+    later.run(dropout_mlp(), epochs=3, resume=tmp_path / "a")
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "a"), Checkpoint(tmp_path / "b"))
     result = engine.run(dropout_mlp(), epochs=4, resume="auto")
@@ -413,13 +417,14 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameters(tmp_path
     steps: list[int] = []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"another model than Tiny: other shapes: "
-                                         r"0\.bias \(8,\) vs \(16,\), "
-                                         r"0\.weight \(8, 4\) vs \(16, 4\)"):
+    with pytest.raises(ValueError, match=r"another model than Tiny: the first parameter that "
+                                         r"differs is 0\.weight: checkpoint \(8, 4\), Tiny "
+                                         r"\(16, 4\) \(and 2 more: 0\.bias: checkpoint \(8,\)"):
         engine.run(wider, epochs=2, resume=tmp_path)
     flat = helpers.Tiny(optimizer=torch.optim.Adam)  # Linear(4, 1): other names
-    with pytest.raises(ValueError, match=r"missing \['bias', 'weight'\]; not in .*: "
-                                         r"\['0\.bias', '0\.weight', '2\.bias', '2\.weight'\]"):
+    with pytest.raises(ValueError, match=r"differs is weight: checkpoint missing, Tiny \(1, 4\) "
+                                         r"\(and 5 more: bias: .*0\.weight: checkpoint \(8, 4\), "
+                                         r"Tiny missing"):
         runmodel.Engine().run(flat, epochs=2, resume=tmp_path)
     assert steps == []
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == written  # untouched

@@ -1,3 +1,4 @@
 """Runs described as data: registries of named things (``registry``), runmodel's own
-registrations (``builtins``), ``RunConfig`` (``runconfig``) and the run directory each
-config run lands in (``rundir``). The public names are exported by ``runmodel``."""
+registrations (``builtins``) and ``RunConfig`` (``runconfig``). Nothing here runs a
+model: a config run in its folder is ``runmodel.runs``, above the engine. The public names
+are exported by ``runmodel``."""

@@ -1,7 +1,7 @@
 """Ctrl-C in a script: the first one finishes the current step and ends the run with
 ``Interrupted`` (after a ``Checkpoint`` pack saved that step), a second one stops at once.
 
-Config runs do the same with a handler of their own (``runmodel/config/rundir.py``, which
+Config runs do the same with a handler of their own (``runmodel/runs/config_run.py``, which
 ends the run by ``stop()`` and reports it in the run folder); a script's run installs this one only
 where Python's own Ctrl-C handler is in place, so an outer run, a config run or a handler
 the script set keeps its own.

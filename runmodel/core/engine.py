@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,16 @@ class Engine(Snapshots):
         self._resuming = False
         # say on stderr which checkpoint a run resumes from, once it is read (resume="auto")
         self.announce_resume = False
+        self._loaded_run: dict[str, Any] | None = None  # a checkpoint's run record
+        #: this run's record: ``{"id": ..., "started": ...}``, continued from the
+        #: checkpoint a run resumes from (``runs.md``)
+        self.run_record: dict[str, Any] = {}
+        #: the checkpoint file this run resumed from (None: it started from step 0)
+        self.resumed_from: Path | None = None
+        #: how a resumed train run goes past the length it was started with, as
+        #: ``"epochs 2 -> 4"`` (None: it is no extension); packs whose behaviour depends
+        #: on the run's total length refuse it in their ``check_setup``
+        self.extension: str | None = None
 
     # -- registration ------------------------------------------------------------------
 
@@ -168,7 +179,7 @@ class Engine(Snapshots):
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
-            self._check(loop, plan)
+            self._check(loop, plan, model, mode, saved)
             self.fire("setup")
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
@@ -188,6 +199,7 @@ class Engine(Snapshots):
             self._end(loop, model)
         s = self.state
         extras["timings"] = {**s.timings, **extras.get("timings", {})}
+        extras["files"] = {**s.files, **extras.get("files", {})}
         return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
                          time.perf_counter() - started, dict(s.metrics), reason=loop.reason,
                          **extras)
@@ -196,7 +208,10 @@ class Engine(Snapshots):
                backend: Backend | None) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
         self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
+        if not self._resuming:
+            self._loaded_run = None
         self._resuming = False
+        self.resumed_from, self.extension = None, None
         self.model, self._loop = model, Loop(self, steps, epochs)
         self.table.where = Where.of_run(model, mode, backend, self._restore_model)
         self.table.start(self.state, StepPlan({}))  # exception and teardown can fire
@@ -213,17 +228,51 @@ class Engine(Snapshots):
             self._loop = None
             self.table.stop()
 
-    def _check(self, loop: Loop, plan: StepPlan) -> None:
-        """Every attached pack's ``check_setup``, in attach order, then the metric names
-        read against those declared (``metric_names.py``): the run's setup-time checks,
-        before any hook runs. A refusal ends the run with no ``exception`` or ``teardown``
-        hook but those of the packs attached for the run (a backend's cleanup)."""
+    def _check(self, loop: Loop, plan: StepPlan, model: Any, mode: Mode,
+               saved: dict[str, Any] | None) -> None:
+        """The run's setup-time checks, before any hook runs: a resumed run's checkpoint
+        fits the model and the length asked for, then every attached pack's
+        ``check_setup``, in attach order, then the metric names read against those
+        declared (``metric_names.py``). A refusal ends the run with no ``exception`` or
+        ``teardown`` hook but those of the packs attached for the run (a backend's
+        cleanup)."""
         loop.refusing = True
+        check_state = getattr(model, "check_state_dict", None)
+        if saved is not None and isinstance(saved.get("model"), dict) and callable(check_state):
+            check_state(saved["model"])  # before the setup hooks, not when restoring
+        if self._loaded_run is not None and mode.kind == "train":
+            self._check_length(loop)
         for pack in list(self.table.packs.values()):
             pack.check_setup(self)
         check_metric_names(self.table, self.state.mode, self.state.rank,
                            (*STEP_WRITES, *plan.writes))
         loop.refusing = False
+
+    def _check_length(self, loop: Loop) -> None:
+        """A continued run: asking for fewer epochs or steps than it did is an error; as
+        many, with the run finished, trains nothing (said in one line); more extends it."""
+        s, planned = self.state, self._loaded_run or {}
+        where = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
+        if s.max_steps is not None and s.max_steps < s.step:
+            raise ValueError(f"steps={s.max_steps}, but the run did {s.step} steps already"
+                             f"{where}; ask for {s.step} or more (steps count from the run's "
+                             f"start)")
+        if s.max_epochs is not None and (s.max_epochs < s.epoch or (
+                s.max_epochs == s.epoch and s.epoch_step > 0)):
+            done = f"{s.epoch} epochs" + (f" and {s.epoch_step} steps" if s.epoch_step else "")
+            raise ValueError(f"epochs={s.max_epochs}, but the run did {done} already{where}; "
+                             f"ask for {s.epoch + (1 if s.epoch_step else 0)} or more (epochs "
+                             f"count from the run's start)")
+        if s.step >= loop.budget or (s.epoch >= loop.max_epochs and s.epoch_step == 0):
+            print(f"runmodel: the run{where} has done its {s.epoch} epochs ({s.step} steps) "
+                  f"already: nothing to train; ask for more epochs or steps to extend it",
+                  file=sys.stderr, flush=True)
+            return
+        longer = [f"{unit} {planned.get(key)} -> {asked}"
+                  for unit, key, asked in (("epochs", "max_epochs", s.max_epochs),
+                                           ("steps", "max_steps", s.max_steps))
+                  if planned.get(key) is not None and (asked is None or asked > planned[key])]
+        self.extension = ", ".join(longer) or None
 
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""
@@ -244,11 +293,16 @@ class Engine(Snapshots):
         if resume is not None:
             from .. import checkpoint_sharded  # checkpoint files, and sharded folders
 
-            path, saved = checkpoint_sharded.load(resume, model)
+            self.resumed_from, saved = checkpoint_sharded.load(resume, model)
             if self.announce_resume:
-                print(f"runmodel: resuming from {path}", file=sys.stderr)
+                print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
+        loaded = self._loaded_run
+        # a checkpoint written before runs had records counts as one run's: it gets an id
+        self.run_record = {"id": uuid.uuid4().hex[:12], "started": time.time()} if (
+            loaded is None) else {"id": loaded.get("id") or uuid.uuid4().hex[:12],
+                                  "started": loaded.get("started")}
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
         if self._loop is not None:
             self._loop.position.tracker = plan.data

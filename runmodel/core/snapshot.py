@@ -24,6 +24,10 @@ class Snapshots:
     model: Any
     _loop: Loop | None
     _resuming: bool
+    _loaded_run: dict[str, Any] | None
+    #: the run this engine runs or ran last: ``{"id": ..., "started": ...}`` (a unix time),
+    #: from the checkpoint it resumed from, else made when the run started
+    run_record: dict[str, Any]
 
     def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """The run's counters (``counters`` replacing some), the last loss and the
@@ -34,7 +38,11 @@ class Snapshots:
                 "loss": _plain(s.loss),
                 "metrics": {k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items())
                             if v is not None},
-                "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()}}
+                "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()},
+                # which run this is, and the length it was started or extended to: a
+                # resumed run continues the record; an extension is checked against it
+                "run": {**getattr(self, "run_record", {}),
+                        "max_epochs": s.max_epochs, "max_steps": s.max_steps}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counters and pack states; the next run continues these counters."""
@@ -45,10 +53,11 @@ class Snapshots:
         self.state.loss = state.get("loss")
         self.state.metrics.update(state.get("metrics", {}))
         self._resuming = True
+        self._loaded_run = dict(state.get("run") or {})
         for key, pack_state in state.get("packs", {}).items():
             if key in self.table.packs:
                 self.table.packs[key].load_state_dict(pack_state)
-            else:
+            elif pack_state:  # a pack without state (a run folder's log) loses nothing
                 warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
                               f"(attached: {sorted(self.table.packs) or 'none'})", stacklevel=2)
 

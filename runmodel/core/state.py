@@ -29,7 +29,7 @@ class State:
     counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
     """
 
-    __slots__ = ("batch", "ended", "epoch", "epoch_complete", "epoch_step", "error",
+    __slots__ = ("batch", "ended", "epoch", "epoch_complete", "epoch_step", "error", "files",
                  "grad_scaler", "kind", "loss", "max_epochs", "max_steps", "metrics", "mode",
                  "output", "rank", "skipped", "step", "timings")
 
@@ -48,6 +48,8 @@ class State:
         self.metrics: dict[str, Any] = {}
         # what packs measured (Timer); the run's result.timings holds it beside the mode's
         self.timings: dict[str, Any] = {}
+        # files the run wrote that its result names (the Checkpoint pack's best and last)
+        self.files: dict[str, str] = {}
         # the loss scaler of a mixed-precision run (the amp backend's GradScaler), so that
         # packs that read gradients (clipping, NaN checks) can unscale them first
         self.grad_scaler: Any = None
@@ -64,6 +66,7 @@ class State:
         self.rank = current_rank()
         self.batch = self.output = self.error = self.grad_scaler = None
         self.timings = {}
+        self.files = {}
 
     def __repr__(self) -> str:
         return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "

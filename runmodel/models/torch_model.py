@@ -90,6 +90,14 @@ class TorchModel(Model):
                 # what a resume checks the run's optimizer against (with the groups' sizes)
                 "optimizer_class": None if optimizer is None else _qualified(type(optimizer))}
 
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint's state whose weights do not fit this model, naming the
+        first parameter that differs and both shapes; the engine calls it at setup,
+        before any step or hook, when a run resumes."""
+        module = unwrap(self.module)
+        if state.get("module") is not None and module is not None:
+            _check_same_parameters(module, state["module"], type(self).__name__)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``'s result; weights of another model are refused with
         the parameters that do not match."""
@@ -164,18 +172,26 @@ class TorchModel(Model):
 
 def _check_same_parameters(module: nn.Module, saved: dict[str, Any], name: str) -> None:
     own = module.state_dict()
-    missing = sorted(set(own) - set(saved))
-    unexpected = sorted(set(saved) - set(own))
-    shapes = sorted(k for k in set(own) & set(saved) if isinstance(saved[k], torch.Tensor)
-                    and tuple(saved[k].shape) != tuple(own[k].shape))
-    if missing or unexpected or shapes:
-        parts = [f"missing {missing}" if missing else "",
-                 f"not in {name}: {unexpected}" if unexpected else "",
-                 "other shapes: " + ", ".join(f"{k} {tuple(saved[k].shape)} vs "
-                                              f"{tuple(own[k].shape)}" for k in shapes)
-                 if shapes else ""]
+    # in the model's order (then the checkpoint's): the first that differs is named first
+    keys = [*own, *(k for k in saved if k not in own)]
+    differing = []
+    for key in keys:
+        mine, theirs = own.get(key), saved.get(key)
+        if mine is None or theirs is None or (
+                isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
+                and tuple(mine.shape) != tuple(theirs.shape)):
+            differing.append(f"{key}: checkpoint {_shape(theirs)}, {name} {_shape(mine)}")
+    if differing:
+        more = f" (and {len(differing) - 1} more: {'; '.join(differing[1:4])}" + (
+            "..." if len(differing) > 4 else "") + ")" if len(differing) > 1 else ""
         raise ValueError(f"the checkpoint holds the weights of another model than {name}: "
-                         + "; ".join(p for p in parts if p))
+                         f"the first parameter that differs is {differing[0]}{more}")
+
+
+def _shape(value: Any) -> str:
+    if value is None:
+        return "missing"
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _qualified(kind: type) -> str:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,16 @@ class Checkpoint(Pack):
     ``best=("eval_accuracy", "max")`` also keeps the best ``keep_best`` checkpoints by
     that metric of ``engine.state.metrics`` (``"min"`` for a loss), as
     ``best-<metric>=<value>-<epoch>-<step>.pt`` beside the newest ones; ``resume=`` with
-    the folder still takes the newest checkpoint, not the best.
+    the folder still takes the newest checkpoint, not the best. ``keep=0`` with ``best=``
+    keeps the best alone (and ``resume="auto"`` continues from the newest of them).
+    ``best_path`` and ``last_path`` name the best and the newest checkpoint (also in the
+    run's ``result.files``).
+
+    The folder holds one run's checkpoints (``docs/runs.md``): every checkpoint records
+    the run that wrote it (its id and start time). A run started afresh (no
+    ``resume=``) into a folder that holds another run's checkpoints is refused at setup,
+    unless ``overwrite=True``, which moves the old run's files into a subfolder
+    ``previous-<run id>/`` (nothing is deleted) and starts afresh.
 
     A run resumed from any of them goes on exactly as a straight run would, also from one
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
@@ -60,12 +70,14 @@ class Checkpoint(Pack):
 
     def __init__(self, directory: str | os.PathLike[str], every: int | str = "1ep",
                  keep: int | None = 2, best: tuple[str, str] | None = None,
-                 keep_best: int = 1, async_save: bool = False) -> None:
+                 keep_best: int = 1, async_save: bool = False, overwrite: bool = False) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), got {keep!r}")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0
+                                 or (keep == 0 and best is None)):
+            raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
+                             f"best= (keep only the best); got {keep!r}")
         if best is not None and not (isinstance(best, (tuple, list)) and len(best) == 2
                                      and isinstance(best[0], str) and best[1] in ("min", "max")):
             raise ValueError(f"best= names a metric and whether lower or higher is better, as "
@@ -74,6 +86,9 @@ class Checkpoint(Pack):
             raise ValueError(f"keep_best= must be a whole number >= 1, got {keep_best!r}")
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite= takes True or False, got {overwrite!r}")
+        self.overwrite = overwrite
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
         self.reads = () if best is None else (best[0],)  # checked at setup
@@ -87,7 +102,85 @@ class Checkpoint(Pack):
         self._sharded: checkpoint_sharded.Sharded | None = None
         self._plain_writer = self._writer
 
+    @property
+    def last_path(self) -> Path | None:
+        """The newest checkpoint this pack wrote or resumed with (None: none yet)."""
+        return self.directory / self.saved[-1] if self.saved else None
+
+    @property
+    def best_path(self) -> Path | None:
+        """The best checkpoint by ``best=``'s metric (None: no ``best=``, or none yet)."""
+        return self.directory / self.best_saved[0][1] if self.best_saved else None
+
+    def folder_run(self) -> dict[str, Any] | None:
+        """The run whose checkpoints the folder holds, as its newest readable checkpoint
+        records it (``{}``: checkpoints written before runs had records, which count as
+        one run's); None for a folder without checkpoints."""
+        for path in checkpoint.checkpoints_in(self.directory) if self.directory.is_dir() else ():
+            if path.parent != self.directory:
+                break  # checkpoints_in looks into DIR/checkpoint/ too: not this folder
+            record = checkpoint.run_of(path)
+            if record is not None:
+                return record
+        return None
+
+    def check_setup(self, engine: Any) -> None:
+        """The folder holds one run's checkpoints: a fresh run into one that holds a run
+        is refused (unless ``overwrite=True``), and so is continuing another run there.
+        Then the folder is made and tried, where this process will write (rank 0 of a
+        train run), so that one that cannot be written stops the run before its first
+        step, not at the first save."""
+        if engine.state.mode != "train":  # the only mode it saves in
+            return
+        self._check_folder_run(engine)
+        if engine.state.rank == 0:
+            prepare_folder(self.directory, "Checkpoint")
+
+    def _check_folder_run(self, engine: Any) -> None:
+        holder, record = self.folder_run(), engine.run_record
+        self._move_old = False
+        if holder is None:
+            return
+        if engine.resumed_from is None:
+            if self.overwrite:
+                self._move_old = True
+                return
+            started = holder.get("started")
+            when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" \
+                if isinstance(started, (int, float)) else ""
+            name = f"run {holder['id']}{when}" if holder.get("id") else "a run"
+            raise FileExistsError(
+                f"{self.directory} holds the checkpoints of {name}; this run starts from step "
+                f"0. Continue that run with resume=\"auto\", give this run another folder, or "
+                f"use Checkpoint({str(self.directory)!r}, overwrite=True) to move the old run "
+                f"into {self.directory / 'previous-<run id>'} and start afresh (nothing is "
+                f"deleted)")
+        if holder.get("id") and holder["id"] != record.get("id"):
+            raise FileExistsError(
+                f"{self.directory} holds the checkpoints of run {holder['id']}, and this run "
+                f"continues run {record.get('id')} (from {engine.resumed_from}); a folder "
+                f"holds one run's checkpoints: give this run another folder")
+
+    def setup(self, engine: Any) -> None:
+        """``overwrite=True`` on a folder that holds a run: move it aside."""
+        if getattr(self, "_move_old", False):
+            self._move_old = False
+            self._move_aside()
+
+    def _move_aside(self) -> Path:
+        holder = self.folder_run() or {}
+        base = f"previous-{holder.get('id') or time.strftime('%Y%m%d-%H%M%S')}"
+        target, n = self.directory / base, 2
+        while target.exists():
+            target, n = self.directory / f"{base}-{n}", n + 1
+        target.mkdir(parents=True)
+        for item in sorted(self.directory.iterdir()):
+            if item.is_file() and item.suffix == ".pt":
+                os.replace(item, target / item.name)
+        return target
+
     def hooks(self) -> Iterator[Hook]:
+        yield Hook(self.setup, "setup", HookOptions.of(modes="train", rank=0, priority=1000))
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
         # last: after other hooks' state changes
         # every rank: under fsdp each writes its shard; else all but rank 0 return at once
@@ -110,13 +203,6 @@ class Checkpoint(Pack):
 
     def _writes_here(self, engine: Any) -> bool:
         return self._sharded is not None or engine.state.rank == 0
-
-    def check_setup(self, engine: Any) -> None:
-        """The folder is made and tried now, where this process will write (rank 0 of a
-        train run), so that one that cannot be written stops the run before its first
-        step, not at the first save."""
-        if engine.state.mode == "train" and engine.state.rank == 0:
-            prepare_folder(self.directory, "Checkpoint")
 
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
@@ -141,6 +227,9 @@ class Checkpoint(Pack):
                 self.wait()
             finally:  # the run's sharding (and its model) go with the run
                 self._sharded, self._writer = None, self._plain_writer
+                s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
+                                                        ("last_checkpoint", self.last_path))
+                                if v is not None})
 
     def save(self, engine: Any) -> Path | None:
         s = engine.state
@@ -181,7 +270,7 @@ class Checkpoint(Pack):
             # the lists saved inside the checkpoint already hold the checkpoint itself, so
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
-            self.saved = kept[-self.keep:] if self.keep is not None else kept
+            self.saved = kept if self.keep is None else kept[-self.keep:] if self.keep else []
             best_name = self._rank_best(s, epoch, step)
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
@@ -189,6 +278,8 @@ class Checkpoint(Pack):
             if self._sharded is None:  # sharded: each process sees its shards alone, and
                 # one refusing while the others save would hang them
                 check_finite_parameters(engine, epoch, step)
+            if self.keep == 0:  # only the best are kept: this file goes once linked
+                old.add(name)
             finish: _Finish | _ShardedFinish = _Finish(
                 path, None if best_name is None else self.directory / best_name,
                 [self.directory / n for n in sorted(old)])

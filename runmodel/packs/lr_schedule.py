@@ -25,6 +25,9 @@ Factory = Callable[[torch.optim.Optimizer], Any]
 INTERVALS = ("step", "epoch")
 _FACTORY_EXAMPLE = "lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)"
 #: Schedulers that take Python callables or other schedulers: not nameable in a config.
+#: Schedulers whose curve is laid out over a length given when they are made, in practice
+#: the run's planned total: extending the run would not give the longer run's curve.
+LENGTH_DEPENDENT = ("CosineAnnealingLR", "OneCycleLR", "PolynomialLR")
 _NOT_BY_NAME = ("LRScheduler", "_LRScheduler", "LambdaLR", "MultiplicativeLR", "SequentialLR",
                 "ChainedScheduler")
 
@@ -89,6 +92,7 @@ class LRSchedule(Pack):
         self._optimizer: torch.optim.Optimizer | None = None
         self._base: list[Any] = []  # the lrs without a scheduler: each group's initial_lr
         self._pending: dict[str, Any] | None = None  # a checkpoint's, until the run starts
+        self._saved_kind: str | None = None  # the checkpoint's scheduler's class name
         self._restored = False
         self._phased = True  # whether the model's train step fires optimizer_step
         #: optimizer steps taken (in the whole training: it resumes); the warm-up's clock
@@ -132,7 +136,8 @@ class LRSchedule(Pack):
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(self._pending)
             self._pending = None
-        if not self._restored:  # a run from the start
+        restored = self._restored
+        if not restored:  # a run from the start
             self.optimizer_steps = 0
         self._restored = False
         model = engine.model
@@ -142,7 +147,10 @@ class LRSchedule(Pack):
         self._base = [g.setdefault("initial_lr", g["lr"]) for g in groups]
         if self.optimizer_steps < self.warmup_steps:
             self._warm(groups, self.optimizer_steps)
-        engine.state.metrics["lr"] = float(groups[0]["lr"])
+        if not restored or "lr" not in engine.state.metrics:
+            # a resumed run's optimizer gets its checkpoint's lr after the setup hooks: the
+            # lr until the next step is the checkpoint's, which state.metrics holds already
+            engine.state.metrics["lr"] = float(groups[0]["lr"])
 
     def stepped(self, engine: Engine, default: Callable[[Engine], Any]) -> None:
         """The optimizer step, then this pack's step after it."""
@@ -255,13 +263,38 @@ class LRSchedule(Pack):
 
     # -- state ---------------------------------------------------------------------------------
 
+    def kind(self) -> str | None:
+        """The scheduler's class name, where it is known before the run builds it."""
+        if self.scheduler is not None:
+            return type(self.scheduler).__name__
+        factory = self._factory
+        if isinstance(factory, functools.partial):
+            return getattr(factory.func, "__name__", None)
+        return self._saved_kind
+
+    def check_setup(self, engine: Engine) -> None:
+        """An extended run (more epochs or steps than it was started with) must end as a
+        run started with the larger number would: a schedule laid out over the run's
+        length cannot, so it is refused."""
+        kind = self.kind()
+        if engine.extension is not None and engine.state.kind == "train" and (
+                kind in LENGTH_DEPENDENT):
+            raise ValueError(f"this run extends the run it continues ({engine.extension}), and "
+                             f"its learning rate schedule {kind} is laid out over the run's "
+                             f"total length: the extended run would not equal a run started "
+                             f"with the larger length. Start a new run with that length, or "
+                             f"use a schedule that does not depend on it (StepLR, "
+                             f"ExponentialLR...)")
+
     def state_dict(self) -> dict[str, Any]:
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else self._pending
-        return {"scheduler": scheduler, "optimizer_steps": self.optimizer_steps}
+        return {"scheduler": scheduler, "optimizer_steps": self.optimizer_steps,
+                "kind": self.kind()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # given to the scheduler when the run starts: a factory's is made only then
         self._pending = state.get("scheduler")
+        self._saved_kind = state.get("kind")
         self.optimizer_steps, self._restored = int(state.get("optimizer_steps", 0)), True
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from runmodel.cli import main
 from runmodel.config.runconfig import load_config
-from runmodel.config.rundir import prepare
 from runmodel.models import TorchModel
+from runmodel.runs import prepare
 
 MODEL = '''\
 import torch

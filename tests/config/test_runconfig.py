@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from runmodel import RunConfig, load_config
 from runmodel.config.registry import Spec
 from runmodel.config.runconfig import ConfigError, apply_overrides
-from runmodel.config.rundir import run_dir_for
+from runmodel.runs import run_dir_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("model", "optimizer", "interface", "backend", "packs", "epochs", "steps", "seed",

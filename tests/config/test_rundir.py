@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 import runmodel
-import runmodel.config.rundir
+import runmodel.runs.config_run
 from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
-from runmodel.config.rundir import RunExists, execute, prepare, read_status, run_dir_for
+from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
 
 from helpers import make_data
 
@@ -199,8 +199,12 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert RunConfig.from_dict(read_json(directory / "config.json")) == config
 
     status = read_json(directory / "status.json")
-    assert sorted(status) == ["base", "digest", "ended", "host", "pid", "resumed_from",
-                              "started", "status"]
+    assert sorted(status) == ["base", "digest", "ended", "epochs", "extensions", "files",
+                              "host", "pid", "resumed_from", "run", "run_started", "started",
+                              "status", "steps"]
+    # the run's id and start, as every checkpoint records them; its best and last
+    last = torch.load(status["files"]["last_checkpoint"], weights_only=True)
+    assert last["engine"]["run"]["id"] == status["run"] and status["epochs"] == 3
     assert status["status"] == "finished" and status["pid"] == os.getpid()
     assert status["host"] == socket.gethostname() and status["digest"] == config.digest()
     assert status["base"] == str(project.dir.resolve()) and status["resumed_from"] == ""
@@ -220,7 +224,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     accuracy = (logits.argmax(1) == y).double().mean().item()
     loss = nn.functional.cross_entropy(logits, y).item()
     metrics = read_json(directory / "metrics.json")
-    assert sorted(metrics) == ["ended", "epochs", "metrics", "seconds", "steps", "timings"]
+    assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "seconds", "steps",
+                               "timings"]
     assert (metrics["ended"], metrics["steps"], metrics["epochs"]) == ("completed", 12, 3)
     assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss"]
     assert metrics["metrics"]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-12)
@@ -315,7 +320,7 @@ def test_restart_moves_the_old_run_aside(project: Project) -> None:
 def test_two_restarts_in_one_second_keep_both_old_runs(project: Project,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     frozen = types.SimpleNamespace(strftime=lambda *args: "20250101-120000", time=time.time)
-    monkeypatch.setattr(runmodel.config.rundir, "time", frozen)  # both restarts in one second
+    monkeypatch.setattr(runmodel.runs.config_run, "time", frozen)  # both restarts in one second
     config = project.load(packs=())
     execute(config, project.root, base=project.dir)
     execute(config, project.root, base=project.dir, restart=True)
@@ -393,7 +398,7 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
     assert "checkpoint pack" not in str(caught.value)  # the config has one: no advice to add it
     assert snapshot(directory) == before
     with pytest.raises(FileNotFoundError, match="is not a run directory"):
-        runmodel.config.rundir.resume_dir(project.dir / "nothing")
+        runmodel.runs.resume_dir(project.dir / "nothing")
 
 
 def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
@@ -427,7 +432,10 @@ def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
     assert main(["runs", str(root)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["run", "status", "steps"]
-    assert table[2].split() == [directory.name, "interrupted", "-"] and len(table) == 3
+    # an interrupted run shows the steps its run log got to
+    assert table[2].split()[:2] == [directory.name, "interrupted"] and len(table) == 3
+    logged = re.findall(r" step (\d+)", (directory / "run.log").read_text())[-1]
+    assert table[2].split()[2] == logged
 
     resumed = cli_process("resume", str(directory), cwd=project.dir)
     assert resumed.returncode == 0, resumed.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -102,6 +103,8 @@ def test_pack_state_round_trip() -> None:
     first.attach(pack)
     first.run(Counting(batches=3), epochs=2)
     saved = first.state_dict()
+    run = saved.pop("run")  # which run, and the length it was started with
+    assert run == {**first.run_record, "max_epochs": 2, "max_steps": None}
     assert saved == {"counters": {"step": 6, "epoch": 2, "epoch_step": 3, "skipped": 0},
                      "loss": None, "metrics": {}, "packs": {"Recorder": {"steps": 6}}}
 
@@ -116,6 +119,9 @@ def test_pack_state_round_trip() -> None:
 
 def test_saved_state_without_a_pack_warns(engine: runmodel.Engine) -> None:
     with pytest.warns(UserWarning, match="'Gone' has no attached pack"):
+        engine.load_state_dict({"packs": {"Gone": {"steps": 3}}})
+    with warnings.catch_warnings():  # a pack without state (a run folder's) loses nothing
+        warnings.simplefilter("error")
         engine.load_state_dict({"packs": {"Gone": {}}})
 
 

@@ -36,6 +36,8 @@ def test_async_files_are_the_synchronous_ones_byte_for_byte(tmp_path: Path) -> N
     def scored(engine: runmodel.Engine) -> runmodel.Engine:
         engine.on("runstep", lambda e: e.state.metrics.update(score=(e.state.step * 7) % 5),
                   priority=-500)  # before the save
+        # one run record for both runs: each checkpoint records its run's id and start
+        engine.on("setup", lambda e: e.run_record.update(id="same", started=0.0))
         return engine
     for folder, async_save in (("sync", False), ("async", True)):
         train_with_checkpoints(tmp_path / folder, epochs=3, every="1st", keep=3,

@@ -144,7 +144,7 @@ def test_a_resumed_run_has_the_metrics_a_straight_one_has(tmp_path: Path) -> Non
     first.attach(Evaluate(every=2), Checkpoint(tmp_path))
     first.run(Tiny(classes=3), epochs=2)
     second, model = runmodel.Engine(), Tiny(classes=3)
-    second.attach(Evaluate(every=2), Checkpoint(tmp_path / "again"))
+    second.attach(Evaluate(every=2), Checkpoint(tmp_path / "again", overwrite=True))
     calls = watch(model)
     result = second.run(model, epochs=3, resume=tmp_path)
     assert evaluations(calls) == 0

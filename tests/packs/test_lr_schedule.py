@@ -36,12 +36,15 @@ def lrs_used(engine: runmodel.Engine, group: int = 0) -> list[float]:
     return used
 
 
-def train(*packs: runmodel.Pack, epochs: int = 2, model: Any = None, resume: Any = None
-          ) -> tuple[list[float], runmodel.RunResult, Any]:
+def train(*packs: runmodel.Pack, epochs: int = 2, model: Any = None, resume: Any = None,
+          stop_after_epoch: int | None = None) -> tuple[list[float], runmodel.RunResult, Any]:
     model = model if model is not None else Tiny()
     engine = runmodel.Engine()
     engine.attach(*packs)
     used = lrs_used(engine)
+    if stop_after_epoch is not None:  # an interrupted run
+        engine.on("epoch_end", lambda e: e.stop() if e.state.epoch + 1 == stop_after_epoch
+                  else None)
     result = engine.run(model, epochs=epochs, resume=resume)
     return used, result, model
 
@@ -273,13 +276,31 @@ def test_a_resumed_run_continues_the_lr_curve_exactly(tmp_path: Path, packs: Any
         return Tiny(hidden=8, optimizer=torch.optim.Adam, lr=0.01)
 
     straight_lrs, straight_result, straight = train(*packs(), epochs=4, model=model())
-    first_lrs, _, _ = train(*packs(), Checkpoint(tmp_path), epochs=2, model=model())
+    first_lrs, _, _ = train(*packs(), Checkpoint(tmp_path), epochs=4, model=model(),
+                            stop_after_epoch=2)
     second_lrs, result, resumed = train(*packs(), Checkpoint(tmp_path / "again"), epochs=4,
                                         model=model(), resume=tmp_path)
     assert len(straight_lrs) == 16 and len(set(straight_lrs)) > 1
     assert first_lrs + second_lrs == straight_lrs  # exactly
     assert result.metrics["lr"] == straight_result.metrics["lr"]
     assert_equal_params(resumed, straight)
+
+
+def test_extending_a_run_whose_schedule_spans_its_length_is_refused(tmp_path: Path) -> None:
+    train(*cosine_with_warmup(), Checkpoint(tmp_path), epochs=2)
+    steps: list[int] = []
+    engine = runmodel.Engine()
+    engine.attach(*cosine_with_warmup(), Checkpoint(tmp_path))
+    engine.on("runstep", lambda e: steps.append(e.state.step))
+    with pytest.raises(ValueError, match=r"extends the run it continues \(epochs 2 -> 4\), and "
+                                         r"its learning rate schedule CosineAnnealingLR is laid "
+                                         r"out over the run's total length"):
+        engine.run(Tiny(), epochs=4, resume="auto")
+    assert steps == []
+    train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=2)
+    more, result, _ = train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=3,
+                            resume=tmp_path / "b")  # a step schedule extends
+    assert len(more) == 4 and result.epochs == 3
 
 
 # -- mistakes --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Run directories: every config run lands in a folder derived from its config.
+"""Config runs: every config run lands in a folder derived from its config.
 
     runs/digits-hidden128_adam-lr0.005_3f9a2c1b40/
         config.json      the canonical config (its hash is in the folder's name)
@@ -33,13 +33,9 @@ from typing import Any
 
 import torch
 
-from .._files import atomic_write, remove_stale
+from .._files import remove_stale
 from ..checkpoint import checkpoints_in
-from ..core import Pack, RunResult
-from ..engine import Engine
-from ..models import configure_engine, load_source
-from ..packs import RunLog, TensorBoard
-from .registry import (
+from ..config.registry import (
     Spec,
     known_model_args,
     make_backend,
@@ -49,10 +45,14 @@ from .registry import (
     optimizer_factory,
     registries,
 )
-from .runconfig import RunConfig
+from ..config.runconfig import RunConfig
+from ..core import Pack, RunResult
+from ..engine import Engine
+from ..models import configure_engine, load_source
+from ..packs import RunLog, TensorBoard
+from .folder import flatten, read_json, read_status, write_json
 
-__all__ = ["PreparedRun", "RunExists", "RunInfo", "execute", "list_runs", "prepare", "resume_dir",
-           "run_dir_for", "runs_table"]
+__all__ = ["PreparedRun", "RunExists", "execute", "prepare", "resume_dir", "run_dir_for"]
 
 
 #: Packs every config run has (with their defaults) unless its config lists them itself.
@@ -67,43 +67,17 @@ def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Pat
     return Path(root) / config.run_name()
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with atomic_write(path, "w") as file:  # locked while written: see _files.py
-        file.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
 def _record_failure(path: Path, status: dict[str, Any], error: BaseException) -> None:
     """Write the status of a failed run, also on a full disk: then in place (truncating
     the file frees its blocks first), and if that fails too, the run's own error says so
     in a note rather than being replaced by this one."""
     try:
-        _write_json(path, status)
+        write_json(path, status)
     except OSError:
         try:
             path.write_text(json.dumps(status, indent=2, sort_keys=True, default=str) + "\n")
         except OSError as failed:
             error.add_note(f"runmodel: could not record the failure in {path}: {failed}")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def read_status(directory: Path) -> dict[str, Any]:
-    """The run's status; a run marked running whose process is gone was interrupted."""
-    status = _read_json(directory / "status.json")
-    if (status.get("status") == "running" and status.get("host") == socket.gethostname()
-            and status.get("pid")):  # pid 0 would ask about our own process group
-        try:
-            os.kill(int(status.get("pid", 0)), 0)
-        except (ProcessLookupError, ValueError):
-            status["status"] = "interrupted"
-        except PermissionError:
-            pass
-    return status
 
 
 def _seed(seed: int) -> None:
@@ -134,6 +108,9 @@ class PreparedRun:
     engine: Engine
     checkpoint: Path | None
     base: Path
+    #: the length to run to, where it is not the config's (``runmodel resume --epochs``)
+    epochs: int | None = None
+    steps: int | None = None
 
     def run(self) -> RunResult:
         """Run it, recording status, metrics and the trained model in its directory.
@@ -145,33 +122,55 @@ class PreparedRun:
         config, run_dir = self.config, self.directory
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale(run_dir)  # status files of a run killed mid-write
-        _write_json(run_dir / "config.json", config.to_dict())
+        write_json(run_dir / "config.json", config.to_dict())
+        epochs = config.epochs if self.epochs is None else self.epochs
+        steps = config.steps if self.steps is None else self.steps
+        before = read_status(run_dir)  # the length the run has: changed once checks pass
         status = {"status": "running", "started": time.time(), "pid": os.getpid(),
                   "host": socket.gethostname(), "digest": config.digest(),
-                  "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or "")}
-        _write_json(run_dir / "status.json", status)
+                  "base": str(self.base.resolve()), "resumed_from": str(self.checkpoint or ""),
+                  "epochs": before.get("epochs", config.epochs),
+                  "steps": before.get("steps", config.steps),
+                  "extensions": before.get("extensions", [])}
+        write_json(run_dir / "status.json", status)
+        engine = self.engine
+
+        @engine.on("setup", priority=1500, name="config_run.record")
+        def record(engine: Any) -> None:  # the run's id, and an extension, in its folder
+            status.update(run=engine.run_record.get("id"), epochs=epochs, steps=steps,
+                          run_started=engine.run_record.get("started"))
+            if engine.extension:
+                status.setdefault("extensions", []).append(engine.extension)
+                with open(run_dir / "run.log", "a") as log:
+                    log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} extended: "
+                              f"{engine.extension}\n")
+            write_json(run_dir / "status.json", status)
+
         try:
             with _ctrl_c_stops(self.engine):
-                result = self.engine.run(self.model, mode=config.mode, steps=config.steps,
-                                         epochs=config.epochs, backend=self.backend,
+                result = self.engine.run(self.model, mode=config.mode, steps=steps,
+                                         epochs=epochs, backend=self.backend,
                                          resume=self.checkpoint)
             if result.reason == INTERRUPTED:
                 status.update(status="interrupted", ended=time.time(), error=INTERRUPTED)
-                _write_json(run_dir / "status.json", status)
+                write_json(run_dir / "status.json", status)
                 return result
             if config.mode == "train":
                 self._after_training(result)
-            _write_json(run_dir / "metrics.json", {  # a full disk here fails the run too
+            write_json(run_dir / "metrics.json", {  # a full disk here fails the run too
                 "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings})
+                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
+                "files": result.files})
         except BaseException as error:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", ended=time.time(),
                           error=f"{type(error).__name__}: {error}")
             _record_failure(run_dir / "status.json", status, error)
             raise
-        status.update(status="finished", ended=time.time())
-        _write_json(run_dir / "status.json", status)
+        finally:
+            record.detach()
+        status.update(status="finished", ended=time.time(), files=result.files)
+        write_json(run_dir / "status.json", status)
         return result
 
 
@@ -213,6 +212,33 @@ def _ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def build(config: RunConfig, base: str | os.PathLike[str] = "."
+          ) -> tuple[RunConfig, Any, Any]:
+    """The config as a run records it, and the model and the backend it names, seeded
+    (``base``: where relative ``imports`` are found)."""
+    _seed(config.seed)
+    _import(config, Path(base))
+    # issue 19: a model option the model ignores names no folder and changes no hash
+    config = dataclasses.replace(config, model=known_model_args(config.model))
+    model = make_model(config.model, device=config.device)
+    if config.interface is not None:
+        model.interface = make_interface(config.interface)
+    backend = make_backend(config.backend or "plain")
+    if config.optimizer is not None:  # a bad name or bad arguments show now
+        backend.optimizer = optimizer_factory(config.optimizer)
+    return config, model, backend
+
+
+def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
+    """The config of the config run in ``directory`` and the folder its relative
+    ``imports`` are found from."""
+    data = read_json(directory / "config.json")
+    if not data:
+        raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
+    base = Path(read_status(directory).get("base", "."))
+    return RunConfig.from_dict(data, source=str(directory / "config.json")), base
+
+
 def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             directory: str | os.PathLike[str] | None = None, resume: bool = False,
             restart: bool = False, base: str | os.PathLike[str] = ".",
@@ -228,17 +254,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
     too (``runmodel run --timer`` gives a Timer).
     """
-    _seed(config.seed)
-    _import(config, Path(base))
-    # issue 19: a model option the model ignores names no folder and changes no hash
-    config = dataclasses.replace(config, model=known_model_args(config.model))
+    config, model, backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
-    model = make_model(config.model, device=config.device)
-    if config.interface is not None:
-        model.interface = make_interface(config.interface)
-    backend = make_backend(config.backend or "plain")
-    if config.optimizer is not None:  # a bad name or bad arguments show now
-        backend.optimizer = optimizer_factory(config.optimizer)
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events, and a run shows its
     # progress; a config that lists these packs sets their options
@@ -279,7 +296,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     engine = engine or Engine(progress=False)  # progress= above decides
     for pack in made:  # the config's values, on TensorBoard's HParams dashboard
         if isinstance(pack, TensorBoard):
-            pack.hparams = _flatten(config.to_dict())
+            pack.hparams = flatten(config.to_dict())
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
@@ -302,84 +319,21 @@ def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options:
     return prepared.run(), prepared.directory
 
 
-def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None,
+def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None, *,
+               epochs: int | None = None, steps: int | None = None,
                **options: Any) -> PreparedRun:
-    """Prepare the run in ``directory`` to continue from its newest checkpoint."""
+    """Prepare the run in ``directory`` to continue from its newest checkpoint; with
+    ``epochs``/``steps``, to that length (more than it has: an extension, recorded in
+    its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
-    data = _read_json(directory / "config.json")
-    if not data:
-        raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
-    base = read_status(directory).get("base", ".")
-    return prepare(RunConfig.from_dict(data, source=str(directory / "config.json")),
-                   directory=directory, resume=True, base=base, engine=engine, **options)
-
-
-@dataclass
-class RunInfo:
-    """A run directory as ``runmodel runs`` shows it."""
-
-    path: Path
-    config: dict[str, Any]
-    status: str
-    metrics: dict[str, Any]
-    steps: int | None
-    name: str = ""  # its path under the listed folder
-
-
-def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
-    """Every run directory under ``root`` at any depth (folders with a ``config.json``),
-    grouped by the folder that holds them (a sweep's trials together), by start time.
-    A sweep's folder (``sweep.json``) lists its trials by its metric, best first."""
-    found = []
-    root = Path(root)
-    for config_file in sorted(root.rglob("config.json")):
-        directory = config_file.parent
+    config, base = load_run_config(directory)
+    prepared = prepare(config, directory=directory, resume=True, base=base, engine=engine,
+                       **options)
+    prepared.epochs, prepared.steps = epochs, steps
+    if epochs is None and steps is None:  # the length it has now (after an extension)
         status = read_status(directory)
-        result = _read_json(directory / "metrics.json")
-        found.append(RunInfo(directory, _read_json(config_file), status.get("status", "unknown"),
-                             result.get("metrics", {}), result.get("steps")))
-    found.sort(key=lambda run: (str(run.path.parent), _read_json(
-        run.path / "status.json").get("started", 0)))
-    sweep = _read_json(root / "sweep.json")
-    if sweep.get("metric"):
-        metric, sign = sweep["metric"], -1 if sweep.get("direction", "max") == "max" else 1
-        found.sort(key=lambda run: (not isinstance(run.metrics.get(metric), (int, float)),
-                                    sign * (run.metrics.get(metric) or 0)))
-    for run in found:
-        run.name = str(run.path.relative_to(root))
-    return found
+        prepared.epochs = status.get("epochs", config.epochs)
+        prepared.steps = status.get("steps", config.steps)
+    return prepared
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: json.dumps(data) if isinstance(data, list) else data}
-
-
-def runs_table(runs: list[RunInfo]) -> str:
-    """A table of runs: name, status, the config values that differ, final metrics."""
-    if not runs:
-        return "no runs"
-    flats = [_flatten(run.config) for run in runs]
-    keys = sorted({k for flat in flats for k in flat})
-    differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
-    metric_names = sorted({m for run in runs for m in run.metrics})
-    header = ["run", "status", *differing, "steps", *metric_names]
-    rows = [header]
-    for run, flat in zip(runs, flats, strict=True):
-        rows.append([run.name or run.path.name, run.status,
-                     *(str(flat.get(k, "-")) for k in differing),
-                     str(run.steps if run.steps is not None else "-"),
-                     *(_fmt(run.metrics.get(m)) for m in metric_names)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)

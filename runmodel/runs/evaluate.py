@@ -1,0 +1,108 @@
+"""Evaluate and infer with a trained run: its best checkpoint (else its last, else its
+final weights) loaded into the run's model, on the run's data; ``runmodel eval`` and
+``runmodel infer``. The result goes into the run's ``eval.json``, keyed by the weights
+used; no new folder is made."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import checkpoint
+from ..core import RunResult
+from ..engine import Engine
+from ..packs.run_folder import read_json, read_status, write_json
+
+__all__ = ["choose_weights", "evaluate_model", "record_eval"]
+
+WHICH = ("best", "last")
+
+
+def choose_weights(run_dir: Path, which: str | None = None) -> Path:
+    """The weights to use: ``which`` is ``"best"``, ``"last"``, a file, or None (the best
+    checkpoint if there is one, else the last, else the final weights ``model.pt``)."""
+    files = {**read_json(run_dir / "metrics.json").get("files", {}),
+             **read_status(run_dir).get("files", {})}
+    best = _existing(run_dir, files.get("best_checkpoint")) or _newest(run_dir, "best-*.pt")
+    last = _existing(run_dir, files.get("last_checkpoint")) or _newest(run_dir, "ckpt-*.pt")
+    if which == "best":
+        if best is None:
+            raise FileNotFoundError(f"{run_dir} has no best checkpoint (its Checkpoint pack had "
+                                    f"no best=); use --checkpoint last")
+        return best
+    if which == "last":
+        if last is None:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint")
+        return last
+    if which is not None:
+        path = Path(which)
+        if not path.is_file() and (run_dir / path).is_file():
+            path = run_dir / path
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {which}: no such file (give best, last, or "
+                                    f"a checkpoint file)")
+        return path
+    for found in (best, last, run_dir / "model.pt"):
+        if found is not None and found.is_file():
+            return found
+    raise FileNotFoundError(f"{run_dir} has no trained weights: no checkpoint and no "
+                            f"model.pt (did the run finish an epoch?)")
+
+
+def _existing(run_dir: Path, name: str | None) -> Path | None:
+    if not name:
+        return None
+    for path in (Path(name), run_dir / name, run_dir / "checkpoint" / Path(name).name):
+        if path.is_file():
+            return path
+    return None
+
+
+def _newest(run_dir: Path, pattern: str) -> Path | None:
+    found = sorted((p for folder in (run_dir, run_dir / "checkpoint")
+                    for p in folder.glob(pattern)), key=lambda p: p.stem.rsplit("-", 2)[1:])
+    return found[-1] if found else None
+
+
+def load_weights(model: Any, path: Path) -> None:
+    """Put the weights of ``path`` (a checkpoint, or a ``model.pt`` state dict) into
+    ``model``, set up already; its optimizer is left alone."""
+    try:
+        saved = checkpoint.read(path)
+    except ValueError:  # not a checkpoint: the weights alone (the interface's save)
+        saved = {"model": {"module": torch.load(path, map_location="cpu", weights_only=True),
+                           "optimizer": None}}
+    state = saved.get("model")
+    if state is None:
+        raise ValueError(f"{path} holds no model weights")
+    if isinstance(state, dict) and "optimizer" in state:
+        state = {**state, "optimizer": None}
+    model.load_state_dict(state)
+
+
+def evaluate_model(model: Any, weights: Path, mode: str, *,
+                   setup_options: dict[str, Any] | None = None,
+                   engine: Engine | None = None) -> RunResult:
+    """Run ``model`` in ``mode`` (eval or infer) with ``weights`` loaded once it is set up."""
+    engine = engine or Engine()
+    handle = engine.on("setup", lambda e: load_weights(e.model, weights), priority=3000,
+                       name="runmodel.load_weights")
+    try:
+        return engine.run(model, mode, setup_options=setup_options)
+    finally:
+        handle.detach()
+
+
+def record_eval(run_dir: Path, weights: Path, result: RunResult) -> str:
+    """Add ``result`` to the run's ``eval.json``, keyed by the weights used; the key."""
+    try:
+        key = str(weights.resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        key = str(weights.resolve())
+    evaluated = read_json(run_dir / "eval.json")
+    evaluated[key] = {"metrics": result.metrics, "steps": result.steps, "at": time.time()}
+    write_json(run_dir / "eval.json", evaluated)
+    return key
