@@ -14,11 +14,11 @@ import contextlib
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .continuing import check_length, run_record
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
@@ -241,38 +241,13 @@ class Engine(Snapshots):
         if saved is not None and isinstance(saved.get("model"), dict) and callable(check_state):
             check_state(saved["model"])  # before the setup hooks, not when restoring
         if self._loaded_run is not None and mode.kind == "train":
-            self._check_length(loop)
+            self.extension = check_length(self.state, loop.budget, loop.max_epochs,
+                                          self._loaded_run, self.resumed_from)
         for pack in list(self.table.packs.values()):
             pack.check_setup(self)
         check_metric_names(self.table, self.state.mode, self.state.rank,
                            (*STEP_WRITES, *plan.writes))
         loop.refusing = False
-
-    def _check_length(self, loop: Loop) -> None:
-        """A continued run: asking for fewer epochs or steps than it did is an error; as
-        many, with the run finished, trains nothing (said in one line); more extends it."""
-        s, planned = self.state, self._loaded_run or {}
-        where = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
-        if s.max_steps is not None and s.max_steps < s.step:
-            raise ValueError(f"steps={s.max_steps}, but the run did {s.step} steps already"
-                             f"{where}; ask for {s.step} or more (steps count from the run's "
-                             f"start)")
-        if s.max_epochs is not None and (s.max_epochs < s.epoch or (
-                s.max_epochs == s.epoch and s.epoch_step > 0)):
-            done = f"{s.epoch} epochs" + (f" and {s.epoch_step} steps" if s.epoch_step else "")
-            raise ValueError(f"epochs={s.max_epochs}, but the run did {done} already{where}; "
-                             f"ask for {s.epoch + (1 if s.epoch_step else 0)} or more (epochs "
-                             f"count from the run's start)")
-        if s.step >= loop.budget or (s.epoch >= loop.max_epochs and s.epoch_step == 0):
-            print(f"runmodel: the run{where} has done its {s.epoch} epochs ({s.step} steps) "
-                  f"already: nothing to train; ask for more epochs or steps to extend it",
-                  file=sys.stderr, flush=True)
-            return
-        longer = [f"{unit} {planned.get(key)} -> {asked}"
-                  for unit, key, asked in (("epochs", "max_epochs", s.max_epochs),
-                                           ("steps", "max_steps", s.max_steps))
-                  if planned.get(key) is not None and (asked is None or asked > planned[key])]
-        self.extension = ", ".join(longer) or None
 
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""
@@ -298,11 +273,7 @@ class Engine(Snapshots):
                 print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's
-        loaded = self._loaded_run
-        # a checkpoint written before runs had records counts as one run's: it gets an id
-        self.run_record = {"id": uuid.uuid4().hex[:12], "started": time.time()} if (
-            loaded is None) else {"id": loaded.get("id") or uuid.uuid4().hex[:12],
-                                  "started": loaded.get("started")}
+        self.run_record = run_record(self._loaded_run)
         plan = mode.plan(self, model)  # after setup, which makes what the mode needs
         if self._loop is not None:
             self._loop.position.tracker = plan.data

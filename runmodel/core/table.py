@@ -188,12 +188,12 @@ class HookTable:
                                                       if self._run else "")
         self.where.add(f"phase {phase!r} (built-in action)", chain)
         self.where.add(f"phase {phase!r} (built-in action)", plan.parts.get(phase))
-        linked = chain
+        built_in = chain
         for h in reversed(self.overrides[phase]):
             fn = self._compile(h)
             if fn is not None:
                 chain = _link(fn, chain)
-        if phase == "runstep" and chain is not linked:
+        if phase == "runstep" and chain is not built_in:  # an override's result
             chain = _step_result(chain)
         return chain
 
