@@ -36,11 +36,18 @@ from typing import Any
 
 from .checkpoint import checkpoints_in
 from .config.registry import Spec, registries
-from .config.runconfig import ConfigError, RunConfig, apply_overrides, read_config_file
+from .config.runconfig import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    load_config,
+    read_config_file,
+)
 from .core import Hook, HookOptions, Pack, RunResult
 from .extras import require
-from .models import load_source
 from .runs import INTERRUPTED, prepare, read_status, run_dir_for
+from .runs.config_run import import_sources
+from .runs.folder import read_json, write_json
 
 __all__ = ["SPACES", "ReportToTrial", "SweepError", "SweepFailed", "SweepResult", "SweepSpec",
            "parse_param", "read_spec", "sweep"]
@@ -238,9 +245,7 @@ def _declared(path: Path, base: RunConfig, field: str) -> set[str]:
     spec = getattr(base, field)
     if spec is None:
         return set()
-    for item in base.imports:
-        load_source(str(path.parent / item) if item.endswith(".py")
-                    and not os.path.isabs(item) else item)
+    import_sources(base, path.parent)
     try:
         factory = registries[field].get(spec.type_)
     except (KeyError, ValueError) as error:
@@ -331,10 +336,9 @@ def _alive(owner: Mapping[str, Any]) -> bool:
 
 
 def _trial_config(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
-    data = read_config_file(spec.config)
-    data.pop("sweep", None)
-    settings = [*spec.overrides, *(f"{k}={v!r}" for k, v in values.items())]
-    return RunConfig.from_dict(apply_overrides(data, settings), source=str(spec.config))
+    """The base config (without its ``[sweep]`` table) with the trial's values set."""
+    return load_config(spec.config, [*spec.overrides,
+                                     *(f"{k}={v!r}" for k, v in values.items())])
 
 
 # -- a trial's process ---------------------------------------------------------------------
@@ -428,14 +432,9 @@ def _tell(study: Any, trial_id: int, number: int, result: RunResult, metric: str
 def _mark(run_dir: Path, state: str) -> None:
     """Record ``state`` (``pruned``) as the run folder's status."""
     path = run_dir / "status.json"
-    try:
-        status = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    status["status"] = state
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, path)
+    status = read_json(path)
+    if status:
+        write_json(path, {**status, "status": state})
 
 
 # -- the parent: asking, handing out, waiting ----------------------------------------------
@@ -568,11 +567,7 @@ class _Sweep:
         status = read_status(run_dir).get("status")
         if status not in ("finished", "pruned"):
             return False
-        try:
-            value = json.loads((run_dir / "metrics.json").read_text())["metrics"][
-                self.spec.metric]
-        except (OSError, ValueError, KeyError):
-            value = None
+        value = read_json(run_dir / "metrics.json").get("metrics", {}).get(self.spec.metric)
         self.study._storage.set_trial_user_attr(trial_id, "run_dir", str(run_dir))
         self.study._storage.set_trial_user_attr(trial_id, "reused", True)
         if status == "pruned" or value is None:
@@ -636,10 +631,7 @@ class _Sweep:
                    "direction": self.spec.direction, "trials": self.spec.trials,
                    "params": self.spec.params, "config": str(self.spec.config),
                    **counts, "best": best}
-        path = self.folder / "sweep.json"
-        temporary = path.with_name(".sweep.json.tmp")
-        temporary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        os.replace(temporary, path)
+        write_json(self.folder / "sweep.json", summary)
         return SweepResult(self.spec.name, self.folder, self.spec.metric, counts["complete"],
                            counts["pruned"], counts["failed"], best)
 

@@ -91,7 +91,9 @@ def _seed(seed: int) -> None:
         pass
 
 
-def _import(config: RunConfig, base: Path) -> None:
+def import_sources(config: RunConfig, base: Path) -> None:
+    """Load the files and modules ``config.imports`` names (a relative ``.py`` from
+    ``base``), which register what the config names."""
     for item in config.imports:
         path = base / item if item.endswith(".py") and not os.path.isabs(item) else item
         load_source(str(path))
@@ -217,7 +219,7 @@ def build(config: RunConfig, base: str | os.PathLike[str] = "."
     """The config as a run records it, and the model and the backend it names, seeded
     (``base``: where relative ``imports`` are found)."""
     _seed(config.seed)
-    _import(config, Path(base))
+    import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
     config = dataclasses.replace(config, model=known_model_args(config.model))
     model = make_model(config.model, device=config.device)
