@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from . import checkpoint
+from ._files import atomic_write
 
 __all__ = ["METADATA", "SafeReader", "Sharded", "ShardedModelState", "ShardedWriter",
            "UnsafeCheckpointError", "all_checkpoints_in", "folder_name", "is_checkpoint",
@@ -568,13 +569,8 @@ def export(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[P
     else:
         raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        torch.save(state, temporary)
-        os.replace(temporary, out)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_write(out) as file:
+        torch.save(state, file)
     return candidate, out
 
 

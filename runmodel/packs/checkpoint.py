@@ -379,9 +379,8 @@ class _ShardedFinish:
 
     def link(self) -> None:
         if self.here and self.best is not None:
-            temporary = self.directory / f".best.json.tmp{os.getpid()}"
-            temporary.write_text(json.dumps(self.best, indent=1))
-            os.replace(temporary, self.directory / "best.json")
+            with atomic_write(self.directory / "best.json", "w") as file:
+                file.write(json.dumps(self.best, indent=1))
 
     def prune(self) -> None:
         if self.here:
