@@ -3,7 +3,9 @@ list and plot config runs.
 
 ``runmodel run SOURCE --nproc-per-node N`` (and torchrun's other options) hands the run to
 torchrun (``launch.py``); each process it starts runs the command again with the ``ddp``
-backend, and process rank 0 prints the result.
+backend (or ``--backend fsdp``), and process rank 0 prints the result. A config run does
+the same (``runs/torchrun.py``: rank 0 claims its folder and writes its files), and
+``runmodel resume`` of it starts it again in as many processes as it ran in.
 
 A model's file may define ``configure(engine)``; it is called with the run's engine before
 the run (of a source, or of a config naming the model), to attach the hooks and packs that
@@ -77,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="a config whose run exists: move that run aside and start again")
     run.add_argument("--backend", choices=("ddp", "fsdp"),
                      help="with --nproc-per-node: ddp (default) or fsdp (sharded parameters, "
-                     "gradients and optimizer state)")
+                     "gradients and optimizer state); a config's own ddp or fsdp backend "
+                     "wins, and another --backend is an error")
     launch.add_arguments(run)
     for name, text in (("benchmark", "time a model's steps (warm-up dropped)"),
                        ("profile", "profile a model's steps with torch.profiler")):
@@ -106,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (or line per epoch)")
     resume.add_argument("--debug", action="store_true", help="show full tracebacks")
+    launch.add_arguments(resume, "a config run that ran in several processes starts again in "
+                         "as many (recorded in its folder); these options must agree with that")
     for name, text in (("eval", "evaluate a trained run on its eval data"),
                        ("infer", "infer with a trained run and save its outputs")):
         trained = commands.add_parser(name, help=text, description=text + ": its best "
@@ -259,7 +264,7 @@ def _prepare_config(args: argparse.Namespace) -> PreparedRun:
     config = load_config(args.source, overrides)
     return prepare(config, args.runs_dir, resume=args.resume, restart=args.restart,
                    progress=args.progress, packs=_packs_asked_for(args),
-                   base=Path(args.source).resolve().parent)
+                   base=Path(args.source).resolve().parent, backend=args.backend)
 
 
 def _untrained_warning(args: argparse.Namespace) -> None:
@@ -298,10 +303,6 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         print(f"exported {used} to {out}", file=sys.stderr)
         return EXIT_OK
     if args.command == "resume" or (args.command == "run" and _is_config(args.source)):
-        if launch.under_torchrun():
-            raise UsageError("config runs do not run in several processes yet; run the "
-                             "config's model as a source (runmodel run SOURCE "
-                             "--nproc-per-node N) or from a script with backend='ddp'")
         try:
             prepared = resume_dir(args.run_dir, progress=args.progress, epochs=args.epochs,
                                   steps=args.steps, packs=_packs_asked_for(args)
@@ -309,10 +310,13 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError,
                 UsageError) as error:
             raise UsageError(str(error).strip("'\"")) from error
-        print(f"run directory: {prepared.directory}"
-              + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
-              file=sys.stderr)
+        if prepared.lead:
+            print(f"run directory: {prepared.directory}"
+                  + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
+                  file=sys.stderr)
         result = prepared.run()
+        if not prepared.lead:  # the processes of a distributed run have the same result
+            return EXIT_OK
         print(_json(result) if args.json else _summary(result))
         if result.reason == INTERRUPTED:
             print(f"runmodel: interrupted; continue it with `runmodel resume "
@@ -446,7 +450,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         try:
             config, base = load_run_config(run_dir)
-            _, model, _ = build(config, base)
+            _, model, _ = build(config, base, backend=False)
         except (OSError, ImportError, ValueError, TypeError, KeyError) as error:
             raise UsageError(str(error).strip("'\"")) from error
         result = evaluate_model(model, weights, args.command)
@@ -458,6 +462,69 @@ def _evaluate(args: argparse.Namespace) -> int:
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     print(_json(result) if args.json else _summary(result))
     return EXIT_OK
+
+
+def _check_config_launch(args: argparse.Namespace) -> None:
+    """Before a config run is handed to torchrun: the config reads, and its backend
+    agrees with --backend (as each process will check again)."""
+    if not Path(args.source).is_file():  # said before torch is imported
+        raise UsageError(f"{args.source}: no such config file")
+    from .config.runconfig import load_config
+    from .runs.torchrun import with_backend
+
+    try:
+        config = load_config(args.source, args.options)
+
+        with_backend(config, args.backend)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise UsageError(str(error).strip("'\"")) from error
+
+
+def _resume_launch(args: argparse.Namespace) -> bool:
+    """Whether ``runmodel resume RUN_DIR`` hands the run to torchrun: a config run that
+    ran in several processes starts again in as many (``args.nproc_per_node`` is set to
+    the recorded number where not given), or launcher options were given."""
+    from .runs.folder import read_status
+    from .runs.torchrun import WorldSizeChanged, check_world_size
+
+    status = read_status(Path(args.run_dir))
+    recorded = status.get("world_size", 1)
+    asked = launch.asked_for(args)
+    if not isinstance(recorded, int) or (recorded <= 1 and not asked):
+        return False
+    nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
+    if not asked and status.get("nnodes", 1) > 1:
+        raise UsageError(f"{args.run_dir} ran on {status['nnodes']} machines, "
+                         f"{status.get('nproc_per_node')} processes each: resume it on each "
+                         f"machine with the launcher options it was started with (--nnodes, "
+                         f"--nproc-per-node, --rdzv-endpoint...)")
+    if nproc is not None and nproc.isdigit() and (nnodes is None or nnodes.isdigit()):
+        try:
+            check_world_size(recorded, int(nproc) * int(nnodes or 1))
+        except WorldSizeChanged as error:
+            raise UsageError(str(error)) from None
+    if nproc is None:
+        args.nproc_per_node = str(status.get("nproc_per_node", recorded))
+    return True
+
+
+def _launch_config_run(args: argparse.Namespace, argv: Sequence[str],
+                       command: str = "run") -> int:
+    """A config run handed to torchrun; if a process fails, the run's status says which
+    failed first (rank 0 says where the run folder is)."""
+    import tempfile
+
+    from .runs.config_run import LAUNCH_RECORD, record_launch_failure
+
+    with tempfile.TemporaryDirectory(prefix="runmodel-launch-") as folder:
+        told = Path(folder) / "run_dir"
+        os.environ[LAUNCH_RECORD] = str(told)  # torchrun's processes inherit it
+        try:
+            return launch.launch(args, argv, command, on_failure=lambda rank, text: (
+                record_launch_failure(Path(told.read_text()), rank, text)
+                if told.is_file() else None))
+        finally:
+            os.environ.pop(LAUNCH_RECORD, None)
 
 
 def _rank() -> int:
@@ -539,20 +606,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sweep":
         return _sweep(args)
     try:
-        if args.command == "run" and args.backend and (
-                _is_config(args.source) or not (launch.asked_for(args) or launch.under_torchrun())):
+        if args.command == "run" and args.backend and not (
+                launch.asked_for(args) or launch.under_torchrun()):
             raise UsageError(f"--backend {args.backend} picks the distributed backend of a run "
-                             f"in several processes: add --nproc-per-node N (a config names "
+                             f"in several processes: add --nproc-per-node N (a config may name "
                              f"its backend itself: backend = {{type = \"{args.backend}\"}})")
         if args.command == "run" and launch.asked_for(args):
             if _is_config(args.source):
-                raise UsageError("--nproc-per-node and torchrun's other options run a model "
-                                 "source (runmodel run SOURCE --nproc-per-node N); config runs "
-                                 "do not run in several processes yet")
+                _check_config_launch(args)
+                return _launch_config_run(args, argv)
             source_file = args.source.partition(":")[0]
             if source_file.endswith(".py") and not Path(source_file).is_file():
                 raise UsageError(f"{args.source}: no such file {source_file!r}")
             return launch.launch(args, argv)
+        if args.command == "resume" and not launch.under_torchrun() and _resume_launch(args):
+            return _launch_config_run(args, argv, "resume")
         return _execute(args, extra)
     except KeyboardInterrupt:
         print("runmodel: interrupted", file=sys.stderr)

@@ -16,11 +16,11 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "launch", "record_error",
-           "torchrun_arguments", "under_torchrun"]
+__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "failure_text", "first_failure",
+           "launch", "record_error", "torchrun_arguments", "under_torchrun"]
 
 
 class LaunchOption(NamedTuple):
@@ -32,7 +32,8 @@ class LaunchOption(NamedTuple):
 #: torchrun's options that ``runmodel run`` takes, under the same names.
 LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("--nproc-per-node", True, "processes on this machine: a number, or auto, gpu "
-                 "or cpu (torchrun's); the run uses the ddp backend"),
+                 "or cpu (torchrun's); the run uses the ddp backend (or --backend, or a "
+                 "config's own)"),
     LaunchOption("--nnodes", True, "machines, or MIN:MAX for an elastic run (default 1)"),
     LaunchOption("--node-rank", True, "this machine's rank, for --master-addr/--master-port"),
     LaunchOption("--master-addr", True, "the address of the machine with node rank 0"),
@@ -52,11 +53,12 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The launcher options, in a group of their own."""
+def add_arguments(parser: argparse.ArgumentParser, text: str | None = None) -> None:
+    """The launcher options, in a group of their own (``text`` describes it)."""
     group = parser.add_argument_group(
-        "distributed (torchrun)", "start the run in several processes with torchrun "
-        "(torch.distributed.run), each training with the ddp backend")
+        "distributed (torchrun)", text or "start the run in several processes with torchrun "
+        "(torch.distributed.run), each training with the ddp backend (or --backend fsdp); "
+        "a config run too (docs/runs.md)")
     for option in LAUNCH_OPTIONS:
         if option.takes_value:
             group.add_argument(option.flag, dest=_dest(option.flag), metavar="VALUE",
@@ -111,9 +113,11 @@ def torchrun_arguments(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run") -> int:
+def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
+           on_failure: Callable[[int, str], Any] | None = None) -> int:
     """Run ``python -m runmodel ARGV`` in the processes ``args`` ask torchrun for; the
-    exit code: 0, or 1 when a process failed (the first failure is reported)."""
+    exit code: 0, or 1 when a process failed (the first failure is reported, and given
+    to ``on_failure`` with its rank)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -122,13 +126,22 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run") 
     try:
         run(options)  # not torch.distributed.run.main, which prints its own report
     except ChildFailedError as failed:
-        print(f"runmodel {command}: error: {failure_text(failed)}", file=sys.stderr)
+        rank, text = first_failure(failed)
+        print(f"runmodel {command}: error: {text}; every process was ended (their errors "
+              f"are above)", file=sys.stderr)
+        if on_failure is not None:
+            on_failure(rank, text)
         return 1
     return 0
 
 
 def failure_text(failed: Any) -> str:
-    """The first failure of a ``ChildFailedError``: which process, how it ended, why.
+    """The first failure of a ``ChildFailedError``, as the launcher reports it."""
+    return first_failure(failed)[1] + "; every process was ended (their errors are above)"
+
+
+def first_failure(failed: Any) -> tuple[int, str]:
+    """The first failure of a ``ChildFailedError``: which process, and how it ended, why.
     A process killed by a signal from outside came first; otherwise the ddp backend's
     records of when each process failed, to the microsecond (``record_failure``), decide;
     torchrun's own order goes by the second."""
@@ -161,9 +174,8 @@ def failure_text(failed: Any) -> str:
     else:
         ended = f"exit code {first.exitcode}"
     # a process that recorded its error may be ended by torchrun before it exits itself
-    return (f"process rank {rank} failed: {why}" if why else
-            f"process rank {rank} failed ({ended})") + (
-        "; every process was ended (their errors are above)")
+    return rank, (f"process rank {rank} failed: {why}" if why else
+                  f"process rank {rank} failed ({ended})")
 
 
 def _failed_at(failure: Any) -> float | None:

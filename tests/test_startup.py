@@ -55,7 +55,7 @@ def test_launcher_options_are_checked_before_torch_is_imported() -> None:
     result = probe("run", "missing.py", "--nproc-per-node", "2")
     assert "runmodel run: error: missing.py: no such file 'missing.py'" in result.stderr
     result = probe("run", "config.toml", "--nproc-per-node", "2")
-    assert "config runs do not run in several processes yet" in result.stderr
+    assert "runmodel run: error: config.toml: no such config file" in result.stderr
     help_text = probe("run", "--help").stdout
     for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
                  "--master-port", "--rdzv-endpoint", "--rdzv-id", "--standalone"):

@@ -12,6 +12,10 @@
 
 The same config always resolves to the same folder; running it again there resumes or
 restarts only when asked, and never overwrites a run silently.
+
+Under torchrun (``runmodel run CONFIG --nproc-per-node N``: ``torchrun.py``) every process
+builds the run and rank 0 alone claims the folder and writes its files; under ``fsdp`` the
+final weights are the export of the last (sharded) checkpoint, as ``model.pt``.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from typing import Any
 
 import torch
 
+from .. import checkpoint_sharded
 from .._files import remove_stale
-from ..checkpoint import checkpoints_in
 from ..config.registry import (
     Spec,
     known_model_args,
@@ -50,9 +54,11 @@ from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
 from ..packs import RunLog, TensorBoard
+from . import torchrun
 from .folder import flatten, read_json, read_status, write_json
 
-__all__ = ["PreparedRun", "RunExists", "execute", "prepare", "resume_dir", "run_dir_for"]
+__all__ = ["PreparedRun", "RunExists", "execute", "prepare", "record_launch_failure",
+           "resume_dir", "run_dir_for"]
 
 
 #: Packs every config run has (with their defaults) unless its config lists them itself.
@@ -113,6 +119,8 @@ class PreparedRun:
     #: the length to run to, where it is not the config's (``runmodel resume --epochs``)
     epochs: int | None = None
     steps: int | None = None
+    #: whether this process writes the run folder's files (rank 0 under torchrun)
+    lead: bool = True
 
     def run(self) -> RunResult:
         """Run it, recording status, metrics and the trained model in its directory.
@@ -121,10 +129,11 @@ class PreparedRun:
         saves where it stopped, the run is marked ``interrupted`` and ``runmodel resume``
         continues it exactly. A second Ctrl-C interrupts at once.
         """
-        config, run_dir = self.config, self.directory
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale(run_dir)  # status files of a run killed mid-write
-        write_json(run_dir / "config.json", config.to_dict())
+        config, run_dir, lead = self.config, self.directory, self.lead
+        if lead:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale(run_dir)  # status files of a run killed mid-write
+            write_json(run_dir / "config.json", config.to_dict())
         epochs = config.epochs if self.epochs is None else self.epochs
         steps = config.steps if self.steps is None else self.steps
         before = read_status(run_dir)  # the length the run has: changed once checks pass
@@ -134,7 +143,12 @@ class PreparedRun:
                   "epochs": before.get("epochs", config.epochs),
                   "steps": before.get("steps", config.steps),
                   "extensions": before.get("extensions", [])}
+        if torchrun.distributed():  # what `runmodel resume` relaunches with
+            status.update(torchrun.world(), backend=config.backend and config.backend.type_)
+        if not lead:
+            return self._follow(epochs, steps)
         write_json(run_dir / "status.json", status)
+        _tell_launcher(run_dir)
         engine = self.engine
 
         @engine.on("setup", priority=1500, name="config_run.record")
@@ -175,11 +189,20 @@ class PreparedRun:
         write_json(run_dir / "status.json", status)
         return result
 
+    def _follow(self, epochs: int | None, steps: int | None) -> RunResult:
+        """A process other than rank 0 under torchrun: the run alone, no file written
+        (but its checkpoint shards)."""
+        with _ctrl_c_stops(self.engine):
+            return self.engine.run(self.model, mode=self.config.mode, steps=steps,
+                                   epochs=epochs, backend=self.backend, resume=self.checkpoint)
 
     def _after_training(self, result: RunResult) -> None:
         """Save the trained model and, if it has eval data, record its eval metrics."""
         model, interface = self.model, getattr(self.model, "interface", None)
         if interface is None:
+            return
+        if self.config.backend is not None and self.config.backend.type_ == "fsdp":
+            self._export_final(result)
             return
         with contextlib.suppress(NotImplementedError):
             interface.save(model, self.directory)
@@ -188,6 +211,52 @@ class PreparedRun:
             with contextlib.suppress(NotImplementedError):
                 evaluated = interface.evaluate(model, eval_data)
                 result.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
+
+
+    def _export_final(self, result: RunResult) -> None:
+        """Under fsdp the module stays sharded, and its process group is gone: the final
+        weights are the export of the run's last checkpoint (it saves where it ends), and
+        its eval metrics those of a fresh model with them."""
+        from .evaluate import evaluate_model
+
+        last = result.files.get("last_checkpoint")
+        used, out = checkpoint_sharded.export(last or self.directory,
+                                              self.directory / "model.pt")
+        result.files.update(model=str(out), model_from=str(used))
+        if used.name != checkpoint_sharded.folder_name(Path(last or used).name):
+            result.files["model_note"] = f"{last} was not readable; model.pt is {used}"
+        if getattr(self.model, "eval_data", None) is None:
+            return
+        _, fresh, _ = build(self.config, self.base, backend=False)
+        with contextlib.suppress(NotImplementedError):
+            evaluated = evaluate_model(fresh, out, "eval", engine=Engine(progress=False))
+            result.metrics.update({f"eval_{k}": v for k, v in evaluated.metrics.items()})
+
+
+#: Where the launcher (``runmodel run --nproc-per-node``) learns the run folder, to name
+#: a killed process in its status.
+LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
+
+
+def _tell_launcher(run_dir: Path) -> None:
+    path = os.environ.get(LAUNCH_RECORD)
+    if path and torchrun.distributed():
+        with contextlib.suppress(OSError):
+            Path(path).write_text(str(run_dir.resolve()))
+
+
+def record_launch_failure(run_dir: Path, rank: int, text: str) -> None:
+    """The launcher's word on a failed run in several processes: which process failed
+    first (rank 0, which wrote the status, may only have seen a peer go)."""
+    status = read_json(run_dir / "status.json")
+    if not status or status.get("status") == "finished":
+        return
+    seen = status.get("error")
+    status.update(status="failed", error=text, failed_rank=rank,
+                  ended=status.get("ended") or time.time())
+    if seen and seen != text:
+        status["rank_0_error"] = seen
+    _record_failure(run_dir / "status.json", status, RuntimeError(text))
 
 
 INTERRUPTED = "interrupted: Ctrl-C"
@@ -214,10 +283,12 @@ def _ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def build(config: RunConfig, base: str | os.PathLike[str] = "."
+def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: bool = True
           ) -> tuple[RunConfig, Any, Any]:
     """The config as a run records it, and the model and the backend it names, seeded
-    (``base``: where relative ``imports`` are found)."""
+    (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
+    (None for the backend), to evaluate a run's weights in this one process, whatever
+    backend (ddp, fsdp) trained it."""
     _seed(config.seed)
     import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
@@ -225,10 +296,12 @@ def build(config: RunConfig, base: str | os.PathLike[str] = "."
     model = make_model(config.model, device=config.device)
     if config.interface is not None:
         model.interface = make_interface(config.interface)
-    backend = make_backend(config.backend or "plain")
+    if not backend:
+        return config, model, None
+    made = make_backend(config.backend or "plain")
     if config.optimizer is not None:  # a bad name or bad arguments show now
-        backend.optimizer = optimizer_factory(config.optimizer)
-    return config, model, backend
+        made.optimizer = optimizer_factory(config.optimizer)
+    return config, model, made
 
 
 def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
@@ -245,7 +318,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             directory: str | os.PathLike[str] | None = None, resume: bool = False,
             restart: bool = False, base: str | os.PathLike[str] = ".",
             engine: Engine | None = None, progress: bool = True,
-            packs: Sequence[Pack] = ()) -> PreparedRun:
+            packs: Sequence[Pack] = (), backend: str | None = None) -> PreparedRun:
     """Check and build everything ``config`` names, then claim its run directory
     (``directory``, or derived under ``root``; a new run creates it, so two runs of one
     config cannot both start there); nothing is written before that works.
@@ -255,8 +328,14 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     otherwise ``RunExists`` says so. ``base`` is where relative ``imports`` are found.
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
     too (``runmodel run --timer`` gives a Timer).
+
+    Under torchrun the run takes the config's ``ddp`` or ``fsdp`` backend, else
+    ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
+    tells the others (``torchrun.py``).
     """
-    config, model, backend = build(config, base)
+    if torchrun.distributed():
+        config = torchrun.with_backend(config, backend)
+    config, model, made_backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events, and a run shows its
@@ -266,6 +345,30 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     made = [RunLog(run_dir / "run.log"), *packs]
     made += [make_pack(spec, directory=run_dir / spec.type_)
              for spec in (*config.packs, *defaults)]
+    decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": _as_text(
+        _claim(run_dir, resume=resume, restart=restart))})
+    if Path(decision["directory"]).resolve() != run_dir.resolve():
+        raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
+                         f"(rank {torchrun.rank()}) would in {run_dir}: start every process "
+                         f"with the same config, in the same working folder")
+    checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
+    engine = engine or Engine(progress=False)  # progress= above decides
+    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
+        if isinstance(pack, TensorBoard):
+            pack.hparams = flatten(config.to_dict())
+    engine.attach(*made)
+    configure_engine(registries["model"].get(config.model.type_), engine)
+    return PreparedRun(config, run_dir, model, made_backend, engine, checkpoint, Path(base),
+                       lead=torchrun.rank() == 0)
+
+
+def _as_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _claim(run_dir: Path, *, resume: bool, restart: bool) -> Path | None:
+    """Claim ``run_dir`` for a new run, or find the checkpoint to continue its run from
+    (``resume``), or move its run aside (``restart``): see ``prepare``."""
     checkpoint = None
     if (run_dir / "config.json").exists():
         status = read_status(run_dir)
@@ -275,7 +378,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         if restart:
             _move_aside(run_dir)
         elif resume:
-            found = checkpoints_in(run_dir)
+            found = checkpoint_sharded.all_checkpoints_in(run_dir)
             if not found:
                 raise FileNotFoundError(
                     f"{run_dir} has no checkpoint to resume from: the run (status "
@@ -295,13 +398,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         except FileExistsError:
             raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
                             f"may be starting; if not, remove the empty directory") from None
-    engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
-        if isinstance(pack, TensorBoard):
-            pack.hparams = flatten(config.to_dict())
-    engine.attach(*made)
-    configure_engine(registries["model"].get(config.model.type_), engine)
-    return PreparedRun(config, run_dir, model, backend, engine, checkpoint, Path(base))
+    return checkpoint
 
 
 def _move_aside(run_dir: Path) -> Path:
@@ -329,6 +426,9 @@ def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None, 
     its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
     config, base = load_run_config(directory)
+    recorded = read_status(directory).get("world_size", 1)
+    torchrun.check_world_size(recorded, torchrun.world()["world_size"]
+                              if torchrun.distributed() else 1)
     prepared = prepare(config, directory=directory, resume=True, base=base, engine=engine,
                        **options)
     prepared.epochs, prepared.steps = epochs, steps
