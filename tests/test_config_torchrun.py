@@ -232,13 +232,16 @@ def test_an_fsdp_run_leaves_plain_full_weights_and_runmodel_eval_uses_them(
     assert (status["status"], status["backend"], status["world_size"]) == ("finished", "fsdp", 2)
     last = run_dir / "checkpoint" / "ckpt-00002-0000000008"
     assert checkpoint_sharded.is_checkpoint(last)
-    code = cli.main(["eval", str(run_dir), "--json"])  # registers the config's model here
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert "model.pt" in err
-    evaluated = json.loads(out)["metrics"]
-    assert evaluated["accuracy"] == pytest.approx(result["metrics"]["eval_accuracy"], abs=1e-6)
-    assert evaluated["loss"] == pytest.approx(result["metrics"]["eval_loss"], rel=1e-5)
+    # the last checkpoint (sharded) by default, and the exported final weights
+    for asked, used in (([], last), (["--checkpoint", "model.pt"], run_dir / "model.pt")):
+        code = cli.main(["eval", str(run_dir), "--json", *asked])  # registers the model here
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert f"with {used}\n" in err
+        evaluated = json.loads(out)["metrics"]
+        assert evaluated["accuracy"] == pytest.approx(result["metrics"]["eval_accuracy"],
+                                                      abs=1e-6)
+        assert evaluated["loss"] == pytest.approx(result["metrics"]["eval_loss"], rel=1e-5)
     module = registries["model"].get("tinynet")("cpu").module
     module.load_state_dict(weights(run_dir / "model.pt"))  # the bare module, strict
     sharded = checkpoint_sharded.read_model_state(last)

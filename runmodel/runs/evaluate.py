@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import checkpoint
+from .. import checkpoint, checkpoint_sharded
 from ..core import RunResult
 from ..engine import Engine
 from ..packs.run_folder import read_json, read_status, write_json
@@ -23,11 +23,13 @@ WHICH = ("best", "last")
 
 def choose_weights(run_dir: Path, which: str | None = None) -> Path:
     """The weights to use: ``which`` is ``"best"``, ``"last"``, a file, or None (the best
-    checkpoint if there is one, else the last, else the final weights ``model.pt``)."""
+    checkpoint if there is one, else the last, else the final weights ``model.pt``). A
+    checkpoint may be a sharded one's folder (an ``fsdp`` run's)."""
     files = {**read_json(run_dir / "metrics.json").get("files", {}),
              **read_status(run_dir).get("files", {})}
     best = _existing(run_dir, files.get("best_checkpoint")) or _newest(run_dir, "best-*.pt")
-    last = _existing(run_dir, files.get("last_checkpoint")) or _newest(run_dir, "ckpt-*.pt")
+    last = _existing(run_dir, files.get("last_checkpoint")) or _newest(run_dir, "ckpt-*.pt") or (
+        _newest(run_dir, "ckpt-*"))
     if which == "best":
         if best is None:
             raise FileNotFoundError(f"{run_dir} has no best checkpoint (its Checkpoint pack had "
@@ -39,14 +41,14 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
         return last
     if which is not None:
         path = Path(which)
-        if not path.is_file() and (run_dir / path).is_file():
+        if not _usable(path) and _usable(run_dir / path):
             path = run_dir / path
-        if not path.is_file():
+        if not _usable(path):
             raise FileNotFoundError(f"--checkpoint {which}: no such file (give best, last, or "
                                     f"a checkpoint file)")
         return path
     for found in (best, last, run_dir / "model.pt"):
-        if found is not None and found.is_file():
+        if found is not None and _usable(found):
             return found
     raise FileNotFoundError(f"{run_dir} has no trained weights: no checkpoint and no "
                             f"model.pt (did the run finish an epoch?)")
@@ -56,20 +58,31 @@ def _existing(run_dir: Path, name: str | None) -> Path | None:
     if not name:
         return None
     for path in (Path(name), run_dir / name, run_dir / "checkpoint" / Path(name).name):
-        if path.is_file():
+        if _usable(path):
             return path
     return None
 
 
+def _usable(path: Path) -> bool:
+    """A file, or a whole sharded checkpoint folder."""
+    return path.is_file() or checkpoint_sharded.is_checkpoint(path)
+
+
 def _newest(run_dir: Path, pattern: str) -> Path | None:
     found = sorted((p for folder in (run_dir, run_dir / "checkpoint")
-                    for p in folder.glob(pattern)), key=lambda p: p.stem.rsplit("-", 2)[1:])
+                    for p in folder.glob(pattern) if _usable(p)),
+                   key=lambda p: p.stem.rsplit("-", 2)[1:])
     return found[-1] if found else None
 
 
 def load_weights(model: Any, path: Path) -> None:
-    """Put the weights of ``path`` (a checkpoint, or a ``model.pt`` state dict) into
-    ``model``, set up already; its optimizer is left alone."""
+    """Put the weights of ``path`` (a checkpoint, a sharded checkpoint's folder, or a
+    ``model.pt`` state dict) into ``model``, set up already; its optimizer is left
+    alone."""
+    if path.is_dir():  # read whole, in this one process
+        model.load_state_dict({"module": checkpoint_sharded.read_model_state(path),
+                               "optimizer": None})
+        return
     try:
         saved = checkpoint.read(path)
     except ValueError:  # not a checkpoint: the weights alone (the interface's save)
