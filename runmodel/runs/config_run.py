@@ -378,6 +378,8 @@ def _claim(run_dir: Path, *, resume: bool, restart: bool) -> Path | None:
         if restart:
             _move_aside(run_dir)
         elif resume:
+            torchrun.check_world_size(status.get("world_size", 1), torchrun.world()[
+                "world_size"] if torchrun.distributed() else 1)
             found = checkpoint_sharded.all_checkpoints_in(run_dir)
             if not found:
                 raise FileNotFoundError(
@@ -426,9 +428,6 @@ def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None, 
     its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
     config, base = load_run_config(directory)
-    recorded = read_status(directory).get("world_size", 1)
-    torchrun.check_world_size(recorded, torchrun.world()["world_size"]
-                              if torchrun.distributed() else 1)
     prepared = prepare(config, directory=directory, resume=True, base=base, engine=engine,
                        **options)
     prepared.epochs, prepared.steps = epochs, steps
