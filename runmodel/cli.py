@@ -154,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(default: a journal file in the sweep's folder)")
     sweep.add_argument("--jobs", type=_count, default=1, help="trials at a time, each in "
                        "its own process (default 1)")
+    sweep.add_argument("--nproc-per-node", type=_count, metavar="N",
+                       help="each trial a run in N processes on this machine (torchrun; the "
+                       "ddp backend, or the config's own ddp or fsdp); default: one process")
     sweep.add_argument("--runs-dir", default="runs", help="the sweep's folder goes here")
     sweep.add_argument("--set", dest="options", action="append", default=[],
                        metavar="KEY=VALUE", help="a config value for every trial (repeatable)")
@@ -570,7 +573,8 @@ def _sweep(args: argparse.Namespace) -> int:
         result = sweep(args.source, params=params, trials=args.trials,
                        metric=args.metric, direction=args.direction, sampler=args.sampler,
                        pruner=args.pruner, seed=args.seed, storage=args.storage,
-                       jobs=args.jobs, runs_dir=args.runs_dir, overrides=args.options)
+                       jobs=args.jobs, runs_dir=args.runs_dir, overrides=args.options,
+                       nproc_per_node=args.nproc_per_node)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (SweepError, ImportError) as error:

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import checkpoints_in
+from .checkpoint_sharded import all_checkpoints_in
 from .config.registry import Spec, registries
 from .config.runconfig import (
     ConfigError,
@@ -45,9 +45,10 @@ from .config.runconfig import (
 )
 from .core import Hook, HookOptions, Pack, RunResult, hook
 from .extras import require
-from .runs import INTERRUPTED, prepare, read_status, run_dir_for
+from .runs import INTERRUPTED, prepare, read_status, run_dir_for, torchrun
 from .runs.config_run import import_sources
 from .runs.folder import read_json, write_json
+from .runs.torchrun import with_backend
 
 __all__ = ["SPACES", "ReportToTrial", "SweepError", "SweepFailed", "SweepResult", "SweepSpec",
            "parse_param", "read_spec", "sweep"]
@@ -59,7 +60,7 @@ PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner",
            "hyperband": "HyperbandPruner", "successive_halving": "SuccessiveHalvingPruner",
            "none": "NopPruner"}
 _KEYS = ("name", "metric", "direction", "trials", "params", "sampler", "pruner", "seed",
-         "storage")
+         "storage", "nproc_per_node")
 #: Failed trials in a row after which the sweep stops: a space where every trial fails
 #: must not loop for ever.
 FAILURES_IN_A_ROW = 3
@@ -90,6 +91,9 @@ class SweepSpec:
     seed: int
     storage: str | None
     overrides: tuple[str, ...] = ()
+    #: each trial a run in this many processes (torchrun, the ddp backend or the
+    #: config's own); None: one process
+    nproc_per_node: int | None = None
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of the command the same sweep (not ``trials``)."""
@@ -163,8 +167,18 @@ def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | Non
     if not isinstance(name, str) or not name.strip(".") or "/" in name or "\\" in name:
         raise SweepError(f"name is a folder name, got {name!r}")
     storage = values.get("storage")
+    nproc = values.get("nproc_per_node")
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int)
+                              or nproc < 1):
+        raise SweepError(f"nproc_per_node is a whole number >= 1 (each trial's processes), "
+                         f"got {nproc!r}")
+    if nproc is not None and nproc > 1:
+        try:
+            with_backend(base, None)
+        except ValueError as error:
+            raise SweepError(str(error)) from None
     return SweepSpec(path.resolve(), name, metric, direction, trials, spaces, sampler, pruner,
-                     seed, storage, tuple(overrides))
+                     seed, storage, tuple(overrides), nproc if nproc != 1 else None)
 
 
 def _close(word: str, choices: Sequence[str]) -> str:
@@ -390,16 +404,20 @@ def _alive(owner: Mapping[str, Any]) -> bool:
 
 
 def _trial_config(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
-    """The base config (without its ``[sweep]`` table) with the trial's values set."""
-    return load_config(spec.config, [*spec.overrides,
-                                     *(f"{k}={v!r}" for k, v in values.items())])
+    """The base config (without its ``[sweep]`` table) with the trial's values set (and
+    the backend of a run in several processes, as its processes will have it)."""
+    config = load_config(spec.config, [*spec.overrides,
+                                       *(f"{k}={v!r}" for k, v in values.items())])
+    return config if spec.nproc_per_node is None else with_backend(config, None)
 
 
 # -- a trial's process ---------------------------------------------------------------------
 
 class ReportToTrial(Pack):
     """Reports the sweep's metric to the Optuna trial at each epoch's end, and stops the
-    run when the pruner says the trial has fallen behind (process rank 0 decides)."""
+    run when the pruner says the trial has fallen behind. In a run in several processes
+    rank 0 reports and asks the pruner, and passes its decision to the others (one
+    broadcast an epoch), so that they all stop at the same step."""
 
     name = "sweep_trial"
 
@@ -409,15 +427,34 @@ class ReportToTrial(Pack):
 
     def hooks(self) -> Any:
         yield Hook(self.report, "epoch_end", HookOptions.of(
-            name="sweep_trial.report", priority=-100, rank=0))  # after the metrics' hooks
+            name="sweep_trial.report", priority=-100))  # after the metrics' hooks
 
     def report(self, engine: Any) -> None:
-        value = engine.state.metrics.get(self.metric)
-        if value is None:
-            return
-        self.trial.report(float(value), engine.state.epoch)
-        if self.trial.should_prune():
+        prune = False
+        if engine.state.rank == 0:
+            value = engine.state.metrics.get(self.metric)
+            if value is not None:
+                self.trial.report(float(value), engine.state.epoch)
+                prune = self.trial.should_prune()
+        if _several_processes():
+            prune = _from_rank_0(prune)
+        if prune:
             engine.stop(PRUNED)
+
+
+def _several_processes() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _from_rank_0(value: bool) -> bool:
+    """Rank 0's ``value``, on every process of the run's process group."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def _run_trial(job: dict[str, Any]) -> int:
@@ -431,31 +468,41 @@ def _run_trial(job: dict[str, Any]) -> int:
     folder = Path(job["folder"])
     study = _study(spec, folder, create=False)
     trial = optuna.trial.Trial(study, job["trial_id"])
-    study._storage.set_trial_user_attr(trial._trial_id, "owner", _owner())
+    # a trial in several processes (torchrun): rank 0 alone tells the study
+    lead = torchrun.rank() == 0
+    if lead:
+        study._storage.set_trial_user_attr(trial._trial_id, "owner", _owner())
     number = trial.number
     try:
         config = _trial_config(spec, trial.params)
         run_dir = run_dir_for(config, folder)
         status = read_status(run_dir).get("status") if (run_dir / "config.json").exists() \
             else None
-        resume = status in ("interrupted", "failed") and bool(checkpoints_in(run_dir))
-        if status in ("interrupted", "failed") and not resume:
+        resume = status in ("interrupted", "failed") and bool(all_checkpoints_in(run_dir))
+        if status in ("interrupted", "failed") and not resume and lead:
             shutil.rmtree(run_dir)  # nothing to continue: this trial's own start, again
         prepared = prepare(config, folder, resume=resume, progress=False,
                            packs=[ReportToTrial(trial, spec.metric)],
                            base=spec.config.parent)
-        print(f"trial {number}: {dict(trial.params)} in {prepared.directory}"
-              + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
-              flush=True)
+        if lead:
+            print(f"trial {number}: {dict(trial.params)} in {prepared.directory}"
+                  + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
+                  flush=True)
         result = prepared.run()
     except KeyboardInterrupt:
         return 130
     except Exception as error:
         text = f"{type(error).__name__}: {error}"
+        if not lead:
+            print(f"trial {number} [rank {torchrun.rank()}] failed: {text}", file=sys.stderr,
+                  flush=True)
+            return 1
         study._storage.set_trial_user_attr(trial._trial_id, "error", text)
         study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         print(f"trial {number} failed: {text}", file=sys.stderr, flush=True)
         return 1
+    if not lead:
+        return 0
     return _tell(study, trial._trial_id, number, result, spec.metric, prepared.directory)
 
 
@@ -505,7 +552,8 @@ def sweep(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = 
           direction: str | None = None, sampler: Any = None, pruner: Any = None,
           seed: int | None = None, storage: str | None = None, jobs: int = 1,
           runs_dir: str | os.PathLike[str] = "runs", name: str | None = None,
-          overrides: Sequence[str] = (), echo: bool = True) -> SweepResult:
+          overrides: Sequence[str] = (), echo: bool = True,
+          nproc_per_node: int | None = None) -> SweepResult:
     """Search ``config``'s ``[sweep]`` (with these values over it) in config runs under
     ``runs_dir/<name>``: ``jobs`` trials at a time, until ``trials`` trials have finished
     (complete or pruned). Running it again continues it. Bad input raises ``SweepError``
@@ -515,7 +563,7 @@ def sweep(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = 
         raise SweepError(f"jobs is a whole number >= 1, got {jobs!r}")
     spec = read_spec(config, params=params, overrides=overrides, trials=trials,
                      metric=metric, direction=direction, sampler=sampler, pruner=pruner,
-                     seed=seed, storage=storage, name=name)
+                     seed=seed, storage=storage, name=name, nproc_per_node=nproc_per_node)
     folder = Path(runs_dir) / spec.name
     check_metric(spec)
     if (folder / "config.json").exists():
@@ -607,8 +655,11 @@ class _Sweep:
                         "pruner": [self.spec.pruner.type_, self.spec.pruner.args]},
                "folder": str(self.folder), "trial_id": trial_id}
         log = open(self.folder / f"trial-{trial.number:04d}.log", "ab")  # noqa: SIM115
-        process = subprocess.Popen([sys.executable, "-m", "runmodel.sweeps", json.dumps(job)],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        nproc = self.spec.nproc_per_node
+        launcher = [] if nproc is None else [  # a port of its own: trials run side by side
+            "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        process = subprocess.Popen([sys.executable, *launcher, "-m", "runmodel.sweeps",
+                                    json.dumps(job)], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.study._storage.set_trial_user_attr(trial_id, "run_dir", str(run_dir))
         self.running.append(_Running(trial.number, process, run_dir))

@@ -286,3 +286,46 @@ def test_another_number_of_processes_or_a_conflicting_backend_is_refused(
                      "--backend", "ddp"]) == 2
     err = capsys.readouterr().err
     assert "--backend ddp: the config names backend 'fsdp'" in err
+
+
+SWEEP = """imports = ["{net}"]
+epochs = 3
+seed = 0
+[model]
+type = "tinynet_sweep"
+[optimizer]
+type = "sgd"
+args = {{ lr = 0.1, momentum = 0.9 }}
+[[packs]]
+type = "evaluate"
+[sweep]
+metric = "eval_loss"
+direction = "min"
+trials = 2
+sampler = {{ type = "random" }}
+pruner = {{ type = "median", args = {{ n_startup_trials = 1 }} }}
+seed = 10  # the random sampler draws: lr 0.1, then 1e-7 (hopeless)
+nproc_per_node = 2
+[sweep.params]
+"optimizer.args.lr" = {{ choice = [0.1, 1e-7] }}
+"""
+
+
+def test_a_sweep_trial_in_2_processes_is_pruned_on_every_process(tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    import runmodel
+
+    (tmp_path / "net.py").write_text(NET.replace('"tinynet"', '"tinynet_sweep"'))
+    config = tmp_path / "search.toml"
+    config.write_text(SWEEP.format(net=tmp_path / "net.py"))
+    result = runmodel.sweep(config, runs_dir=tmp_path / "runs", echo=False)
+    logs = "".join(p.read_text() for p in sorted(result.directory.glob("trial-*.log")))
+    assert (result.complete, result.pruned, result.failed) == (1, 1, 0), logs[-4000:]
+    assert result.best is not None and result.best["params"] == {"optimizer.args.lr": 0.1}
+    pruned = [p for p in result.directory.iterdir() if (p / "config.json").is_file()
+              and json.loads((p / "status.json").read_text())["status"] == "pruned"]
+    assert len(pruned) == 1
+    status = json.loads((pruned[0] / "status.json").read_text())
+    assert (status["world_size"], status["backend"]) == (2, "ddp")
+    # both processes stopped after epoch 1 (one that went on would fail the run)
+    assert json.loads((pruned[0] / "metrics.json").read_text())["epochs"] == 1
