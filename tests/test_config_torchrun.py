@@ -311,9 +311,12 @@ nproc_per_node = 2
 """
 
 
-def test_a_sweep_trial_in_2_processes_is_pruned_on_every_process(tmp_path: Path) -> None:
+def test_a_sweep_trial_in_2_processes_is_pruned_on_every_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("optuna")
     import runmodel
+
+    monkeypatch.chdir(tmp_path)  # the trials' working folder (net.py writes there)
 
     (tmp_path / "net.py").write_text(NET.replace('"tinynet"', '"tinynet_sweep"'))
     config = tmp_path / "search.toml"
