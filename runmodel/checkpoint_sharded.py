@@ -492,7 +492,25 @@ def load(path: str | os.PathLike[str], model: Any = None) -> tuple[Path, dict[st
     state = snapshot.get("model")
     if model is not None and of(model) is not None and isinstance(state, dict):
         snapshot["model"] = FullModelState(state)
+    packs = snapshot.get("engine", {}).get("packs")
+    if model is not None and isinstance(packs, dict):
+        _to_own_backend(packs, model)
     return found, snapshot
+
+
+def _to_own_backend(packs: dict[str, Any], model: Any) -> None:
+    """The data-parallel backend's pack state (its sampler's seed) goes to this run's
+    backend's pack: a ``ddp`` checkpoint's under ``fsdp``, and the other way; a run in
+    one process has no sampler to give it to (the resume's line says the data differ)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    own = "fsdp" if of(model) is not None else "ddp" if isinstance(
+        getattr(model, "module", None), DistributedDataParallel) else None
+    for key in ("ddp", "fsdp"):
+        if key != own and key in packs:
+            state = packs.pop(key)
+            if own is not None and own not in packs:
+                packs[own] = state
 
 
 def _load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
