@@ -243,3 +243,14 @@ def test_a_mid_epoch_checkpoint_is_refused_in_another_world(launches: Launches,
                                          r"this run has 1"):
         engine.run(model, epochs=3, resume=mid)
     assert not any((tmp_path / "ckpt").glob("ckpt-*"))
+
+
+def test_a_2_process_ddp_checkpoint_in_one_process_says_so(
+        launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+    """Once silent: the file records the world size it was written in."""
+    launches.ok("ddp")
+    model = net_module(launches.root).Net("cpu")
+    runmodel.Engine().run(model, epochs=2, resume=launches.folder("ddp") / "ckpt")
+    err = capsys.readouterr().err
+    assert err.count("runmodel: resuming in 1 process(es) a checkpoint written by 2: ") == 1
+    assert "each takes saved rank 0's generators" in err
