@@ -16,6 +16,12 @@ them wrote and DCP's metadata exists (DCP's last collective of the save), rank 0
 it to its name in one step: a folder with a checkpoint's name is always whole, so
 ``resume="auto"`` never picks a half-written save.
 
+A folder resumes in as many processes as wrote it, or in another number under ``fsdp``
+(DCP reshards; rank r takes saved rank r mod N's run state), or whole in one process or
+under ``ddp`` (the optimizer's state numbered again by parameter order); a plain file
+resumes under ``fsdp`` too (``docs/distributed.md``, "Resuming in another number of
+processes").
+
 Loading never runs code. DCP reads its metadata with plain ``pickle`` and its non-tensor
 items (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``;
 ``SafeReader`` reads the metadata through an allow-list of DCP's own record classes and
@@ -43,7 +49,7 @@ from ._files import atomic_write
 
 __all__ = ["METADATA", "SafeReader", "Sharded", "ShardedModelState", "ShardedWriter",
            "UnsafeCheckpointError", "all_checkpoints_in", "folder_name", "is_checkpoint",
-           "load", "of", "read_model_state", "register", "save", "unregister"]
+           "load", "of", "read_model_state", "read_whole", "register", "save", "unregister"]
 
 METADATA = ".metadata"
 RUN_STATE = "run-{rank}.pt"
