@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import core
 from .config.registry import Spec, make_backend
 from .core.ctrl_c import ctrl_c_finishes_the_step
+from .core.state import current_rank
 from .models import declared_options
 from .modes import as_mode
 
@@ -193,8 +194,9 @@ class Engine(core.Engine):
         newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
                      key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
         if newest is None:
-            print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
-                  f"starting fresh", file=sys.stderr)
+            if current_rank() == 0:  # once, not once per process
+                print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
+                      f"starting fresh", file=sys.stderr)
             return None
         self.announce_resume = True  # once the checkpoint is read: a torn one is skipped
         return newest.parent

@@ -43,7 +43,7 @@ from .config.runconfig import (
     load_config,
     read_config_file,
 )
-from .core import Hook, HookOptions, Pack, RunResult
+from .core import Hook, HookOptions, Pack, RunResult, hook
 from .extras import require
 from .runs import INTERRUPTED, prepare, read_status, run_dir_for
 from .runs.config_run import import_sources
@@ -260,6 +260,60 @@ def _declared(path: Path, base: RunConfig, field: str) -> set[str]:
             and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
+class _Declared(Pack):
+    """Reads, after every other setup hook, the metric names a run declares it writes,
+    and stops the run before its first step."""
+
+    name = "sweep_declared"
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}
+
+    @hook(priority=-10_000)
+    def setup(self, engine: Any) -> None:
+        from .core.metric_names import STEP_WRITES, declared_writes
+
+        mode, model = engine.state.mode, engine.model
+        self.found.update(declared_writes(engine.table, mode, 0, STEP_WRITES))
+        metrics = getattr(model, "metrics", None)
+        # a training config run records its model's metrics on its eval data after it
+        # (runs/config_run.py), as eval_<name>; an eval run computes them
+        if callable(metrics) and (mode == "eval" or (
+                mode == "train" and getattr(model, "eval_data", None) is not None)):
+            prefix = "eval_" if mode == "train" else ""
+            self.found.update((prefix + name, f"{type(model).__name__}.metrics()")
+                              for name in metrics())
+        engine.stop("sweep: metric names read")
+
+
+def check_metric(spec: SweepSpec) -> None:
+    """Refuse a metric the base config's run does not produce, before any trial: the
+    names its step, packs and hooks declare at setup (``core/metric_names.py``) and, in a
+    training run whose model has eval data, the ``eval_`` metrics recorded after it. The
+    run is set up in a temporary folder and stopped before its first step."""
+    import tempfile
+
+    declared = _Declared()
+    # in this one process: the metric names do not depend on the backend (ddp, fsdp)
+    config = dataclasses.replace(load_config(spec.config, list(spec.overrides)), backend=None)
+    with tempfile.TemporaryDirectory(prefix="runmodel-sweep-") as folder:
+        try:
+            prepared = prepare(config, directory=Path(folder) / "run", progress=False,
+                               packs=[declared], base=spec.config.parent)
+            prepared.engine.run(prepared.model, mode=config.mode, epochs=1,
+                                backend=prepared.backend)
+        except Exception as error:  # the base config itself is broken: every trial would be
+            raise SweepError(f"the sweep's config cannot run: {type(error).__name__}: "
+                             f"{error}") from None
+    found = declared.found
+    if spec.metric not in found:
+        raise SweepError(
+            f"metric {spec.metric!r}: the config's run does not produce it"
+            f"{_close(spec.metric, list(found))}; it produces: {', '.join(sorted(found))}. "
+            f"If a hook of yours writes it, declare it (engine.on(phase, fn, writes="
+            f"[{spec.metric!r}]), or writes = [...] in a pack)")
+
+
 # -- the study -----------------------------------------------------------------------------
 
 def _storage(spec: SweepSpec, folder: Path) -> Any:
@@ -463,6 +517,7 @@ def sweep(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = 
                      metric=metric, direction=direction, sampler=sampler, pruner=pruner,
                      seed=seed, storage=storage, name=name)
     folder = Path(runs_dir) / spec.name
+    check_metric(spec)
     if (folder / "config.json").exists():
         raise SweepError(f"{folder} is a run's folder, not a sweep's; name the sweep "
                          f"another way ([sweep] name)")

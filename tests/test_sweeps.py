@@ -203,6 +203,11 @@ def test_a_pruner_stops_trials_in_a_hopeless_region_and_marks_them(tmp_path: Pat
     (["--param", "epochs={int = [1, 3]}", "--trials", "0"], "trials is a whole number >= 1"),
     (["--param", "epochs=[1, 3]"], "a space is {uniform = [LOW, HIGH]}"),
     ([], "a sweep needs parameters to search"),
+    (["--param", "epochs={int = [1, 3]}", "--metric", "eval_acuracy"],
+     "metric 'eval_acuracy': the config's run does not produce it (did you mean "
+     "'eval_accuracy'?)"),
+    (["--param", "epochs={int = [1, 3]}", "--metric", "f1"],
+     "it produces: eval_accuracy, eval_loss, loss."),
 ])
 def test_bad_input_exits_2_before_any_trial_creating_nothing(
         tmp_path: Path, given: list[str], expected: str,

@@ -27,7 +27,7 @@ from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
 from .snapshot import Snapshots
-from .state import Interrupted, RunResult, State, StopRun
+from .state import Interrupted, RunResult, State, StopRun, current_rank
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -270,7 +270,7 @@ class Engine(Snapshots):
             from .. import checkpoint_sharded  # checkpoint files, and sharded folders
 
             self.resumed_from, saved = checkpoint_sharded.load(resume, model)
-            if self.announce_resume:
+            if self.announce_resume and current_rank() == 0:  # once, not once per process
                 print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
             self.load_state_dict(saved["engine"])
             self._resuming = False  # these counters are this run's, not the next one's

@@ -20,17 +20,42 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .table import HookTable
 
-__all__ = ["STEP_WRITES", "check_metric_names", "edit_distance"]
+__all__ = ["STEP_WRITES", "check_metric_names", "closest_name", "declared_writes", "edit_distance"]
 
 #: What every run's step declares: ``loss`` (the ``loss`` metric, or the last step's loss
 #: where no pack puts one; ``packs/_common.metric_value`` reads it so).
 STEP_WRITES = ("loss",)
 
 
+def declared_writes(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
+                    ) -> dict[str, str]:
+    """The metric names declared written in a run of ``table`` (mode ``mode``, process
+    ``rank``), each with who declares it: the step (``step_writes``), then the hooks
+    and packs that run in it."""
+    return _declarations(table, mode, rank, step_writes)[0]
+
+
 def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
                        ) -> None:
     """Refuse a read metric name close to, but not one of, the names declared written by
     the packs and hooks of this run (mode ``mode``, process ``rank``) and the step."""
+    written, readers = _declarations(table, mode, rank, step_writes)
+    for who, name in readers:
+        if name in written:
+            continue
+        close = closest_name(name, written)
+        if close is not None:
+            declared = ", ".join(sorted(written))
+            raise ValueError(
+                f"{who} reads the metric {name!r}, which nothing in this run writes. Did you "
+                f"mean {close!r} (written by {written[close]})? Declared: {declared}. If a "
+                f"hook of yours writes {name!r}, declare it: engine.on(phase, fn, "
+                f"writes=[{name!r}]), or in a pack, writes = [{name!r}]")
+
+
+def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
+                  ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """(name written -> who declares it, [(who, name read)]) of a run."""
     written: dict[str, str] = dict.fromkeys(step_writes, "the step")
     readers: list[tuple[str, str]] = []  # (who, name)
     running: set[int] = set()  # the packs with a hook that runs in this run
@@ -49,17 +74,7 @@ def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iter
         readers += [(who, n) for n in metric_names(pack.reads, f"{who}.reads")]
         writes = metric_names(pack.writes, f"{who}.writes")
         written.update((n, written.get(n, who)) for n in writes)
-    for who, name in readers:
-        if name in written:
-            continue
-        close = _closest(name, written)
-        if close is not None:
-            declared = ", ".join(sorted(written))
-            raise ValueError(
-                f"{who} reads the metric {name!r}, which nothing in this run writes. Did you "
-                f"mean {close!r} (written by {written[close]})? Declared: {declared}. If a "
-                f"hook of yours writes {name!r}, declare it: engine.on(phase, fn, "
-                f"writes=[{name!r}]), or in a pack, writes = [{name!r}]")
+    return written, readers
 
 
 def _applies(hook: Hook, mode: str, rank: int) -> bool:
@@ -72,7 +87,7 @@ def _pack_text(key: str, pack: Pack) -> str:
     return kind if key in (kind, pack.name) else f"{kind} {key!r}"
 
 
-def _closest(name: str, names: Iterable[str]) -> str | None:
+def closest_name(name: str, names: Iterable[str]) -> str | None:
     """The declared name nearest ``name`` within a small edit distance: 1 for names of
     up to 7 characters, 2 for longer ones."""
     limit = 1 if len(name) < 8 else 2
