@@ -16,6 +16,12 @@ them wrote and DCP's metadata exists (DCP's last collective of the save), rank 0
 it to its name in one step: a folder with a checkpoint's name is always whole, so
 ``resume="auto"`` never picks a half-written save.
 
+A folder resumes in as many processes as wrote it, or in another number under ``fsdp``
+(DCP reshards; rank r takes saved rank r mod N's run state), or whole in one process or
+under ``ddp`` (the optimizer's state numbered again by parameter order); a plain file
+resumes under ``fsdp`` too (``docs/distributed.md``, "Resuming in another number of
+processes").
+
 Loading never runs code. DCP reads its metadata with plain ``pickle`` and its non-tensor
 items (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``;
 ``SafeReader`` reads the metadata through an allow-list of DCP's own record classes and
@@ -43,7 +49,7 @@ from ._files import atomic_write
 
 __all__ = ["METADATA", "SafeReader", "Sharded", "ShardedModelState", "ShardedWriter",
            "UnsafeCheckpointError", "all_checkpoints_in", "folder_name", "is_checkpoint",
-           "load", "of", "read_model_state", "register", "save", "unregister"]
+           "load", "of", "read_model_state", "read_whole", "register", "save", "unregister"]
 
 METADATA = ".metadata"
 RUN_STATE = "run-{rank}.pt"
@@ -170,7 +176,8 @@ def _staging(path: Path, sharded: Sharded) -> Path:
 
 def _run_state(snapshot: dict[str, Any], sharded: Sharded) -> dict[str, Any]:
     return {**{key: value for key, value in snapshot.items() if key != "model"},
-            "world_size": sharded.world}
+            "world_size": sharded.world,
+            "optimizer_layout": optimizer_layout(snapshot.get("model"))}
 
 
 def _write_run_state(staging: Path, run_state: dict[str, Any], rank: int) -> None:
@@ -310,22 +317,40 @@ class ShardedWriter:
 
 class ShardedModelState:
     """A sharded checkpoint's model part, loaded into the model where the engine restores
-    it (after the setup hooks): every process reads its own shards (collective)."""
+    it (after the setup hooks). Under ``fsdp`` every process reads its own shards
+    (collective), in as many processes as wrote it or another number: DCP reshards.
+    Otherwise (one process, ``ddp``) every process reads the whole state and loads it as
+    a plain checkpoint's, the optimizer's state numbered again by parameter order.
+    ``layout``: the optimizer's class and group sizes the save recorded (checked first)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, layout: dict[str, Any] | None = None) -> None:
+        self.folder, self.layout = folder, layout or {}
 
     def restore_into(self, model: Any) -> None:
         import torch.distributed.checkpoint as dcp
 
-        sharded = of(model)
+        sharded, optimizer = of(model), getattr(model, "optimizer", None)
         if sharded is None:
-            raise ValueError(f"{str(self.folder)!r} is a sharded checkpoint: resume it under "
-                             f"the fsdp backend, in as many processes as wrote it (for its "
-                             f"weights alone, `runmodel export {self.folder} OUT.pt`)")
+            self._restore_whole(model)
+            return
+        if isinstance(optimizer, torch.optim.Optimizer):
+            groups = self.layout.get("groups")
+            _check_optimizer(model, optimizer, {
+                "optimizer_class": self.layout.get("class"), "optimizer": {"param_groups": [
+                    {"params": range(n)} for n in (
+                        groups if groups is not None else
+                        [len(g["params"]) for g in optimizer.param_groups])]}})
         state = sharded.state()
         dcp.load(state, storage_reader=checked_reader(self.folder), process_group=sharded.group)
         sharded.set_state(state)
+
+    def _restore_whole(self, model: Any) -> None:
+        optimizer = getattr(model, "optimizer", None)
+        whole = read_whole(self.folder, optimizer=optimizer is not None)
+        saved = whole.get("optimizer")
+        model.load_state_dict({"module": whole["module"],
+                               "optimizer": None if saved is None else _by_number(saved),
+                               "optimizer_class": self.layout.get("class")})
 
     def __repr__(self) -> str:
         return f"ShardedModelState({str(self.folder)!r})"
@@ -335,7 +360,8 @@ class FullModelState:
     """A plain checkpoint's model part (whole tensors: a one-process or ``ddp`` run's),
     loaded into a sharded model, each process keeping its shard of every tensor; the
     optimizer's state, saved by parameter number, is matched to the parameters by their
-    order in the parameter groups, as ``Optimizer.load_state_dict`` does."""
+    order in the parameter groups, as ``Optimizer.load_state_dict`` does, after the
+    optimizer's class and group layout are checked as a plain resume checks them."""
 
     def __init__(self, state: dict[str, Any]) -> None:
         self.state = state
@@ -348,13 +374,35 @@ class FullModelState:
         )
 
         module, optimizer = model.module, getattr(model, "optimizer", None)
+        saved = self.state.get("optimizer")
+        if saved is not None and isinstance(optimizer, torch.optim.Optimizer):
+            _check_optimizer(model, optimizer, self.state)  # before anything is loaded
         options = StateDictOptions(full_state_dict=True)
         if self.state.get("module") is not None:
             set_model_state_dict(module, self.state["module"], options=options)
-        saved = self.state.get("optimizer")
         if saved is not None and optimizer is not None:
             set_optimizer_state_dict(module, optimizer, _by_name(saved, module, optimizer),
                                      options=options)
+
+
+def _check_optimizer(model: Any, optimizer: torch.optim.Optimizer,
+                     state: dict[str, Any]) -> None:
+    """The plain resume's check (``TorchModel.load_state_dict``): the same optimizer
+    class and parameter-group layout, or an error naming both."""
+    from .models.torch_model import _check_same_optimizer
+
+    _check_same_optimizer(optimizer, state, type(model).__name__)
+
+
+def optimizer_layout(model_state: Any) -> dict[str, Any] | None:
+    """What a sharded save records of the optimizer beside its state, for the check at
+    resume: its class and the sizes of its parameter groups (from the model's
+    ``state_dict()``: ``TorchModel``'s ``optimizer_class`` and ``optimizer``)."""
+    if not isinstance(model_state, dict) or not isinstance(model_state.get("optimizer"), dict):
+        return None
+    return {"class": model_state.get("optimizer_class"),
+            "groups": [len(g.get("params", ())) for g in
+                       model_state["optimizer"].get("param_groups", [])]}
 
 
 def _by_name(saved: dict[str, Any], module: Any, optimizer: Any) -> dict[str, Any]:
@@ -372,27 +420,73 @@ def _by_name(saved: dict[str, Any], module: Any, optimizer: Any) -> dict[str, An
             "param_groups": [{**g, "params": [fqn[n] for n in g["params"]]} for g in groups]}
 
 
+def _by_number(saved: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter name (DCP's), keyed by parameter
+    number as ``Optimizer.state_dict`` numbers them: in group order."""
+    groups = saved.get("param_groups", [])
+    number = {name: i for i, name in enumerate(n for g in groups for n in g["params"])}
+    return {"state": {number[name]: state for name, state in saved.get("state", {}).items()},
+            "param_groups": [{**g, "params": [number[n] for n in g["params"]]}
+                             for g in groups]}
+
+
+def saved_world(folder: Path) -> int:
+    """How many processes wrote the sharded checkpoint ``folder``: one run state each."""
+    world = 0
+    while (folder / RUN_STATE.format(rank=world)).is_file():
+        world += 1
+    return world
+
+
 def read(folder: str | os.PathLike[str], rank: int | None = None) -> dict[str, Any]:
     """This process's snapshot from the sharded checkpoint ``folder``: its run state,
-    and the model's part to load into the sharded model."""
+    and the model's part to load into the model. In another number of processes than
+    wrote it, rank r takes the run state (random generators, packs' state) of saved
+    rank r mod N; ``check_world`` (``core/continuing.py``) says so, or refuses a
+    checkpoint taken mid-epoch."""
     import torch.distributed as dist
 
     folder = Path(folder)
     if rank is None:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    state_file = folder / RUN_STATE.format(rank=rank)
-    if not state_file.is_file():
-        raise ValueError(f"{str(folder)!r} holds no run state of rank {rank} "
-                         f"({state_file.name}): it was written by fewer processes")
-    state = checkpoint.read(state_file)
-    saved_world = int(state.pop("world_size", 1))
-    if saved_world != world:
-        raise ValueError(f"{str(folder)!r} was written by {saved_world} processes and this "
-                         f"run has {world}: a sharded checkpoint resumes in as many processes "
-                         f"as wrote it (`runmodel export` gives its full weights)")
-    state["model"] = ShardedModelState(folder)
+    saved = saved_world(folder)
+    if saved == 0:
+        raise ValueError(f"{str(folder)!r} holds no run state ({RUN_STATE.format(rank=0)})")
+    state = checkpoint.read(folder / RUN_STATE.format(rank=rank % saved))
+    state.pop("world_size", None)
+    run = state.get("engine", {}).get("run")
+    if isinstance(run, dict):  # what check_world compares the run's size with
+        run["world_size"], run["sharded"] = saved, True
+    state["model"] = ShardedModelState(folder, state.pop("optimizer_layout", None))
     return state
+
+
+def read_whole(folder: str | os.PathLike[str], optimizer: bool = True) -> dict[str, Any]:
+    """The full model state dict (every tensor whole, on the CPU) and, with
+    ``optimizer``, the optimizer's (keyed by parameter name) from a sharded checkpoint,
+    read in this one process, without a process group."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader = checked_reader(folder)
+    keys = {"module"}
+    if optimizer and any(k.startswith("optimizer.") or k == "optimizer"
+                         for k in reader.read_metadata().state_dict_metadata):
+        keys.add("optimizer")
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=reader,
+                     planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
+    if not isinstance(state.get("module"), dict):
+        raise ValueError(f"{str(folder)!r} holds no model weights")
+    return {key: _whole(value) for key, value in state.items()}
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _whole(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole(item) for item in value]
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 def load(path: str | os.PathLike[str], model: Any = None) -> tuple[Path, dict[str, Any]]:
@@ -404,7 +498,25 @@ def load(path: str | os.PathLike[str], model: Any = None) -> tuple[Path, dict[st
     state = snapshot.get("model")
     if model is not None and of(model) is not None and isinstance(state, dict):
         snapshot["model"] = FullModelState(state)
+    packs = snapshot.get("engine", {}).get("packs")
+    if model is not None and isinstance(packs, dict):
+        _to_own_backend(packs, model)
     return found, snapshot
+
+
+def _to_own_backend(packs: dict[str, Any], model: Any) -> None:
+    """The data-parallel backend's pack state (its sampler's seed) goes to this run's
+    backend's pack: a ``ddp`` checkpoint's under ``fsdp``, and the other way; a run in
+    one process has no sampler to give it to (the resume's line says the data differ)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    own = "fsdp" if of(model) is not None else "ddp" if isinstance(
+        getattr(model, "module", None), DistributedDataParallel) else None
+    for key in ("ddp", "fsdp"):
+        if key != own and key in packs:
+            state = packs.pop(key)
+            if own is not None and own not in packs:
+                packs[own] = state
 
 
 def _load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
@@ -424,11 +536,6 @@ def _load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
                                checkpoint.read(candidate))
         except checkpoint.FormatError:
             raise
-        except ValueError as error:
-            if candidate.is_dir():
-                raise  # another world size: an older one would not do either
-            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
-                          stacklevel=2)
         except Exception as error:
             warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error}",
                           stacklevel=2)
@@ -438,17 +545,8 @@ def _load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
 def read_model_state(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The full model state dict (every tensor whole, on the CPU) from a sharded
     checkpoint, read in this one process, without a process group."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=checked_reader(folder),
-                     planner=_EmptyStateDictLoadPlanner(keys={"module"}), no_dist=True)
-    module = state.get("module")
-    if not isinstance(module, dict):
-        raise ValueError(f"{str(folder)!r} holds no model weights")
-    return {key: (value.full_tensor() if hasattr(value, "full_tensor") else value)
-            for key, value in module.items()}
+    module: dict[str, torch.Tensor] = read_whole(folder, optimizer=False)["module"]
+    return module
 
 
 # -- reading without running code ------------------------------------------------------------

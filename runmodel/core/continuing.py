@@ -16,15 +16,53 @@ from typing import Any
 
 from .state import State
 
-__all__ = ["check_length", "run_record"]
+__all__ = ["check_length", "check_world", "run_record", "world_size"]
+
+
+def world_size() -> int:
+    """The number of processes of the run under way: the process group's size (a
+    distributed backend made it by now), else 1. torch is not imported for it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
 
 
 def run_record(loaded: dict[str, Any] | None) -> dict[str, Any]:
-    """This run's record: a new one, or the checkpoint's (``loaded``). A checkpoint
-    written before runs had records counts as one run's: it gets an id."""
+    """This run's record: a new one, or the checkpoint's (``loaded``), with this part's
+    number of processes (a resume checks it). A checkpoint written before runs had
+    records counts as one run's: it gets an id."""
     if loaded is None:
-        return {"id": uuid.uuid4().hex[:12], "started": time.time()}
-    return {"id": loaded.get("id") or uuid.uuid4().hex[:12], "started": loaded.get("started")}
+        return {"id": uuid.uuid4().hex[:12], "started": time.time(), "world_size": world_size()}
+    return {"id": loaded.get("id") or uuid.uuid4().hex[:12], "started": loaded.get("started"),
+            "world_size": world_size()}
+
+
+def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> None:
+    """A resume in another number of processes than wrote the checkpoint: refuse a
+    checkpoint taken mid-epoch (the data are dealt out over the processes, so a position
+    within an epoch means other batches now); else say in one line what carries over and
+    what differs (``docs/distributed.md``, "Resuming in another number of processes")."""
+    saved, world = loaded.get("world_size"), world_size()
+    if saved is None or int(saved) == world:  # unrecorded: a checkpoint from before
+        return
+    saved = int(saved)
+    where = f" {resumed_from}" if resumed_from else ""
+    if s.epoch_step > 0:
+        raise ValueError(f"the checkpoint{where} was written by {saved} process(es) in the "
+                         f"middle of epoch {s.epoch + 1} (after {s.epoch_step} steps), and "
+                         f"this run has {world}: the data are dealt out over the processes, "
+                         f"so that position means other batches here. Resume in another "
+                         f"number of processes from a checkpoint taken at an epoch's end "
+                         f"(Checkpoint(every='1ep')), or in {saved} process(es)")
+    if s.rank == 0:
+        rng = ("each takes the generators of saved rank (its rank mod " f"{saved})"
+               if loaded.get("sharded") else "each takes saved rank 0's generators")
+        print(f"runmodel: resuming in {world} process(es) a checkpoint written by {saved}: "
+              f"weights and optimizer state carry over exactly; from epoch {s.epoch + 1} on "
+              f"the training data are dealt out over {world}, so the batches (and a "
+              f"step's batch size overall) differ from a {saved}-process run's; random "
+              f"generators: {rng}", file=sys.stderr, flush=True)
 
 
 def check_length(s: State, budget: float, max_epochs: float, planned: dict[str, Any],

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .continuing import check_length, run_record
+from .continuing import check_length, check_world, run_record
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
@@ -241,6 +241,7 @@ class Engine(Snapshots):
         if saved is not None and isinstance(saved.get("model"), dict) and callable(check_state):
             check_state(saved["model"])  # before the setup hooks, not when restoring
         if self._loaded_run is not None and mode.kind == "train":
+            check_world(self.state, self._loaded_run, self.resumed_from)
             self.extension = check_length(self.state, loop.budget, loop.max_epochs,
                                           self._loaded_run, self.resumed_from)
         for pack in list(self.table.packs.values()):
