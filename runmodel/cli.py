@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, launch
 from . import plot as plotting  # its module imports only the standard library
 from .core.phases import MODES
+from .core.state import refused_at_setup
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
     from .core import RunResult
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 141  # as a process that SIGPIPE ended
 
 
 class UsageError(Exception):
@@ -629,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("runmodel: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `runmodel runs | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return EXIT_BROKEN_PIPE
     except UsageError as error:
         launch.record_error(error)
         if args.debug:
@@ -648,7 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {note}", file=sys.stderr)
             _print_hint(error)
             print("  (run with --debug for the traceback)", file=sys.stderr)
-        return EXIT_FAILED
+        # refused by the setup-time checks: bad input, as a usage error (nothing ran)
+        return EXIT_USAGE if refused_at_setup(error) else EXIT_FAILED
 
 
 if __name__ == "__main__":

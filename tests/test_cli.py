@@ -644,3 +644,18 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
     assert said[0].startswith("runmodel: Ctrl-C: stopping after this step"), err
     assert said[1].startswith("runmodel: Ctrl-C stopped the run after step "), err
     assert "nothing saved" in said[1] and said[2:] == ["runmodel: interrupted"], err
+
+
+def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    """``runmodel runs | head``: the reader closes the pipe early; the command ends as one
+    that SIGPIPE ended (141), without a BrokenPipeError on stderr."""
+    for i in range(2500):  # more than a pipe's buffer of table rows
+        folder = tmp_path / f"run{i:04d}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model": {"args": {"h": i}}}))
+    process = subprocess.Popen([sys.executable, "-m", "runmodel", "runs", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().startswith("run ")
+    process.stdout.close()  # as head does after its lines
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 141 and err == "", err

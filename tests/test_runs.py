@@ -221,10 +221,23 @@ def config_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     seen["folders"] = sorted(p.name for p in cwd.rglob("*") if p.is_dir())
     seen["eval"] = run(*RUNMODEL, "eval", str(run_dir), "--json", cwd=cwd)
     seen["folders_after_eval"] = sorted(p.name for p in cwd.rglob("*") if p.is_dir())
+    seen["shortened"] = run(*RUNMODEL, "resume", str(run_dir), "--epochs", "1", cwd=cwd)
+    seen["status_after_shortened"] = json.loads((run_dir / "status.json").read_text())
     seen["extended"] = run(*RUNMODEL, "resume", str(run_dir), "--epochs", "4", "--no-progress",
                            cwd=cwd)
     seen["four"] = run(*RUNMODEL, "run", str(DIGITS_CONFIG), "--epochs", "4", *common, cwd=cwd)
     return seen
+
+
+def test_a_resume_refused_at_setup_exits_2_and_leaves_the_run_as_it_was(
+        config_run: dict[str, Any]) -> None:
+    shortened = config_run["shortened"]
+    assert shortened.returncode == 2, shortened.stderr
+    assert "error: ValueError: epochs=1, but the run did 2 epochs already" in shortened.stderr
+    assert "refused at setup, before the first step" in shortened.stderr
+    status = config_run["status_after_shortened"]
+    assert status["status"] == "finished" and status["epochs"] == 2, status
+    assert status["refused"].startswith("ValueError: epochs=1"), status
 
 
 def test_runmodel_eval_reports_the_accuracy_the_run_reported(config_run: dict[str, Any]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .options import describe_fn
 from .position import Position
-from .state import RunStep, StopRun
+from .state import REFUSED, RunStep, StopRun
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -194,7 +194,8 @@ class Loop:
         s = self.state
         s.error = error
         self.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        error.add_note(f"runmodel: raised in {self.engine.table.where.locate(error)} ({s.mode} "
+        error.add_note(REFUSED if only is not None else
+                       f"runmodel: raised in {self.engine.table.where.locate(error)} ({s.mode} "
                        f"mode, epoch {s.epoch}, step {s.step})")
         self._fire_guarded("exception", error, only)
 

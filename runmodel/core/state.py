@@ -10,7 +10,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Interrupted", "RunResult", "RunStep", "State", "StopRun", "current_rank"]
+__all__ = ["REFUSED", "Interrupted", "RunResult", "RunStep", "State", "StopRun",
+           "current_rank", "refused_at_setup"]
+
+#: The note on an error raised by the setup-time checks (a checkpoint that does not fit,
+#: a pack's ``check_setup``, a metric name): the run was refused before its first step.
+REFUSED = "runmodel: refused at setup, before the first step"
+
+
+def refused_at_setup(error: BaseException) -> bool:
+    """Whether ``error`` ended a run at its setup-time checks: bad input, not a failure
+    of the run (the command line exits 2 for it, as for a usage error)."""
+    return REFUSED in getattr(error, "__notes__", ())
 
 
 class StopRun(BaseException):

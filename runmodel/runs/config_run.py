@@ -51,6 +51,7 @@ from ..config.registry import (
 )
 from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
+from ..core.state import refused_at_setup
 from ..engine import Engine
 from ..models import configure_engine, load_source
 from ..packs import RunLog, TensorBoard
@@ -178,9 +179,13 @@ class PreparedRun:
                 "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
                 "files": result.files})
         except BaseException as error:
+            text = f"{type(error).__name__}: {error}"
+            if before and refused_at_setup(error):  # a continuation refused: nothing ran,
+                # the run is as it was (finished, interrupted...), and the refusal noted
+                _record_failure(run_dir / "status.json", {**before, "refused": text}, error)
+                raise
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
-                          else "failed", ended=time.time(),
-                          error=f"{type(error).__name__}: {error}")
+                          else "failed", ended=time.time(), error=text)
             _record_failure(run_dir / "status.json", status, error)
             raise
         finally:
