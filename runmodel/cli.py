@@ -488,27 +488,23 @@ def _check_config_launch(args: argparse.Namespace) -> None:
 def _resume_launch(args: argparse.Namespace) -> bool:
     """Whether ``runmodel resume RUN_DIR`` hands the run to torchrun: a config run that
     ran in several processes starts again in as many (``args.nproc_per_node`` is set to
-    the recorded number where not given), or launcher options were given."""
+    the recorded number where not given), or launcher options were given (another
+    number of processes: the checkpoint is resharded, docs/distributed.md)."""
     from .runs.folder import read_status
-    from .runs.torchrun import WorldSizeChanged, check_world_size
+    from .runs.torchrun import BACKENDS
 
     status = read_status(Path(args.run_dir))
     recorded = status.get("world_size", 1)
     asked = launch.asked_for(args)
-    if not isinstance(recorded, int) or (recorded <= 1 and not asked):
+    if not isinstance(recorded, int) or (recorded <= 1 and not asked and status.get(
+            "backend") not in BACKENDS):  # (ddp or fsdp in one process: torchrun's too)
         return False
-    nproc, nnodes = getattr(args, "nproc_per_node", None), getattr(args, "nnodes", None)
     if not asked and status.get("nnodes", 1) > 1:
         raise UsageError(f"{args.run_dir} ran on {status['nnodes']} machines, "
                          f"{status.get('nproc_per_node')} processes each: resume it on each "
                          f"machine with the launcher options it was started with (--nnodes, "
                          f"--nproc-per-node, --rdzv-endpoint...)")
-    if nproc is not None and nproc.isdigit() and (nnodes is None or nnodes.isdigit()):
-        try:
-            check_world_size(recorded, int(nproc) * int(nnodes or 1))
-        except WorldSizeChanged as error:
-            raise UsageError(str(error)) from None
-    if nproc is None:
+    if getattr(args, "nproc_per_node", None) is None:
         args.nproc_per_node = str(status.get("nproc_per_node", recorded))
     return True
 

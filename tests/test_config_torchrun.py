@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -254,7 +255,8 @@ def test_a_killed_rank_fails_the_run_and_its_status_names_that_rank(runs: Runs) 
     assert code == 1, err[-3000:]
     assert "runmodel run: error: process rank 1 failed (killed by SIGKILL)" in err
     runs.result("resumed")
-    status = runs.killed_status  # before the resume    assert status["status"] == "failed"
+    status = runs.killed_status  # before the resume
+    assert status["status"] == "failed"
     assert status["failed_rank"] == 1
     assert status["error"] == "process rank 1 failed (killed by SIGKILL)"
 
@@ -274,14 +276,26 @@ def test_resume_starts_again_in_2_processes_and_ends_as_the_uninterrupted_run(
         assert torch.equal(value, straight[name]), name  # bit-identical
 
 
-def test_another_number_of_processes_or_a_conflicting_backend_is_refused(
-        runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = runs.run_dir("straight")
-    runs.result("straight")
-    assert cli.main(["resume", str(run_dir), "--nproc-per-node", "3"]) == 2
-    err = capsys.readouterr().err
-    assert "the run ran in 2 processes and would continue in 3" in err
-    assert "not supported yet: resume it with --nproc-per-node 2" in err
+def test_a_config_run_continues_in_another_number_of_processes_saying_so(
+        runs: Runs, tmp_path: Path) -> None:
+    """The fsdp run of 2 processes, extended by an epoch in 1: its checkpoint resharded
+    (issue 22), the world-size line on stderr, the status saying 1 process."""
+    runs.ok("fsdp")
+    run_dir = tmp_path / "runs" / runs.run_dir("fsdp").name
+    shutil.copytree(runs.run_dir("fsdp"), run_dir)  # the fsdp test reads the original
+    process = runmodel_command(tmp_path, "resume", str(run_dir), "--nproc-per-node", "1",
+                               "--epochs", "3", "--no-progress", "--json")
+    code, out, err = finish(process)
+    assert code == 0, err[-4000:]
+    assert "runmodel: resuming in 1 process(es) a checkpoint written by 2" in err, err
+    assert (json.loads(out)["epochs"], json.loads(out)["ended"]) == (3, "completed")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["world_size"], status["epochs"]) == ("finished", 1, 3)
+    assert status["backend"] == "fsdp"  # a later resume relaunches under torchrun again
+
+
+def test_a_conflicting_backend_is_refused(runs: Runs, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
     assert cli.main(["run", str(runs.root / "fsdp.toml"), "--nproc-per-node", "2",
                      "--backend", "ddp"]) == 2
     err = capsys.readouterr().err

@@ -144,7 +144,7 @@ class PreparedRun:
                   "epochs": before.get("epochs", config.epochs),
                   "steps": before.get("steps", config.steps),
                   "extensions": before.get("extensions", [])}
-        if torchrun.distributed():  # what `runmodel resume` relaunches with
+        if torchrun.launched():  # what `runmodel resume` relaunches with (1 process too)
             status.update(torchrun.world(), backend=config.backend and config.backend.type_)
         if not lead:
             return self._follow(epochs, steps)
@@ -383,8 +383,6 @@ def _claim(run_dir: Path, *, resume: bool, restart: bool) -> Path | None:
         if restart:
             _move_aside(run_dir)
         elif resume:
-            torchrun.check_world_size(status.get("world_size", 1), torchrun.world()[
-                "world_size"] if torchrun.distributed() else 1)
             found = checkpoint_sharded.all_checkpoints_in(run_dir)
             if not found:
                 raise FileNotFoundError(

@@ -17,8 +17,8 @@ from typing import Any
 from ..config.registry import Spec
 from ..config.runconfig import RunConfig
 
-__all__ = ["BACKENDS", "DecisionFailed", "WorldSizeChanged", "check_world_size", "decided",
-           "distributed", "rank", "with_backend", "world"]
+__all__ = ["BACKENDS", "DecisionFailed", "decided", "distributed", "launched", "rank",
+           "with_backend", "world"]
 
 #: The backends a config run takes in several processes.
 BACKENDS = ("ddp", "fsdp")
@@ -35,8 +35,9 @@ class DecisionFailed(ValueError):
     """Rank 0 could not start the run (its error is in the message)."""
 
 
-class WorldSizeChanged(ValueError):
-    """A run resumed in another number of processes than it ran in."""
+def launched() -> bool:
+    """Whether torchrun started this process (one of one, or of several)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def distributed() -> bool:
@@ -71,17 +72,6 @@ def with_backend(config: RunConfig, asked: str | None) -> RunConfig:
                          f"{' or '.join(map(repr, BACKENDS))}: remove the config's backend "
                          f"or set backend = {{type = \"ddp\"}}")
     return dataclasses.replace(config, backend=Spec(asked or "ddp"))
-
-
-def check_world_size(recorded: int | None, now: int) -> None:
-    """A run continues in the number of processes it ran in. (Resharding a checkpoint to
-    another number is not supported yet: issue 22.)"""
-    if recorded is not None and recorded != now:
-        raise WorldSizeChanged(
-            f"the run ran in {recorded} process{'es' if recorded != 1 else ''} and would "
-            f"continue in {now}; continuing in another number of processes (resharding its "
-            f"checkpoints) is not supported yet: resume it with --nproc-per-node {recorded}"
-            + ("" if recorded > 1 else " (or without it)"))
 
 
 def decided(decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
