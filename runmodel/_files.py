@@ -35,8 +35,8 @@ except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DiskFullError", "atomic_folder", "atomic_write", "disk_full", "hold_lock",
-           "is_temporary",
-           "naming_disk_full", "raise_if_disk_full", "remove_stale", "temporary_name"]
+           "is_temporary", "naming_disk_full", "raise_if_disk_full", "remove_stale",
+           "shared_lock", "temporary_name"]
 
 #: ``.<name>.tmp<suffix>``: what ``atomic_write`` (and runmodel before it, with a pid
 #: as the suffix) names its temporary files.
@@ -155,6 +155,23 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         os.close(fd)
     _fsync_folder(path.parent)
+
+
+@contextlib.contextmanager
+def shared_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold a shared lock on ``folder`` (made if missing) while the block runs: the lock
+    of one of several writers of a staging folder (each process of a sharded save).
+    ``remove_stale`` takes the lock exclusively, so it removes the folder only once no
+    writer holds it: every one of them is done or dead (the kernel drops a dead
+    process's locks; a pid would say nothing across hosts, or once reused)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -30,6 +30,7 @@ every item with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import os
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 
 from . import checkpoint
-from ._files import atomic_write
+from ._files import atomic_write, remove_stale, shared_lock
 
 __all__ = ["METADATA", "SafeReader", "Sharded", "ShardedModelState", "ShardedWriter",
            "UnsafeCheckpointError", "all_checkpoints_in", "folder_name", "is_checkpoint",
@@ -156,18 +157,13 @@ def save(path: str | os.PathLike[str], snapshot: dict[str, Any], sharded: Sharde
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
-    staging = _stage_run_state(path, snapshot, sharded)
-    dcp.save(sharded.state(), storage_writer=_writer(staging), process_group=sharded.group)
-    if sharded.rank == 0:  # every process wrote, and the metadata is there
-        publish(staging, path, sharded.world)
-    return path
-
-
-def _stage_run_state(path: Path, snapshot: dict[str, Any], sharded: Sharded) -> Path:
-    """Write this process's run state into the save's staging folder; the folder."""
     staging = _staging(path, sharded)
-    _write_run_state(staging, _run_state(snapshot, sharded), sharded.rank)
-    return staging
+    with shared_lock(staging):  # held while this process writes: it is alive
+        _write_run_state(staging, _run_state(snapshot, sharded), sharded.rank)
+        dcp.save(sharded.state(), storage_writer=_writer(staging), process_group=sharded.group)
+        if sharded.rank == 0:  # every process wrote, and the metadata is there
+            publish(staging, path, sharded.world)
+    return path
 
 
 def _staging(path: Path, sharded: Sharded) -> Path:
@@ -224,12 +220,11 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def remove_stale_staging(directory: Path, token: str) -> None:
-    """Rank 0, at a run's start: staging folders left by runs that died mid-save."""
-    if directory.is_dir():
-        for stale in directory.glob(".ckpt-*.tmp-*"):
-            if stale.is_dir() and not stale.name.endswith(f".tmp-{token}"):
-                shutil.rmtree(stale, ignore_errors=True)
+def remove_stale_staging(directory: Path) -> list[Path]:
+    """Rank 0, at a run's start and before each save: the staging folders (and temporary
+    files) of writers that died mid-save, found by their locks: a folder goes once no
+    process holds its shared lock (``_files.shared_lock``). Returns what was removed."""
+    return remove_stale(directory)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -268,25 +263,33 @@ class ShardedWriter:
         self.wait()
         path = self._path = Path(path)
         staging = _staging(path, self.sharded)
-        # the run state is small: copied now, written in the background with the shards
-        run_state = copy.deepcopy(_run_state(snapshot, self.sharded))
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        lock = contextlib.ExitStack()  # held until this process's part is written
+        lock.enter_context(shared_lock(staging))
+        try:
+            # the run state is small: copied now, written in the background with the shards
+            run_state = copy.deepcopy(_run_state(snapshot, self.sharded))
+            if self._stager is None:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            # DCP's default stager, kept: it copies into the CPU storages of the previous
-            # save (a fresh one per save allocates and faults in every byte again)
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
-        future = dcp.async_save(self.sharded.state(), storage_writer=_writer(staging),
-                                process_group=self.sharded.group, async_stager=self._stager)
-        assert isinstance(future, Future)
-        self._done = threading.Thread(target=self._finish,
-                                      args=(future, staging, run_state, path, then),
-                                      name=f"runmodel sharded checkpoint {path.name}",
-                                      daemon=True)
-        self._done.start()
+                # DCP's default stager, kept: it copies into the CPU storages of the
+                # previous save (a fresh one per save allocates and faults in every byte)
+                self._stager = DefaultStager(StagingOptions(False, False, False, False))
+            future = dcp.async_save(self.sharded.state(), storage_writer=_writer(staging),
+                                    process_group=self.sharded.group,
+                                    async_stager=self._stager)
+            assert isinstance(future, Future)
+            self._done = threading.Thread(target=self._finish,
+                                          args=(future, staging, run_state, path, then, lock),
+                                          name=f"runmodel sharded checkpoint {path.name}",
+                                          daemon=True)
+            self._done.start()
+        except BaseException:
+            lock.close()
+            raise
 
     def _finish(self, future: Future[Any], staging: Path, run_state: dict[str, Any],
-                path: Path, then: Callable[[], None] | None) -> None:
+                path: Path, then: Callable[[], None] | None, lock: contextlib.ExitStack
+                ) -> None:
         try:
             _write_run_state(staging, run_state, self.sharded.rank)
             future.result()
@@ -296,6 +299,8 @@ class ShardedWriter:
                     then()
         except BaseException as error:  # raised on the training thread by wait()
             self._error = error
+        finally:
+            lock.close()
 
     def wait(self) -> None:
         done, self._done = self._done, None

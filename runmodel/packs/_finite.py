@@ -11,24 +11,35 @@ import torch
 __all__ = ["check_finite_parameters"]
 
 
-def check_finite_parameters(engine: Any, epoch: int, step: int) -> None:
+def check_finite_parameters(engine: Any, epoch: int, step: int, group: Any = None) -> None:
     """Raise, naming the step and the parameters, if the model's parameters hold NaN or
-    inf."""
+    inf. ``group``: a sharded save's process group; each process sees its own shards,
+    so their verdicts are all-reduced and every process refuses together (one refusing
+    alone would leave the others in the save's collectives)."""
     get_module = getattr(engine.model, "model", None)
     module = get_module() if callable(get_module) else None
     if not isinstance(module, torch.nn.Module):
         return
     params = [_local(p) for p in module.parameters()]
     params = [p for p in params if p.is_floating_point() or p.is_complex()]
-    if not params:
-        return
-    if bool(torch.stack([p.isfinite().all().to(params[0].device) for p in params]).all()):
+    finite = not params or bool(
+        torch.stack([p.isfinite().all().to(params[0].device) for p in params]).all())
+    everywhere = finite
+    if group is not None:
+        import torch.distributed as dist
+
+        verdict = torch.tensor([int(finite)], dtype=torch.int32)  # the group is gloo: CPU
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=group)
+        everywhere = bool(verdict.item())
+    if everywhere:
         return
     bad = [name for name, p in module.named_parameters()
            if (p.is_floating_point() or p.is_complex()) and not bool(_local(p).isfinite().all())]
-    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    shown = ("parameters " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5
+                                                    else "")) if bad else (
+        "parameters of another process's shards")
     raise FloatingPointError(
-        f"not saving the checkpoint of epoch {epoch}, step {step}: parameters {shown} hold "
+        f"not saving the checkpoint of epoch {epoch}, step {step}: {shown} hold "
         f"NaN or inf (the training diverged), and the checkpoints before it are kept. Attach "
         f"runmodel.packs.NaNGuard() to skip (or stop at) the steps whose loss or gradients are "
         f"not finite, or lower the learning rate, and resume from the last good checkpoint")

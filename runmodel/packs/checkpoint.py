@@ -60,10 +60,13 @@ class Checkpoint(Pack):
     written; best-K keeps the best folders themselves (no links) and lists them in
     ``best.json``; ``async_save`` writes with ``torch.distributed.checkpoint``'s async save.
 
-    Each (unsharded) save first removes the temporary files that writers killed mid-write
-    left in ``directory`` (``runmodel/_files.py``: a live writer's file is locked, and
-    kept), and refuses to write non-finite parameters (``FloatingPointError`` naming the
-    step); a full disk stops the run with one ``DiskFullError`` naming the file.
+    Each save first removes the temporary files and staging folders that writers killed
+    mid-write left in ``directory`` (``runmodel/_files.py``: a live writer's file is
+    locked, a sharded save's staging folder holds a shared lock of each process writing
+    it, and they are kept), and refuses to write non-finite parameters
+    (``FloatingPointError`` naming the step; under ``fsdp`` the processes' verdicts on
+    their shards are all-reduced, and all refuse together); a full disk stops the run with
+    one ``DiskFullError`` naming the file.
     """
 
     name = "checkpoint"
@@ -199,7 +202,7 @@ class Checkpoint(Pack):
             if self.async_save:
                 self._writer = checkpoint_sharded.ShardedWriter(sharded)  # type: ignore[assignment]
             if sharded.rank == 0:
-                checkpoint_sharded.remove_stale_staging(self.directory, sharded.token)
+                checkpoint_sharded.remove_stale_staging(self.directory)
 
     def _writes_here(self, engine: Any) -> bool:
         return self._sharded is not None or engine.state.rank == 0
@@ -259,7 +262,8 @@ class Checkpoint(Pack):
 
     def _write(self, engine: Any, counters: dict[str, int]) -> Path:
         self.wait()  # at most one write under way
-        if self._sharded is None:  # (sharded staging folders are not locked: left alone)
+        if self._sharded is None or self._sharded.rank == 0:  # (sharded: the staging folders
+            # every process holds a shared lock on while it writes)
             remove_stale(self.directory)  # what writers killed mid-save left behind
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
@@ -275,9 +279,9 @@ class Checkpoint(Pack):
             # deleted only once the new ones are on disk
             old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
                 n for _, n in self.best_saved}
-            if self._sharded is None:  # sharded: each process sees its shards alone, and
-                # one refusing while the others save would hang them
-                check_finite_parameters(engine, epoch, step)
+            # sharded: each process sees its shards alone; they refuse together
+            check_finite_parameters(engine, epoch, step, None if self._sharded is None
+                                    else self._sharded.group)
             if self.keep == 0:  # only the best are kept: this file goes once linked
                 old.add(name)
             finish: _Finish | _ShardedFinish = _Finish(
