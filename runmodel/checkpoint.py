@@ -30,8 +30,8 @@ import torch
 from ._files import DiskFullError, atomic_write, remove_stale
 
 __all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer",
-           "checkpoints_in", "load", "read", "rng_state", "run_of", "save", "set_rng_state",
-           "weights"]
+           "check_same_optimizer", "checkpoints_in", "load", "qualified_name", "read",
+           "rng_state", "run_of", "save", "set_rng_state", "weights"]
 
 FORMAT = 2
 PATTERN = "ckpt-*.pt"
@@ -355,3 +355,27 @@ def weights(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"{str(where)!r} holds no module weights (its model's state_dict() "
                          f"has no 'module')")
     return module
+
+
+def qualified_name(kind: type) -> str:
+    """``module.QualName`` of a class, as checkpoints record the optimizer's."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_same_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                         name: str) -> None:
+    """Refuse a checkpoint of another optimizer class or parameter-group layout (torch
+    would fail a step later, or load another optimizer's state), naming both."""
+    saved_class = state.get("optimizer_class")  # None: a checkpoint from before it was kept
+    saved_groups = [len(g.get("params", ())) for g in state["optimizer"].get("param_groups", [])]
+    own_class = qualified_name(type(optimizer))
+    own_groups = [len(g["params"]) for g in optimizer.param_groups]
+    if (saved_class is None or saved_class == own_class) and saved_groups == own_groups:
+        return
+    raise ValueError(
+        f"the checkpoint's optimizer is {saved_class or 'unrecorded'} with parameter groups of "
+        f"{saved_groups} parameters; {name}'s is {own_class} with {own_groups}: a resume "
+        f"continues the optimizer it was saved with. To train on from the checkpoint's weights "
+        f"with this optimizer, start a new run from its weights only: "
+        f"module.load_state_dict(runmodel.checkpoint.weights(path)) in setup(), without resume= "
+        f"(docs/packs/checkpoint.md, 'Starting from a checkpoint's weights')")

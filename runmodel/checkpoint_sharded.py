@@ -394,9 +394,7 @@ def _check_optimizer(model: Any, optimizer: torch.optim.Optimizer,
                      state: dict[str, Any]) -> None:
     """The plain resume's check (``TorchModel.load_state_dict``): the same optimizer
     class and parameter-group layout, or an error naming both."""
-    from .models.torch_model import _check_same_optimizer
-
-    _check_same_optimizer(optimizer, state, type(model).__name__)
+    checkpoint.check_same_optimizer(optimizer, state, type(model).__name__)
 
 
 def optimizer_layout(model_state: Any) -> dict[str, Any] | None:

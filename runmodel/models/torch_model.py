@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..checkpoint import check_same_optimizer, qualified_name
 from .interface import Interface, Supervised
 from .model import Model
 from .torchutil import torch_device, unwrap
@@ -88,7 +89,7 @@ class TorchModel(Model):
         return {"module": None if module is None else module.state_dict(),
                 "optimizer": None if optimizer is None else optimizer.state_dict(),
                 # what a resume checks the run's optimizer against (with the groups' sizes)
-                "optimizer_class": None if optimizer is None else _qualified(type(optimizer))}
+                "optimizer_class": None if optimizer is None else qualified_name(type(optimizer))}
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Refuse a checkpoint's state whose weights do not fit this model, naming the
@@ -105,7 +106,7 @@ class TorchModel(Model):
         if state.get("module") is not None and module is not None:
             _check_same_parameters(module, state["module"], name)
         if state.get("optimizer") is not None and self.optimizer is not None:
-            _check_same_optimizer(self.optimizer, state, name)  # before anything is loaded
+            check_same_optimizer(self.optimizer, state, name)  # before anything is loaded
         if state.get("module") is not None and module is not None:
             module.load_state_dict(state["module"])
         if state.get("optimizer") is not None and self.optimizer is not None:
@@ -194,24 +195,3 @@ def _shape(value: Any) -> str:
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def _qualified(kind: type) -> str:
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _check_same_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                          name: str) -> None:
-    """Refuse a checkpoint of another optimizer class or parameter-group layout (torch
-    would fail a step later, or load another optimizer's state), naming both."""
-    saved_class = state.get("optimizer_class")  # None: a checkpoint from before it was kept
-    saved_groups = [len(g.get("params", ())) for g in state["optimizer"].get("param_groups", [])]
-    own_class = _qualified(type(optimizer))
-    own_groups = [len(g["params"]) for g in optimizer.param_groups]
-    if (saved_class is None or saved_class == own_class) and saved_groups == own_groups:
-        return
-    raise ValueError(
-        f"the checkpoint's optimizer is {saved_class or 'unrecorded'} with parameter groups of "
-        f"{saved_groups} parameters; {name}'s is {own_class} with {own_groups}: a resume "
-        f"continues the optimizer it was saved with. To train on from the checkpoint's weights "
-        f"with this optimizer, start a new run from its weights only: "
-        f"module.load_state_dict(runmodel.checkpoint.weights(path)) in setup(), without resume= "
-        f"(docs/packs/checkpoint.md, 'Starting from a checkpoint's weights')")
