@@ -116,8 +116,8 @@ def torchrun_arguments(args: argparse.Namespace) -> list[str]:
 def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
            on_failure: Callable[[int, str], Any] | None = None) -> int:
     """Run ``python -m runmodel ARGV`` in the processes ``args`` ask torchrun for; the
-    exit code: 0, or 1 when a process failed (the first failure is reported, and given
-    to ``on_failure`` with its rank)."""
+    exit code: 0, or the first failed process's when it is 2 (bad input, found at setup),
+    else 1 (the first failure is reported, and given to ``on_failure`` with its rank)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -131,7 +131,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
               f"are above)", file=sys.stderr)
         if on_failure is not None:
             on_failure(rank, text)
-        return 1
+        return 2 if failed.failures[rank].exitcode == 2 else 1
     return 0
 
 

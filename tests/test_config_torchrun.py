@@ -294,12 +294,18 @@ def test_a_config_run_continues_in_another_number_of_processes_saying_so(
     assert status["backend"] == "fsdp"  # a later resume relaunches under torchrun again
 
 
-def test_a_conflicting_backend_is_refused(runs: Runs, capsys: pytest.CaptureFixture[str]
-                                          ) -> None:
+def test_a_conflicting_backend_or_a_run_there_already_is_refused_with_exit_2(
+        runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", str(runs.root / "fsdp.toml"), "--nproc-per-node", "2",
                      "--backend", "ddp"]) == 2
     err = capsys.readouterr().err
     assert "--backend ddp: the config names backend 'fsdp'" in err
+    runs.ok("straight")  # found by rank 0 once launched: exit 2 through the launcher too
+    again = runmodel_command(runs.dirs["straight"], "run", str(runs.root / "ddp.toml"),
+                             "--nproc-per-node", "2", "--runs-dir", "runs")
+    code, _, err = finish(again)
+    assert code == 2, err[-3000:]
+    assert "holds a run of this config already" in err, err[-3000:]
 
 
 SWEEP = """imports = ["{net}"]
