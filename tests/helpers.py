@@ -248,3 +248,44 @@ def finish_group(process: subprocess.Popen[str], limit_s: float) -> tuple[str, s
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         return process.communicate()
+
+
+# -- the small classifier of the torchrun tests' child scripts ------------------------------
+# Source text, put into a child script's (dedented) text in place of a line
+# ``CHILD_DATASETS`` or ``CHILD_NET``; the script imports torch, nn, DataLoader,
+# TensorDataset and runmodel and sets N, EVAL_N, FEATURES and CLASSES before it.
+
+#: ``datasets()``: N training and EVAL_N eval points of FEATURES features, CLASSES classes.
+CHILD_DATASETS = """\
+def datasets():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N + EVAL_N, FEATURES, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return TensorDataset(x[:N], y[:N]), TensorDataset(x[N:], y[N:])
+"""
+
+#: ``datasets()`` and ``Net``, a TorchModel with an MLP, SGD and the eval data.
+CHILD_NET = CHILD_DATASETS + """
+
+class Net(runmodel.TorchModel):
+    setup_defaults = {"batch_size": 4}
+
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(),
+                                    nn.Linear(32, CLASSES))
+
+    def setup(self, setup_options=None):
+        options = setup_options or self.setup_defaults
+        train, test = datasets()
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.train_data = DataLoader(train, batch_size=options["batch_size"], shuffle=True)
+        self.eval_data = DataLoader(test, batch_size=8)
+"""
+
+
+def with_child_net(script: str) -> str:
+    """``script`` with its ``CHILD_DATASETS``/``CHILD_NET`` line replaced by the source."""
+    return script.replace("CHILD_NET\n", CHILD_NET).replace("CHILD_DATASETS\n", CHILD_DATASETS)

@@ -27,9 +27,11 @@ import torch
 from runmodel import checkpoint_sharded, cli
 from runmodel.config.registry import registries
 
+from helpers import with_child_net
+
 LIMIT_S = 180
 
-NET = textwrap.dedent('''
+NET = with_child_net(textwrap.dedent('''
     """A tiny classifier, and which process is which."""
     import os
     import signal
@@ -43,11 +45,7 @@ NET = textwrap.dedent('''
     N, EVAL_N, FEATURES, CLASSES = 32, 10, 6, 3  # 4 steps an epoch in each of 2 processes
 
 
-    def datasets():
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(N + EVAL_N, FEATURES, generator=g)
-        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-        return TensorDataset(x[:N], y[:N]), TensorDataset(x[N:], y[N:])
+    CHILD_DATASETS
 
 
     class Net(runmodel.TorchModel):
@@ -80,7 +78,7 @@ NET = textwrap.dedent('''
             @engine.on("step_start", rank=who, once=step)
             def die(engine):  # as the OOM killer would
                 os.kill(os.getpid(), signal.SIGKILL)
-''')
+'''))
 
 CONFIG = 'imports = ["{net}"]\nepochs = {epochs}\nseed = 0\n{backend}\n[model]\ntype = "tinynet"\n'
 

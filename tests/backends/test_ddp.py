@@ -34,11 +34,13 @@ from runmodel.backends.ddp import shard_eval_data, shard_train_data
 from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
+from helpers import with_child_net
+
 EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 #: A run that hangs fails the test here rather than never ending.
 LIMIT_S = 240
 
-MODEL = textwrap.dedent('''
+MODEL = with_child_net(textwrap.dedent('''
     """A small classifier, and the hooks the ddp tests look at."""
     import os
     import signal
@@ -54,29 +56,7 @@ MODEL = textwrap.dedent('''
     N, EVAL_N, FEATURES, CLASSES = 64, 37, 8, 3  # 37: the eval split is uneven, 19 + 18
 
 
-    def datasets():
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(N + EVAL_N, FEATURES, generator=g)
-        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-        return TensorDataset(x[:N], y[:N]), TensorDataset(x[N:], y[N:])
-
-
-    class Net(runmodel.TorchModel):
-        setup_defaults = {"batch_size": 4}
-
-        def __init__(self, device=None, init_options=None):
-            super().__init__(device, init_options)
-            torch.manual_seed(0)
-            self.module = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(),
-                                        nn.Linear(32, CLASSES))
-
-        def setup(self, setup_options=None):
-            options = setup_options or self.setup_defaults
-            train, test = datasets()
-            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
-            self.loss_fn = nn.CrossEntropyLoss()
-            self.train_data = DataLoader(train, batch_size=options["batch_size"], shuffle=True)
-            self.eval_data = DataLoader(test, batch_size=8)
+    CHILD_NET
 
 
     def configure(engine, out="."):
@@ -114,7 +94,7 @@ MODEL = textwrap.dedent('''
             if engine.state.error is None:
                 torch.save(engine.model.state_dict()["module"], f"{out}/final.pt")
 
-''')
+'''))
 
 RESUME = textwrap.dedent('''
     """Started by torchrun itself: resume the straight run from a checkpoint (a path), or

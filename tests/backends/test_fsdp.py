@@ -37,10 +37,12 @@ from runmodel import checkpoint_sharded
 from runmodel.backends import FSDP
 from runmodel.backends.fsdp import PaddedEval, rebuild_optimizer, shard_units
 
+from helpers import with_child_net
+
 EPOCHS, BATCH = 4, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 LIMIT_S = 240
 
-MODEL = textwrap.dedent('''
+MODEL = with_child_net(textwrap.dedent('''
     """A small classifier under fsdp, and the hooks the tests look at."""
     import os
     import signal
@@ -57,29 +59,7 @@ MODEL = textwrap.dedent('''
     N, EVAL_N, FEATURES, CLASSES = 64, 17, 8, 3  # 17 = 9 + 8: 2 eval batches and 1
 
 
-    def datasets():
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(N + EVAL_N, FEATURES, generator=g)
-        y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
-        return TensorDataset(x[:N], y[:N]), TensorDataset(x[N:], y[N:])
-
-
-    class Net(runmodel.TorchModel):
-        setup_defaults = {"batch_size": 4}
-
-        def __init__(self, device=None, init_options=None):
-            super().__init__(device, init_options)
-            torch.manual_seed(0)
-            self.module = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(),
-                                        nn.Linear(32, CLASSES))
-
-        def setup(self, setup_options=None):
-            options = setup_options or self.setup_defaults
-            train, test = datasets()
-            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
-            self.loss_fn = nn.CrossEntropyLoss()
-            self.train_data = DataLoader(train, batch_size=options["batch_size"], shuffle=True)
-            self.eval_data = DataLoader(test, batch_size=8)
+    CHILD_NET
 
 
     def full_weights(engine, path):
@@ -163,7 +143,7 @@ MODEL = textwrap.dedent('''
         if os.environ["RANK"] == "0":
             print(json.dumps({"ended": result.ended, "steps": result.steps,
                               "metrics": result.metrics}))
-''').replace("import os\n", "import json\nimport os\n", 1)
+''')).replace("import os\n", "import json\nimport os\n", 1)
 
 
 def torchrun_env(**extra: str) -> dict[str, str]:
