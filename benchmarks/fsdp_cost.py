@@ -246,7 +246,8 @@ def part_memory(backend: str) -> dict[str, Any]:
 def part_save(quick: bool, folder: Path) -> dict[str, Any]:
     import datetime
 
-    from runmodel import checkpoint, checkpoint_sharded
+    from runmodel import checkpoint
+    from runmodel.checkpoint import sharded as checkpoint_sharded
 
     module = shard(large())
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-4)

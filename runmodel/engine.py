@@ -4,31 +4,46 @@ before anything runs, and ``engine.ignite``, a pytorch-ignite view of the run.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
 from .config.registry import Spec, make_backend
-from .core.ctrl_c import ctrl_c_finishes_the_step
 from .core.state import current_rank
 from .models import declared_options
 from .modes import as_mode
+from .runs.interrupt import ctrl_c_finishes_the_step
 
 if TYPE_CHECKING:
     import ignite.engine
 
-    from .packs.run_folder import RunFolder
+    from .runs.folder import RunFolder
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "instead_of_first_run"]
 
-#: While the ``runmodel`` command runs a script (``runmodel eval RUN_DIR`` on a script
-#: run, ``runmodel describe script.py``...): called, once, in place of the script's first
-#: ``engine.run`` with the engine, the model and the run's arguments, to do the asked thing
-#: instead of training (set by ``runmodel.runs.script``, above the engine).
-instead_of_run: Callable[[Engine, Any, dict[str, Any]], Any] | None = None
+#: What the first ``engine.run`` does instead while ``instead_of_first_run`` is in force.
+_instead: ContextVar[Callable[[Engine, Any, dict[str, Any]], Any] | None] = ContextVar(
+    "runmodel_instead_of_run", default=None)
+
+
+@contextlib.contextmanager
+def instead_of_first_run(replace: Callable[[Engine, Any, dict[str, Any]], Any]
+                         ) -> Iterator[None]:
+    """While the block runs, the first ``engine.run`` (of any engine) calls
+    ``replace(engine, model, arguments)`` instead and returns its result: how the
+    ``runmodel`` command runs a script up to its run and then does the asked thing
+    (describe, benchmark, evaluate with a trained run's weights, continue the run).
+    Scoped to the block (and its thread): nothing outside it is changed."""
+    token = _instead.set(replace)
+    try:
+        yield
+    finally:
+        _instead.reset(token)
 
 
 class Engine(core.Engine):
@@ -73,10 +88,10 @@ class Engine(core.Engine):
         ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
         config run. A folder holding a run is continued with ``resume="auto"`` only.
         """
-        global instead_of_run
-        if instead_of_run is not None:
-            asked, instead_of_run = instead_of_run, None
-            return asked(self, model, {
+        replace = _instead.get()
+        if replace is not None:
+            _instead.set(None)  # once: the asked thing may run the engine itself
+            return replace(self, model, {
                 "mode": mode, "steps": steps, "epochs": epochs, "setup_options": setup_options,
                 "backend": backend, "resume": resume, "run_dir": run_dir})
         mode = as_mode(mode)
@@ -126,7 +141,7 @@ class Engine(core.Engine):
         inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
         a TensorBoard pack is attached)."""
         from .packs import TensorBoard
-        from .packs.run_folder import RunFolder, start_record
+        from .runs.folder import RunFolder, start_record
 
         packs = list(self.table.packs.values())
         for holder in (*packs, mode):
@@ -182,7 +197,7 @@ class Engine(core.Engine):
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest
         checkpoint (``None`` when they hold none)."""
-        from .checkpoint_sharded import all_checkpoints_in as checkpoints_in
+        from .checkpoint.sharded import all_checkpoints_in as checkpoints_in
         from .packs.checkpoint import Checkpoint
 
         folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}

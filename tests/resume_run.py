@@ -86,7 +86,7 @@ def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
                 if saves[0] == at:  # the temporary file is complete and fsynced
                     _die()
                 replace(source, target)
-            runmodel.checkpoint.os.replace = replace_then_die  # type: ignore[attr-defined]
+            runmodel.checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
     model = Net(workers, options.get("own_generator", False))
     resume = "auto" if folder else None
     try:
@@ -139,7 +139,7 @@ def log_until_full(kind: str, folder: str) -> None:
 def status_until_full(folder: str) -> None:
     """Write a config run's status file, then again on a disk that has no room for it;
     what was raised goes to ``folder/error``."""
-    from runmodel.runs.folder import write_json
+    from runmodel._io import write_json
 
     path = Path(folder) / "status.json"
     write_json(path, {"status": "running"})

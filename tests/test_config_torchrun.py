@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from runmodel import checkpoint_sharded, cli
+from runmodel import cli
+from runmodel.checkpoint import sharded as checkpoint_sharded
 from runmodel.config.registry import registries
 
 from helpers import with_child_net

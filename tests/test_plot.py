@@ -24,7 +24,7 @@ from runmodel.plot import add_arguments, figure, labels, load_runs, main, plot, 
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
-PLOT = (sys.executable, "-m", "runmodel.plot")  # until `runmodel plot` is wired
+PLOT = (sys.executable, "-m", "runmodel.plot")
 
 MODEL = '''\
 """A 3-class linear classifier on 4 fixed batches (registered as {name!r})."""
@@ -268,8 +268,6 @@ def test_the_command_says_what_is_wrong_in_one_line(run_dirs: list[Path], tmp_pa
     assert "give metric names, as in --metrics loss,eval_accuracy" in capsys.readouterr().err
 
 
-@pytest.mark.skipif('add_parser("plot"' not in (ROOT / "runmodel" / "cli.py").read_text(),
-                    reason="waits for `runmodel plot` in runmodel/cli.py")
 def test_runmodel_plot_in_the_command(run_dirs: list[Path], tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli.png"

@@ -6,8 +6,7 @@ from ..core import FineTuneSpec
 from .amp import AMP
 from .base import Backend, OptimizerFactory, Plain
 from .compile import Compile
-from .ddp import DDP
-from .fsdp import FSDP
+from .distributed import DDP, FSDP
 
 __all__ = ["AMP", "BACKEND_TYPES", "DDP", "FSDP", "Backend", "Compile", "FineTuneSpec",
            "OptimizerFactory", "Plain"]

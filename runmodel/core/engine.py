@@ -130,13 +130,14 @@ class Engine(Snapshots):
             self._loop.stop(reason)
 
     def interrupt(self, reason: str = "interrupted: Ctrl-C") -> bool:
-        """End the run as a first Ctrl-C in a script does: once the current step is done,
-        the run raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception``
-        hooks see; its state is whole, so a ``Checkpoint`` pack saves that step. Returns
-        False, doing nothing, when no run is under way."""
+        """End the run as a first Ctrl-C does: once the current step is done, the run
+        raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception`` hooks
+        see; its state is whole, so a ``Checkpoint`` pack saves that step, and
+        ``state.stopping`` is ``"interrupted"`` (the epoch cut short is not evaluated).
+        Returns False, doing nothing, when no run is under way."""
         if self._loop is None:
             return False
-        self._loop.stop(reason)
+        self._loop.stop(reason, "interrupted")
         self._loop.interrupted = True
         return True
 
@@ -267,7 +268,7 @@ class Engine(Snapshots):
                 self._for_run.append(self.attach(pack))
         saved = None
         if resume is not None:
-            from .. import checkpoint_sharded  # checkpoint files, and sharded folders
+            from ..checkpoint import sharded as checkpoint_sharded  # files, sharded folders
 
             self.resumed_from, saved = checkpoint_sharded.load(resume, model)
             if self.announce_resume and current_rank() == 0:  # once, not once per process

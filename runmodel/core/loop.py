@@ -53,9 +53,11 @@ class Loop:
 
     # -- run controls -------------------------------------------------------------------
 
-    def stop(self, reason: str | None = None) -> None:
+    def stop(self, reason: str | None = None, why: str = "stopped") -> None:
         if not self.stopping:
             self.reason = reason
+        if self.state.stopping is None:
+            self.state.stopping = why
         self.stopping, self.guard = True, -1
 
     def end_epoch(self) -> None:
@@ -108,6 +110,8 @@ class Loop:
         with a resumed epoch (drop a replayed batch; restore the generators)."""
         if self.stopping or self.state.step >= self.budget:
             self.ended = "stopped" if self.stopping else "budget"
+            if self.state.stopping is None:
+                self.state.stopping = self.ended
             raise StopRun
         if self.epoch_ending:
             return False

@@ -42,7 +42,7 @@ class State:
 
     __slots__ = ("batch", "ended", "epoch", "epoch_complete", "epoch_step", "error", "files",
                  "grad_scaler", "kind", "loss", "max_epochs", "max_steps", "metrics", "mode",
-                 "output", "rank", "skipped", "step", "timings")
+                 "output", "rank", "skipped", "step", "stopping", "timings")
 
     def __init__(self) -> None:
         self.mode = self.kind = "train"  # kind: the step a runstep is (train, eval, infer)
@@ -65,6 +65,16 @@ class State:
         # packs that read gradients (clipping, NaN checks) can unscale them first
         self.grad_scaler: Any = None
         self.error: BaseException | None = None
+        #: why the run is ending once it is: ``"stopped"`` (``stop()``), ``"budget"``
+        #: (the step budget is spent), ``"interrupted"`` (Ctrl-C) or ``"preempted"`` (a
+        #: preemption signal); None while it runs on. ``epoch_end`` hooks of an epoch cut
+        #: short see it (an interrupted epoch is neither evaluated nor logged as one)
+        self.stopping: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether an interrupt (Ctrl-C, a preemption signal) is ending the run."""
+        return self.stopping in ("interrupted", "preempted")
 
     def start(self, mode: str, kind: str, max_steps: int | None, max_epochs: int | None,
               keep_counters: bool) -> None:
@@ -73,7 +83,7 @@ class State:
             self.step = self.epoch = self.epoch_step = self.skipped = 0
             self.loss, self.metrics = None, {}
         self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
-        self.ended = None
+        self.ended = self.stopping = None
         self.rank = current_rank()
         self.batch = self.output = self.error = self.grad_scaler = None
         self.timings = {}

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._files import atomic_write
+from .._io import atomic_write
 
 __all__ = ["Interface", "Supervised"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..core.folders import prepare_folder
+from .._io import prepare_folder
 from .base import Mode
 from .evaluate import infer_plan
 from .train import train_plan

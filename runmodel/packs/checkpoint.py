@@ -11,10 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint, checkpoint_sharded
-from .._files import atomic_write, hold_lock, raise_if_disk_full, remove_stale, temporary_name
+from .. import checkpoint
+from .._io import (
+    atomic_write,
+    hold_lock,
+    prepare_folder,
+    raise_if_disk_full,
+    remove_stale,
+    temporary_name,
+)
+from ..checkpoint import sharded as checkpoint_sharded
 from ..core import Hook, HookOptions, Interrupted, Pack
-from ..core.folders import prepare_folder
 from ..core.options import parse_duration
 from ._common import read_metric
 from ._finite import check_finite_parameters

@@ -61,11 +61,12 @@ class Evaluate(Pack):
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(self.setup, "setup", HookOptions.of(modes=self.modes, name="evaluate.setup"))
-        phase = "epoch_end" if self.every.unit == "ep" else "runstep"
+        by_epoch = self.every.unit == "ep"
         # priority 0 and named "evaluate": EarlyStopping, LRSchedule and TensorBoard (lower
         # priorities) come after it
-        yield Hook(self.run, phase, HookOptions.of(every=self.every.text, modes=self.modes,
-                                                   name="evaluate"))
+        yield Hook(self.run_epoch if by_epoch else self.run, "epoch_end" if by_epoch
+                   else "runstep", HookOptions.of(every=self.every.text, modes=self.modes,
+                                                  name="evaluate"))
 
     def check_setup(self, engine: Engine) -> None:
         """In a run it evaluates in: the model, its eval data and its metrics, whose
@@ -91,6 +92,12 @@ class Evaluate(Pack):
             self.last = {}
         self._restored = False
         engine.state.metrics.update(self.last)  # a resumed run has what a straight one had
+
+    def run_epoch(self, engine: Engine) -> None:
+        """At an epoch's end: evaluate, unless an interrupt cut the epoch short (its
+        partial epoch is no epoch to record)."""
+        if not (engine.state.interrupted and not engine.state.epoch_complete):
+            self.run(engine)
 
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from .._files import naming_disk_full
+from .._io import naming_disk_full, prepare_folder
 from ..core import Pack, hook
-from ..core.folders import prepare_folder
 
 __all__ = ["RunLog"]
 
@@ -51,6 +50,8 @@ class RunLog(Pack):
     @hook(priority=-50, rank=0)  # after hooks that compute metrics
     def epoch_end(self, engine: Any) -> None:
         s = engine.state
+        if s.interrupted and not s.epoch_complete:  # a partial epoch is no epoch to log
+            return
         loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
             s.loss.numel() == 1) else ""
         metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from .._files import naming_disk_full
+from .._io import naming_disk_full, prepare_folder
 from ..core import Hook, HookOptions, Pack
-from ..core.folders import prepare_folder
 
 __all__ = ["TensorBoard"]
 
@@ -75,6 +74,8 @@ class TensorBoard(Pack):
                                        engine.state.step + 1)
 
     def log_epoch(self, engine: Any) -> None:
+        if engine.state.interrupted and not engine.state.epoch_complete:
+            return  # a partial epoch, cut short by an interrupt: no point of the curves
         with naming_disk_full(self._file()):
             self._log_epoch(engine)
 

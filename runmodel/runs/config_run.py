@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from .. import checkpoint_sharded
-from .._files import remove_stale
+from .._io import read_json, remove_stale, write_json
+from ..checkpoint import sharded as checkpoint_sharded
 from ..config.registry import (
     Spec,
     known_model_args,
@@ -56,7 +56,8 @@ from ..engine import Engine
 from ..models import configure_engine, load_source
 from ..packs import RunLog, TensorBoard
 from . import torchrun
-from .folder import flatten, read_json, read_status, write_json
+from .folder import read_status
+from .table import flatten
 
 __all__ = ["PreparedRun", "RunExists", "execute", "prepare", "record_launch_failure",
            "resume_dir", "run_dir_for"]

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
-from .. import checkpoint, checkpoint_sharded
+from .. import checkpoint
+from .._io import read_json, write_json
+from ..checkpoint import sharded as checkpoint_sharded
 from ..core import RunResult
 from ..engine import Engine
-from ..packs.run_folder import read_json, read_status, write_json
+from .folder import read_status
 
 __all__ = ["choose_weights", "evaluate_model", "record_eval"]
 

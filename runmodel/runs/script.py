@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import engine as facade
 from ..core import RunResult
+from ..engine import instead_of_first_run
 
 __all__ = ["ScriptEnded", "is_script", "run_script"]
 
@@ -78,13 +78,12 @@ def run_script(script: str | os.PathLike[str], argv: Sequence[str], cwd: str | o
     sys.argv = [str(script), *argv]
     sys.path.insert(0, str(script.parent))
     os.chdir(cwd)
-    facade.instead_of_run = replaced
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        with instead_of_first_run(replaced):
+            runpy.run_path(str(script), run_name="__main__")
     except ScriptEnded as ended:
         return ended.result
     finally:
-        facade.instead_of_run = None
         sys.argv, sys.path[:] = saved[0], saved[2]
         os.chdir(saved[1])
     raise RuntimeError(f"{script} ended without calling engine.run(...): the runmodel command "

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 
 import runmodel
 from runmodel.backends import DDP
-from runmodel.backends.ddp import shard_eval_data, shard_train_data
+from runmodel.backends.distributed.ddp import shard_eval_data, shard_train_data
 from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
@@ -501,8 +501,7 @@ def net_module_from_text(text: str) -> ModuleType:
 
 def test_the_launcher_passes_torchruns_options_and_never_relaunches_under_torchrun(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from runmodel import launch
-    from runmodel.cli import _parser
+    from runmodel.cli import _parser, launch
 
     def parsed(*args: str) -> Any:
         return _parser().parse_args(["run", "model.py", *args])

@@ -33,9 +33,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 import runmodel
-from runmodel import checkpoint_sharded
 from runmodel.backends import FSDP
-from runmodel.backends.fsdp import PaddedEval, rebuild_optimizer, shard_units
+from runmodel.backends.distributed.fsdp import PaddedEval, rebuild_optimizer, shard_units
+from runmodel.checkpoint import sharded as checkpoint_sharded
 
 from helpers import with_child_net
 
@@ -560,7 +560,7 @@ def test_the_optimizer_is_made_again_with_its_groups_and_hyperparameters() -> No
     for a, b in zip(old.param_groups, new.param_groups, strict=True):
         assert {k: v for k, v in a.items() if k != "params"} == {
             k: v for k, v in b.items() if k != "params"}
-    from runmodel.backends.fsdp import follow_schedulers
+    from runmodel.backends.distributed.fsdp import follow_schedulers
 
     holder = type("Holder", (), {})()
     holder.scheduler = scheduler

@@ -25,7 +25,7 @@ from test_fsdp import MODEL, finish, launch
 WRITER = """
 import sys, time
 from pathlib import Path
-from runmodel._files import shared_lock
+from runmodel._io import shared_lock
 with shared_lock(sys.argv[1]):
     (Path(sys.argv[1]) / "__0_0.distcp").write_bytes(b"x" * 10_000)
     print("writing", flush=True)

@@ -60,7 +60,7 @@ MODEL = textwrap.dedent('''
                 if saves[0] == int(at):
                     os.kill(os.getpid(), signal.SIGKILL)
                 replace(source, target)
-            runmodel.checkpoint.os.replace = replace_then_die
+            runmodel.checkpoint.format.os.replace = replace_then_die
         elif kind == "ctrl-c":   # a real SIGINT, as a terminal's Ctrl-C sends
             engine.on("step_start", lambda e: os.kill(os.getpid(), signal.SIGINT),
                       once=int(at))

@@ -1,6 +1,6 @@
 """Temporary files of writers killed mid-write are removed at the next save and at
 resume; a live writer's never is. Liveness is the lock the writer holds on its file
-(``runmodel/_files.py``), so the writers here are real processes, killed with SIGKILL."""
+(``runmodel/_io.py``), so the writers here are real processes, killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import torch
 
 import runmodel
 from runmodel import checkpoint
-from runmodel._files import remove_stale
+from runmodel._io import remove_stale
 from runmodel.packs import Checkpoint
 
 # a writer that stops in the middle of writing: it has written part of the file, says so,
 # and waits to be killed
 WRITER = """
 import sys, time
-from runmodel._files import atomic_folder, atomic_write
+from runmodel._io import atomic_folder, atomic_write
 if sys.argv[2] == "file":
     with atomic_write(sys.argv[1]) as file:
         file.write(b"x" * 100_000)
@@ -99,7 +99,7 @@ def test_a_killed_save_leaves_nothing_after_the_next_save_or_resume(tmp_path: Pa
 
 
 def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
-    from runmodel._files import atomic_folder, atomic_write
+    from runmodel._io import atomic_folder, atomic_write
 
     mask = os.umask(0o022)
     try:

@@ -193,7 +193,7 @@ def train(folder: str, kill: int) -> None:
                         os._exit(3)  # not in the background: the test fails
                     os.kill(os.getpid(), signal.SIGKILL)
             replace(source, target)
-        checkpoint.os.replace = replace_then_die  # type: ignore[attr-defined]
+        checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
     engine = runmodel.Engine()
     engine.attach(Checkpoint(folder, every="1st", keep=2, async_save=True))
     model = resume_run.Net(0)

@@ -191,6 +191,6 @@ def record_error(error: BaseException) -> None:
     failed, so that the launcher reports it (unless the run recorded it already)."""
     if not under_torchrun() or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
         return
-    from .backends.ddp import record_failure
+    from ..backends.distributed.ddp import record_failure
 
     record_failure(error)

@@ -34,21 +34,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint_sharded import all_checkpoints_in
-from .config.registry import Spec, registries
-from .config.runconfig import (
+from .._io import read_json, write_json
+from ..checkpoint.sharded import all_checkpoints_in
+from ..config.registry import Spec, registries
+from ..config.runconfig import (
     ConfigError,
     RunConfig,
     apply_overrides,
     load_config,
     read_config_file,
 )
-from .core import Hook, HookOptions, Pack, RunResult, hook
-from .extras import require
-from .runs import INTERRUPTED, prepare, read_status, run_dir_for, torchrun
-from .runs.config_run import import_sources
-from .runs.folder import read_json, write_json
-from .runs.torchrun import with_backend
+from ..core import Hook, HookOptions, Pack, RunResult, hook
+from ..extras import require
+from ..runs import INTERRUPTED, prepare, read_status, run_dir_for, torchrun
+from ..runs.config_run import import_sources
+from ..runs.torchrun import with_backend
 
 __all__ = ["SPACES", "ReportToTrial", "SweepError", "SweepFailed", "SweepResult", "SweepSpec",
            "parse_param", "read_spec", "sweep"]
@@ -285,7 +285,7 @@ class _Declared(Pack):
 
     @hook(priority=-10_000)
     def setup(self, engine: Any) -> None:
-        from .core.metric_names import STEP_WRITES, declared_writes
+        from ..core.metric_names import STEP_WRITES, declared_writes
 
         mode, model = engine.state.mode, engine.model
         self.found.update(declared_writes(engine.table, mode, 0, STEP_WRITES))
@@ -767,7 +767,3 @@ def parse_param(text: str) -> tuple[str, Any]:
         raise SweepError(f"--param {text!r}: SPACE is a TOML inline table such as "
                          f"{{int = [2, 10]}} ({error})") from None
     return key.strip(), value
-
-
-if __name__ == "__main__":  # a trial's process, started by the sweep
-    sys.exit(_run_trial(json.loads(sys.argv[1])))

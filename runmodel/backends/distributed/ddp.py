@@ -50,9 +50,9 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from ..core import FineTuneSpec, Hook, HookOptions, Pack
-from ..models import unwrap
-from .base import Backend
+from ...core import FineTuneSpec, Hook, HookOptions, Pack
+from ...models import unwrap
+from ..base import Backend
 
 __all__ = ["DDP", "TORCHRUN_VARIABLES", "record_failure", "shard_eval_data", "shard_train_data"]
 

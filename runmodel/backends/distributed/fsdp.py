@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from .. import checkpoint_sharded
+from ...checkpoint import sharded as checkpoint_sharded
 from .ddp import DDP, DistributedRun, EvalShard, _remade, shard_eval_data
 
 __all__ = ["FSDP", "PaddedEval", "rebuild_optimizer"]

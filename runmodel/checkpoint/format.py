@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import torch
 
-from ._files import DiskFullError, atomic_write, remove_stale
+from .._io import DiskFullError, atomic_write, remove_stale
 
 __all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer",
            "check_same_optimizer", "checkpoints_in", "load", "qualified_name", "read",

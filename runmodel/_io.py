@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -35,8 +36,8 @@ except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DiskFullError", "atomic_folder", "atomic_write", "disk_full", "hold_lock",
-           "is_temporary", "naming_disk_full", "raise_if_disk_full", "remove_stale",
-           "shared_lock", "temporary_name"]
+           "is_temporary", "naming_disk_full", "prepare_folder", "raise_if_disk_full",
+           "read_json", "remove_stale", "shared_lock", "temporary_name", "write_json"]
 
 #: ``.<name>.tmp<suffix>``: what ``atomic_write`` (and runmodel before it, with a pid
 #: as the suffix) names its temporary files.
@@ -249,3 +250,52 @@ def raise_if_disk_full(error: BaseException, path: str | os.PathLike[str]) -> No
     found = disk_full(error)
     if found is not None:
         raise DiskFullError(found.errno or errno.ENOSPC, str(path)) from None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as JSON at ``path``, replacing it atomically (locked while written, so a
+    dead writer's leftover is told from a live one's); a full disk is one
+    ``DiskFullError`` naming the file."""
+    with atomic_write(path, "w") as file:
+        file.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object at ``path``; ``{}`` where there is none or it does not parse."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# -- a folder a pack (or a mode) will write to, made and tried at setup: a folder that
+# cannot be written is found before the first step, not at the first save
+def prepare_folder(folder: str | os.PathLike[str], owner: str) -> Path:
+    """Create ``folder`` (with its parents) and write and remove a file there. A failure is
+    one ``OSError`` naming the folder, ``owner`` (``"Checkpoint"``) and the cause, with no
+    chained traceback. Returns the folder."""
+    path = Path(folder)
+    problem: OSError | None = None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".runmodel-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        problem = error
+    if problem is None:
+        return path
+    # raised here, outside the except block: one error, no "During handling of ..."
+    kind = type(problem) if type(problem).__module__ == "builtins" else OSError
+    raise kind(f"{owner} cannot write to its folder {str(path)!r}: {_cause(path, problem)}; "
+               f"give {owner} a folder it can create and write to")
+
+
+def _cause(path: Path, error: OSError) -> str:
+    for part in (*reversed(path.parents), path):  # the first thing in the way, from the top
+        if part.exists() and not part.is_dir():
+            return f"{str(part)!r} is a file, not a folder"
+    if isinstance(error, PermissionError):
+        return f"no permission to write there ({error.strerror})"
+    return error.strerror or str(error)

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
-from ._files import atomic_write, remove_stale, shared_lock
+from .._io import atomic_write, remove_stale, shared_lock
+from . import format as checkpoint
 
 __all__ = ["METADATA", "SafeReader", "Sharded", "ShardedModelState", "ShardedWriter",
            "UnsafeCheckpointError", "all_checkpoints_in", "folder_name", "is_checkpoint",

@@ -24,16 +24,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, launch
-from . import plot as plotting  # its module imports only the standard library
-from .core.phases import MODES
-from .core.state import refused_at_setup
+from .. import __version__
+from ..core.phases import MODES
+from ..core.state import refused_at_setup
+from ..runs import plot as plotting  # its module imports only the standard library
+from . import launch
 
 if TYPE_CHECKING:  # imported when a command needs them: --help stays fast
-    from .core import RunResult
-    from .engine import Engine
-    from .models import Model
-    from .runs import PreparedRun
+    from ..core import RunResult
+    from ..engine import Engine
+    from ..models import Model
+    from ..runs import PreparedRun
 
 __all__ = ["main"]
 
@@ -202,8 +203,8 @@ def _options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], di
 
 
 def _load(args: argparse.Namespace) -> tuple[Model, Engine, dict[str, Any]]:
-    from .engine import Engine
-    from .models import configure_engine, load_model_class, resolve_options
+    from ..engine import Engine
+    from ..models import configure_engine, load_model_class, resolve_options
 
     cls = load_model_class(args.source)
     init, setup = _options(args.options, cls)
@@ -258,8 +259,8 @@ def _is_config(source: str) -> bool:
 
 def _prepare_config(args: argparse.Namespace) -> PreparedRun:
     """A config run, with --mode/--epochs/--steps/--device as overrides."""
-    from .config.runconfig import load_config
-    from .runs import prepare
+    from ..config.runconfig import load_config
+    from ..runs import prepare
 
     overrides = list(args.options)
     overrides += [f"{key}={getattr(args, key)!r}" for key in ("mode", "epochs", "steps", "device")
@@ -283,9 +284,9 @@ def _untrained_warning(args: argparse.Namespace) -> None:
 
 
 def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
-    from .modes import Benchmark, Profile
-    from .runs import INTERRUPTED, list_runs, resume_dir, runs_table
-    from .runs.folder import is_run, is_script_run
+    from ..modes import Benchmark, Profile
+    from ..runs import INTERRUPTED, list_runs, resume_dir, runs_table
+    from ..runs.folder import is_run, is_script_run
 
     if args.command == "runs":
         print(runs_table(list_runs(args.dir)))
@@ -299,7 +300,7 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         return _script_command(args, extra)
     _untrained_warning(args)
     if args.command == "export":
-        from .checkpoint_sharded import export
+        from ..checkpoint.sharded import export
 
         try:
             used, out = export(args.path, args.out)
@@ -344,7 +345,7 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         print(_describe(args.source, model, engine, setup))
         return EXIT_OK
     if args.command == "run" and args.progress and getattr(mode, "kind", mode) == "train":
-        from .packs import Progress
+        from ..packs import Progress
 
         engine.attach(Progress())
     engine.attach(*_packs_asked_for(args))
@@ -358,15 +359,15 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
 
 
 def _is_script(source: str) -> bool:
-    from .runs.script import is_script
+    from ..runs.script import is_script
 
     return is_script(source)
 
 
 def _script_command(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """describe, benchmark or profile a script: it runs up to its first engine.run."""
-    from .modes import Benchmark, Profile
-    from .runs.script import run_script
+    from ..modes import Benchmark, Profile
+    from ..runs.script import run_script
 
     def instead(engine: Any, model: Any, arguments: dict[str, Any]) -> Any:
         if args.command == "describe":
@@ -393,7 +394,7 @@ def _script_command(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def _script_record(run_dir: Path) -> dict[str, Any]:
-    from .runs.folder import read_json
+    from .._io import read_json
 
     record = read_json(run_dir / "run.json")
     if not record.get("script") or not Path(record["script"]).is_file():
@@ -405,7 +406,7 @@ def _script_record(run_dir: Path) -> dict[str, Any]:
 def _resume_script(args: argparse.Namespace) -> int:
     """``runmodel resume RUN_DIR`` of a script run: the script, run as it was started, up
     to its engine.run, which continues the run (``resume="auto"``) to the asked length."""
-    from .runs.script import run_script
+    from ..runs.script import run_script
 
     run_dir = Path(args.run_dir).resolve()
     record = _script_record(run_dir)
@@ -431,10 +432,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     data; eval adds its result to the run's eval.json, infer saves the outputs."""
     import torch
 
-    from .runs.config_run import build, load_run_config
-    from .runs.evaluate import choose_weights, evaluate_model, record_eval
-    from .runs.folder import is_run, is_script_run
-    from .runs.script import run_script
+    from ..runs.config_run import build, load_run_config
+    from ..runs.evaluate import choose_weights, evaluate_model, record_eval
+    from ..runs.folder import is_run, is_script_run
+    from ..runs.script import run_script
 
     run_dir = Path(args.run_dir).resolve()
     if not is_run(run_dir):
@@ -474,8 +475,8 @@ def _check_config_launch(args: argparse.Namespace) -> None:
     agrees with --backend (as each process will check again)."""
     if not Path(args.source).is_file():  # said before torch is imported
         raise UsageError(f"{args.source}: no such config file")
-    from .config.runconfig import load_config
-    from .runs.torchrun import with_backend
+    from ..config.runconfig import load_config
+    from ..runs.torchrun import with_backend
 
     try:
         config = load_config(args.source, args.options)
@@ -490,8 +491,8 @@ def _resume_launch(args: argparse.Namespace) -> bool:
     ran in several processes starts again in as many (``args.nproc_per_node`` is set to
     the recorded number where not given), or launcher options were given (another
     number of processes: the checkpoint is resharded, docs/distributed.md)."""
-    from .runs.folder import read_status
-    from .runs.torchrun import BACKENDS
+    from ..runs.folder import read_status
+    from ..runs.torchrun import BACKENDS
 
     status = read_status(Path(args.run_dir))
     recorded = status.get("world_size", 1)
@@ -515,7 +516,7 @@ def _launch_config_run(args: argparse.Namespace, argv: Sequence[str],
     failed first (rank 0 says where the run folder is)."""
     import tempfile
 
-    from .runs.config_run import LAUNCH_RECORD, record_launch_failure
+    from ..runs.config_run import LAUNCH_RECORD, record_launch_failure
 
     with tempfile.TemporaryDirectory(prefix="runmodel-launch-") as folder:
         told = Path(folder) / "run_dir"
@@ -533,7 +534,7 @@ def _rank() -> int:
 
 
 def _packs_asked_for(args: argparse.Namespace) -> list[Any]:
-    from .packs import Timer
+    from ..packs import Timer
 
     return [Timer()] if getattr(args, "timer", False) else []
 
@@ -554,7 +555,7 @@ def _describe(source: str, model: Model, engine: Engine, setup: dict[str, Any]) 
 
 def _print_hint(error: BaseException) -> None:
     """A missing optional module (scikit-learn, matplotlib...): say which extra brings it."""
-    from .extras import hint
+    from ..extras import hint
 
     text = hint(error)
     if text:
@@ -565,7 +566,7 @@ def _sweep(args: argparse.Namespace) -> int:
     """``runmodel sweep``: bad input is exit 2 before any trial; trials failing in a row
     exit 1; Ctrl-C exits 130 with the running trials saved."""
     try:
-        from .sweeps import SweepError, SweepFailed, parse_param, sweep
+        from ..sweeps import SweepError, SweepFailed, parse_param, sweep
 
         params = dict(parse_param(text) for text in args.params)
         result = sweep(args.source, params=params, trials=args.trials,
