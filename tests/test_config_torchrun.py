@@ -267,7 +267,7 @@ def test_resume_starts_again_in_2_processes_and_ends_as_the_uninterrupted_run(
     run_dir = runs.run_dir("killed")
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["world_size"]) == ("finished", 2)
-    assert status["resumed_from"].endswith("checkpoint")
+    assert Path(status["resumed_from"]).parent.name == "checkpoint"
     resumed, straight = weights(run_dir / "model.pt"), weights(
         runs.run_dir("straight") / "model.pt")
     assert resumed.keys() == straight.keys()

@@ -9,10 +9,10 @@ from .options import Duration, HookArgs, HookOptions
 from .pack import Pack, hook, override
 from .phases import ACTION_PHASES, MODES, PHASES, Phase
 from .plan import Backend, FineTuneSpec, Mode, StepPlan
-from .state import Interrupted, RunResult, RunStep, State, StopRun
+from .state import Interrupted, Preempted, RunResult, RunStep, State, StopRun
 from .table import Dispatch
 
 __all__ = ["ACTION_PHASES", "MODES", "PHASES", "Backend", "Dispatch", "Duration", "Engine",
            "FineTuneSpec", "Hook", "HookArgs", "HookHandle", "HookOptions", "HookOrderError",
-           "Interrupted", "Mode", "Pack", "Phase", "RunResult", "RunStep", "State", "StepPlan",
-           "StopRun", "hook", "override"]
+           "Interrupted", "Mode", "Pack", "Phase", "Preempted", "RunResult", "RunStep", "State",
+           "StepPlan", "StopRun", "hook", "override"]

@@ -27,7 +27,7 @@ from .options import HookOptions, check_phase
 from .pack import Pack
 from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
 from .snapshot import Snapshots
-from .state import Interrupted, RunResult, State, StopRun, current_rank
+from .state import Interrupted, Preempted, RunResult, State, StopRun, current_rank
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -129,16 +129,20 @@ class Engine(Snapshots):
         if self._loop is not None:
             self._loop.stop(reason)
 
-    def interrupt(self, reason: str = "interrupted: Ctrl-C") -> bool:
+    def interrupt(self, reason: str | None = None, signal: int | None = None) -> bool:
         """End the run as a first Ctrl-C does: once the current step is done, the run
-        raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception`` hooks
-        see; its state is whole, so a ``Checkpoint`` pack saves that step, and
-        ``state.stopping`` is ``"interrupted"`` (the epoch cut short is not evaluated).
+        raises ``Interrupted`` (a ``KeyboardInterrupt``; ``Preempted`` when ``signal``, a
+        preemption signal, asked), which the ``exception`` hooks see; its state is whole,
+        so a ``Checkpoint`` pack saves that step, and ``state.stopping`` is
+        ``"interrupted"`` (or ``"preempted"``): the epoch cut short is not evaluated.
         Returns False, doing nothing, when no run is under way."""
         if self._loop is None:
             return False
-        self._loop.stop(reason, "interrupted")
-        self._loop.interrupted = True
+        if reason is None:
+            reason = ("interrupted: Ctrl-C" if signal is None else
+                      f"preempted: {_signal_name(signal)}")
+        self._loop.stop(reason, "interrupted" if signal is None else "preempted")
+        self._loop.interrupted, self._loop.preempted_by = True, signal
         return True
 
     def end_epoch(self) -> None:
@@ -190,7 +194,9 @@ class Engine(Snapshots):
                     model.run(loop.runstep(mode.kind), steps)
                 loop.finish()
                 if loop.interrupted:
-                    raise Interrupted(f"{loop.reason} (after step {self.state.step})")
+                    said = f"{loop.reason} (after step {self.state.step})"
+                    raise (Interrupted(said) if loop.preempted_by is None
+                           else Preempted(said, loop.preempted_by))
             extras = plan.finish(self)
         except BaseException as error:
             loop.failed(error, self._run_packs() if loop.refusing else None)
@@ -281,6 +287,15 @@ class Engine(Snapshots):
             self._loop.position.tracker = plan.data
         self.table.start(self.state, plan)  # filters start counting here
         return plan, saved
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
