@@ -40,6 +40,7 @@ from typing import Any
 
 from .._io import DiskFullError, read_json, write_json
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
+from ..core.state import refused_at_setup
 from ..packs.run_log import RunLog
 
 __all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
@@ -321,8 +322,10 @@ class RunFolder(Pack):
                error: BaseException | None = None) -> None:  # one of the two
         """After the run (rank 0): its status, and for a run that ended without an error
         its final metrics."""
-        if not self.began:  # refused at setup: nothing ran, the folder is as it was
-            return
+        if not self.began:
+            if error is not None and not refused_at_setup(error) and engine.state.rank == 0:
+                self._failed_before_setup(error)
+            return  # refused at setup: nothing ran, the folder is as it was
         self.began = False
         status = {**self._status, "ended": time.time()}
         if result is not None:
@@ -342,6 +345,20 @@ class RunFolder(Pack):
                           else "failed", error=f"{type(error).__name__}: {error}",
                           traceback=_traceback(error))
         self._write_status(status, error)
+
+    def _failed_before_setup(self, error: BaseException) -> None:
+        """The run failed before its setup hooks ran (in ``model.setup()``, say): the
+        folder records that it failed, and why."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, data in self.files.items():
+            if not (self.directory / name).is_file():
+                write_json(self.directory / name, data)
+        now = time.time()
+        self._write_status({**read_json(self.directory / STATUS), "status": "failed",
+                            "pid": os.getpid(), "host": socket.gethostname(),
+                            "started": now, "ended": now, **self.extra,
+                            "error": f"{type(error).__name__}: {error}",
+                            "traceback": _traceback(error)}, error)
 
     # -- writing ----------------------------------------------------------------------------
 
