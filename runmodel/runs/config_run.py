@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from .._io import read_json, remove_stale, write_json
-from ..checkpoint import sharded as checkpoint_sharded
+from ..checkpoint.export import export
+from ..checkpoint.names import checkpoints_in
 from ..config.registry import (
     Spec,
     known_model_args,
@@ -226,10 +227,9 @@ class PreparedRun:
         from .evaluate import evaluate_model
 
         last = result.files.get("last_checkpoint")
-        used, out = checkpoint_sharded.export(last or self.directory,
-                                              self.directory / "model.pt")
+        used, out = export(last or self.directory, self.directory / "model.pt")
         result.files.update(model=str(out), model_from=str(used))
-        if used.name != checkpoint_sharded.folder_name(Path(last or used).name):
+        if used.name != Path(last or used).name:
             result.files["model_note"] = f"{last} was not readable; model.pt is {used}"
         if getattr(self.model, "eval_data", None) is None:
             return
@@ -384,7 +384,7 @@ def _claim(run_dir: Path, *, resume: bool, restart: bool) -> Path | None:
         if restart:
             _move_aside(run_dir)
         elif resume:
-            found = checkpoint_sharded.all_checkpoints_in(run_dir)
+            found = checkpoints_in(run_dir)
             if not found:
                 raise FileNotFoundError(
                     f"{run_dir} has no checkpoint to resume from: the run (status "
