@@ -152,13 +152,14 @@ class FileStorage:
         return load(path, model)
 
     def full_model_state(self, model: Any) -> dict[str, Any] | None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        module = model.module
-        if isinstance(module, DistributedDataParallel):  # its own keys, without "module."
-            module = module.module
-        state: dict[str, Any] = module.state_dict()
-        return state
+        # the model's own view, what its checkpoints hold: the module unwrapped from
+        # torch.compile or DistributedDataParallel (TorchModel.state_dict)
+        state = model.state_dict()
+        module = state.get("module") if isinstance(state, dict) else None
+        if not isinstance(module, dict):
+            raise ValueError(f"{type(model).__name__}.state_dict() has no 'module' state: "
+                             f"there are no module weights to write")
+        return module
 
     def __repr__(self) -> str:
         return "FileStorage()"
