@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
+from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
 from .core.state import current_rank
 from .models import declared_options
@@ -55,7 +56,7 @@ class Engine(core.Engine):
     ``engine.ignite``); ``progress=False`` turns that off."""
 
     def __init__(self, *packs: core.Pack, progress: bool = True) -> None:
-        super().__init__()
+        super().__init__(storage=FileStorage())  # plain files, unless the backend has its own
         self._ignite: Any = None
         self.progress = progress
         self._auto_progress: core.HookHandle | None = None  # the bar this run added
@@ -216,7 +217,7 @@ class Engine(core.Engine):
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest
         checkpoint (``None`` when they hold none)."""
-        from .checkpoint.sharded import all_checkpoints_in as checkpoints_in
+        from .checkpoint.names import checkpoints_in, newest
         from .packs.checkpoint import Checkpoint
 
         folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}
@@ -225,15 +226,14 @@ class Engine(core.Engine):
                              'Checkpoint pack, and none is attached: attach one '
                              '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
                              'resume="DIR"')
-        newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
-                     key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
-        if newest is None:
+        found = newest([c for f in folders if f.is_dir() for c in checkpoints_in(f)])
+        if found is None:
             if current_rank() == 0:  # once, not once per process
                 print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                       f"starting fresh", file=sys.stderr)
             return None
         self.announce_resume = True  # once the checkpoint is read: a torn one is skipped
-        return newest.parent
+        return found.parent
 
     @property
     def ignite(self) -> ignite.engine.Engine:

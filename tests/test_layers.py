@@ -5,9 +5,10 @@ but they do for circles (a circle of type hints is a circle of meaning; a ``Prot
 the lower module ends it), except inside ``runmodel.core``, whose parts name the engine
 that holds them in their type hints.
 
-    checkpoint            the file format, on plain values
-    checkpoint_sharded    sharded checkpoint folders (fsdp), on checkpoint
-    core                  phases, hooks, tables, packs, state, the engine's loop
+    core                  phases, hooks, tables, packs, state, the engine's loop; it
+                          declares the protocols it runs through (a mode, a backend,
+                          checkpoint storage) and imports nothing else of runmodel
+    checkpoint            the file format, names, writers, storage, sharded folders (fsdp)
     models                Model, TorchModel, Interface, evaluation, loading by source
     modes | backends      what a step does per mode | how a model is prepared
     packs | integrations  packs of hooks | the pytorch-ignite view
@@ -34,8 +35,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 LAYERS: list[tuple[str, ...]] = [
     ("runmodel._io",),  # atomic writes, locks, JSON, stale temporary files, disk-full errors
     # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
-    ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
+    ("runmodel.config", "runmodel.extras"),
     ("runmodel.core",),
+    ("runmodel.checkpoint",),  # the storage a backend gives a run, above the core's protocol
     ("runmodel.models",),
     ("runmodel.modes", "runmodel.backends"),
     ("runmodel.packs", "runmodel.integrations"),

@@ -1,5 +1,7 @@
-"""Checkpoints: the file format on plain values (``format``), and sharded checkpoint
-folders written by every process of an ``fsdp`` run (``sharded``).
+"""Checkpoints: the file format on plain values (``format``), how checkpoints are named
+and found (``names``), writing them in the background (``writer``), the storage a run
+gets from its backend (``storage``: plain files, or ``sharded`` folders under ``fsdp``),
+and a checkpoint's weights as one plain file (``export``).
 
 ``runmodel.checkpoint`` keeps the documented names: ``weights``, ``load``, ``read``,
 ``checkpoints_in``, ``DiskFullError``...
@@ -7,15 +9,11 @@ folders written by every process of an ``fsdp`` run (``sharded``).
 
 from __future__ import annotations
 
+from .._io import DiskFullError
 from .format import (
-    BEST_PATTERN,
     FORMAT,
-    PATTERN,
-    DiskFullError,
     FormatError,
-    Writer,
     check_same_optimizer,
-    checkpoints_in,
     load,
     qualified_name,
     read,
@@ -25,7 +23,10 @@ from .format import (
     set_rng_state,
     weights,
 )
+from .names import BEST_PATTERN, PATTERN, Unreadable, checkpoints_in
+from .storage import FileStorage, Storage
+from .writer import Writer
 
-__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer",
-           "check_same_optimizer", "checkpoints_in", "load", "qualified_name", "read",
-           "rng_state", "run_of", "save", "set_rng_state", "weights"]
+__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FileStorage", "FormatError",
+           "Storage", "Unreadable", "Writer", "check_same_optimizer", "checkpoints_in", "load",
+           "qualified_name", "read", "rng_state", "run_of", "save", "set_rng_state", "weights"]

@@ -300,7 +300,7 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         return _script_command(args, extra)
     _untrained_warning(args)
     if args.command == "export":
-        from ..checkpoint.sharded import export
+        from ..checkpoint.export import export
 
         try:
             used, out = export(args.path, args.out)

@@ -25,7 +25,7 @@ from .loop import Loop
 from .metric_names import STEP_WRITES, check_metric_names
 from .options import HookOptions, check_phase
 from .pack import Pack
-from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
+from .plan import Backend, CheckpointStorage, FineTuneSpec, Mode, StepPlan, Wrapper
 from .snapshot import Snapshots
 from .state import Interrupted, Preempted, RunResult, State, StopRun, current_rank
 from .table import Dispatch, HookTable
@@ -42,8 +42,12 @@ __all__ = ["Engine"]
 class Engine(Snapshots):
     """Owns the phases, their hooks and overrides, the run state and the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage: CheckpointStorage | None = None) -> None:
         self.state = State()
+        self._own_storage = storage
+        #: how this run's checkpoints are written and read: its backend's (sharded under
+        #: fsdp), else the engine's own (``storage=``; runmodel.Engine's: plain files)
+        self.storage = storage
         self.model: Any = None
         self.table = HookTable()
         self._loop: Loop | None = None
@@ -232,7 +236,7 @@ class Engine(Snapshots):
             while self._for_run:
                 self._for_run.pop().detach()
             loop.position.close()
-            self._loop = None
+            self._loop, self.storage = None, self._own_storage
             self.table.stop()
 
     def _check(self, loop: Loop, plan: StepPlan, model: Any, mode: Mode,
@@ -272,11 +276,15 @@ class Engine(Snapshots):
             backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, self.state))
             if (pack := backend.pack()) is not None:
                 self._for_run.append(self.attach(pack))
+        given = backend.storage() if backend is not None else None
+        self.storage = given if given is not None else self._own_storage
         saved = None
         if resume is not None:
-            from ..checkpoint import sharded as checkpoint_sharded  # files, sharded folders
-
-            self.resumed_from, saved = checkpoint_sharded.load(resume, model)
+            if self.storage is None:
+                raise ValueError("resume= reads the checkpoint through the engine's checkpoint "
+                                 "storage, and this engine has none: use runmodel.Engine, or "
+                                 "give runmodel.core.Engine(storage=...)")
+            self.resumed_from, saved = self.storage.load(resume, model)
             if self.announce_resume and current_rank() == 0:  # once, not once per process
                 print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
             self.load_state_dict(saved["engine"])

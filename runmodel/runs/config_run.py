@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from .._io import read_json
-from ..checkpoint.sharded import all_checkpoints_in
+from ..checkpoint.names import checkpoints_in
 from ..config.registry import (
     Spec,
     known_model_args,
@@ -261,7 +261,7 @@ def _claim(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool
         if not (resume or restart or take_over):
             folder.claim(resuming=False)  # says it holds a run, and what to do
         if resume or take_over:
-            found = all_checkpoints_in(run_dir)
+            found = checkpoints_in(run_dir)
             if found:
                 return found[0].parent
             if resume and not take_over:

@@ -297,19 +297,19 @@ class RunFolder(Pack):
                 s.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
 
     def _save_model(self, engine: Any, interface: Any) -> None:
-        if _sharded(engine) is None:
-            if engine.state.rank == 0:
+        """``model.pt``: the interface's save where every process holds the whole model;
+        under ``fsdp`` the weights the run's storage gathers (every process calls it),
+        written by rank 0."""
+        storage, rank = engine.storage, engine.state.rank
+        if getattr(storage, "group", None) is None:  # the whole model is here
+            if rank == 0:
                 with contextlib.suppress(NotImplementedError, ValueError):
                     interface.save(engine.model, self.directory)
             return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        state = get_model_state_dict(engine.model.module, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))  # collective; whole on rank 0 alone
-        if engine.state.rank == 0:
+        if not getattr(storage, "ended_together", True):
+            return  # a collective needs every process: they did not agree at the end
+        state = storage.full_model_state(engine.model)
+        if state is not None and rank == 0:
             import torch
 
             from .._io import atomic_write
@@ -396,13 +396,6 @@ def record_status(directory: Path, status: dict[str, Any], error: BaseException)
     """Write ``status`` for the run in ``directory`` outside its run (a launcher's word on
     a failed process): as the run's own writer does, reserve and all."""
     RunFolder(directory)._write_status(status, error)
-
-
-def _sharded(engine: Any) -> Any:
-    """The run's sharded storage (the ``fsdp`` backend), or None."""
-    from ..checkpoint import sharded
-
-    return sharded.of(engine.model)
 
 
 def _signal_name(number: int) -> str:
