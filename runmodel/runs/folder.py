@@ -29,7 +29,6 @@ from typing import Any
 
 from .._io import read_json, write_json
 from ..core import Pack, RunResult, hook
-from ..packs.run_log import RunLog
 
 __all__ = ["RunFolder", "is_run", "is_script_run", "live_pid", "read_status", "start_record"]
 
@@ -95,6 +94,8 @@ class RunFolder(Pack):
                  ) -> None:
         self.directory = Path(directory)
         self.record = dict(record or {})
+        from ..packs.run_log import RunLog  # here: reading a run folder imports no torch
+
         self.log = RunLog(self.directory / "run.log")
         self.began = False  # whether this run claimed the folder (its setup hook ran)
         self._status: dict[str, Any] = {}
