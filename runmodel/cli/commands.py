@@ -47,16 +47,22 @@ def bad_input(*kinds: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except kinds as error:
-        message = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else error
-        raise UsageError(str(message)) from error
+        raise UsageError(str(error)) from error
 
 
-def _target(args: argparse.Namespace, source: str | None = None) -> Target:
-    """What the command names, with its ``--device``, ``--set`` and script arguments."""
+def _target(args: argparse.Namespace) -> Target:
+    """The SOURCE the command names, with its ``--device``, ``--set`` and script
+    arguments."""
     from ..runs.target import open_target
 
-    return open_target(source or args.source, device=getattr(args, "device", None),
-                       options=getattr(args, "options", ()), argv=getattr(args, "extra", ()))
+    return open_target(args.source, device=args.device, options=args.options, argv=args.extra)
+
+
+def _run_folder(args: argparse.Namespace) -> Target:
+    """The RUN_DIR the command names."""
+    from ..runs.target import open_run
+
+    return open_run(args.run_dir)
 
 
 def _packs(args: argparse.Namespace) -> tuple[Any, ...]:
@@ -170,7 +176,7 @@ def _check_config_launch(args: argparse.Namespace) -> None:
     from ..config.runconfig import load_config
     from ..runs.torchrun import with_backend
 
-    with bad_input(OSError, ValueError, TypeError, KeyError):
+    with bad_input(OSError, ValueError, TypeError):
         with_backend(load_config(args.source, args.options), args.backend)
 
 
@@ -243,7 +249,7 @@ def resume(args: argparse.Namespace) -> int:
     """``runmodel resume RUN_DIR``: its run continued; a run of several processes (or one
     of ``ddp``/``fsdp``) under torchrun again, in as many unless told otherwise."""
     with bad_input():
-        target = _target(args, args.run_dir)
+        target = _run_folder(args)
         if not launch.under_torchrun() and _relaunch(args, target):
             return _launch_config_run(args, "resume")
         result = target.resume(_request(args))
@@ -274,13 +280,15 @@ def evaluate(args: argparse.Namespace) -> int:
     """``runmodel eval|infer RUN_DIR``: the run's model with its chosen weights, on its
     data; eval adds its result to the run's eval.json, infer saves the outputs."""
     from ..runs.evaluate import choose_weights, record_eval
+    from ..runs.folder import is_run
     from ..runs.target import WithWeights
 
+    if not is_run(Path(args.run_dir)):
+        raise UsageError(f"{args.run_dir} is not a run folder (it has no config.json or "
+                         f"run.json); give a folder that `runmodel runs` lists")
     with bad_input():
-        target = _target(args, args.run_dir)
-        if target.directory is None:
-            raise UsageError(f"{args.run_dir} is not a run folder (it has no config.json or "
-                             f"run.json); give a folder that `runmodel runs` lists")
+        target = _run_folder(args)
+        assert target.directory is not None  # opened from a run folder
         run_dir = target.directory
         output = Path(args.output).resolve() if args.command == "infer" else None
         with bad_input(FileNotFoundError):
@@ -301,21 +309,20 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def _check_weights(weights: Path) -> None:
-    """A file given as weights that cannot be read (cut short, or no checkpoint at all)
-    is bad input: said in one line before the run."""
+    """A weights file that cannot be read (cut short, damaged, not a checkpoint) is bad
+    input: said in one line, in the checkpoint reader's words, before the run. (Read
+    memory-mapped, so a whole file costs no second read of its tensors.)"""
+    if weights.is_dir():  # a sharded checkpoint: read whole in the run
+        return
+    import torch
+
     from .. import checkpoint
 
-    if weights.is_dir():
-        return
-    with bad_input(ValueError, OSError, RuntimeError):
-        try:
-            checkpoint.read(weights)
-        except checkpoint.FormatError:
-            raise
-        except ValueError:  # no checkpoint: the weights alone (model.pt), read by torch
-            import torch
-
-            torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # what is wrong, said by the checkpoint reader
+        with bad_input(ValueError, OSError):
+            checkpoint.load(weights)
 
 
 def export(args: argparse.Namespace) -> int:

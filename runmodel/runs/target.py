@@ -47,12 +47,12 @@ from .config_run import (
     resume_dir,
 )
 from .evaluate import evaluate_model
-from .folder import is_run, is_script_run, read_status
+from .folder import is_script_run, read_status
 from .script import is_script, run_script
 
 __all__ = ["Action", "ConfigTarget", "Continue", "Describe", "Measure", "ModelTarget",
            "RunRequest", "ScriptTarget", "Target", "TargetError", "Train", "WithWeights",
-           "open_target", "words"]
+           "open_run", "open_target"]
 
 #: ``engine.run``'s keyword arguments as a source gives them (mode, steps, epochs,
 #: setup_options, backend, resume, run_dir).
@@ -64,7 +64,7 @@ class TargetError(ValueError):
 
 
 @contextlib.contextmanager
-def loading(source: str = "") -> Iterator[None]:
+def loading() -> Iterator[None]:
     """Around what reads and builds a target (a source, a config, a run folder, options):
     what goes wrong there is bad input, raised as one ``TargetError`` with the cause's
     words (a ``KeyError``'s without its quotes)."""
@@ -73,10 +73,10 @@ def loading(source: str = "") -> Iterator[None]:
     except TargetError:
         raise
     except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError) as error:
-        raise TargetError(words(error)) from error
+        raise TargetError(_words(error)) from error
 
 
-def words(error: BaseException) -> str:
+def _words(error: BaseException) -> str:
     """An error's message (a ``KeyError``'s without the quotes its ``str`` adds)."""
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
@@ -230,9 +230,9 @@ class Target(abc.ABC):
         text: str = self.run_with(Describe(self.source))
         return text
 
+    @abc.abstractmethod
     def run(self, request: RunRequest) -> RunResult:
         """``runmodel run``."""
-        raise TargetError(f"{self.source} is {self.what}, which `runmodel run` does not take")
 
     def resume(self, request: RunRequest) -> RunResult:
         """``runmodel resume``: the run of this target's folder, continued."""
@@ -437,19 +437,13 @@ def _arguments(**given: Any) -> Arguments:
 
 
 def _run_in_folder(prepared: PreparedRun) -> RunResult:
-    """A prepared config run, said where it runs (rank 0); Ctrl-C ends it as
-    ``KeyboardInterrupt`` (``runmodel.Interrupted``), after saying how to go on."""
+    """A prepared config run, said where it runs (by rank 0). Ctrl-C ends it as any run
+    ends: saved, its folder saying how to go on, ``runmodel.Interrupted`` raised."""
     if prepared.lead:
         print(f"run directory: {prepared.directory}"
               + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
               file=sys.stderr)
-    try:
-        return prepared.run()
-    except KeyboardInterrupt:
-        if prepared.lead:
-            print(f"runmodel: interrupted; continue it with `runmodel resume "
-                  f"{prepared.directory}`", file=sys.stderr, flush=True)
-        raise
+    return prepared.run()
 
 
 def _sharded(directory: Path) -> bool:
@@ -519,25 +513,22 @@ def _undeclared(pair: str, cls: type[Model], name: str, known: dict[str, dict[st
 def open_target(source: str, *, device: str | None = None, options: Sequence[str] = (),
                 argv: Sequence[str] = ()) -> Target:
     """The target ``source`` names: a config file (``options`` are its ``--set``
-    overrides, ``device`` one more), a run folder (config or script run), a script (run
-    with ``argv`` from here), or a model source (``device`` and ``options`` its own)."""
+    overrides, ``device`` one more), a run folder (``open_run``), a script (run with
+    ``argv`` from here), or a model source (``device`` and ``options`` its own)."""
+    if Path(source).is_dir():
+        return open_run(source)
     with loading():
-        return _opened(source, device, options, argv)
+        if is_config_file(source):
+            overrides = [*options, *([f"device={device!r}"] if device is not None else [])]
+            return ConfigTarget.of_file(source, overrides)
+        if is_script(source):
+            return ScriptTarget(source, argv, os.getcwd())
+        return ModelTarget(source, device, options)
 
 
-def _opened(source: str, device: str | None, options: Sequence[str], argv: Sequence[str]
-            ) -> Target:
-    path = Path(source)
-    if path.is_dir():
-        if not is_run(path):
-            raise TargetError(f"{source} is not a run folder (it has no config.json or run.json); "
-                              f"give a folder that `runmodel runs` lists")
-        directory = path.resolve()
-        return (ScriptTarget.of_run(directory) if is_script_run(directory)
-                else ConfigTarget.of_run(directory))
-    if is_config_file(source):
-        overrides = [*options, *([f"device={device!r}"] if device is not None else [])]
-        return ConfigTarget.of_file(source, overrides)
-    if is_script(source):
-        return ScriptTarget(source, argv, os.getcwd())
-    return ModelTarget(source, device, options)
+def open_run(directory: str | os.PathLike[str]) -> Target:
+    """The target of a run folder: a script run's (its script, as it was started), else
+    a config run's (its config; a folder that holds none says so)."""
+    with loading():
+        found = Path(directory).resolve()
+        return ScriptTarget.of_run(found) if is_script_run(found) else ConfigTarget.of_run(found)
