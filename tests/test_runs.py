@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -341,18 +340,6 @@ def test_the_checkpoint_folder_rules(tmp_path: Path, capsys: pytest.CaptureFixtu
     del old["engine"]["run"]
     torch.save(old, before[-1])
     assert engine.run(dropout_mlp(), epochs=2, resume="auto").steps == 8
-
-
-def test_runs_shows_the_steps_of_an_interrupted_run(tmp_path: Path) -> None:
-    run_dir = tmp_path / "runs" / "killed"
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"script": "/x/train.py", "argv": [],
-                                                  "epochs": 5}))
-    (run_dir / "status.json").write_text(json.dumps({"status": "running", "pid": 2 ** 22 + 7,
-                                                     "host": socket.gethostname()}))
-    (run_dir / "run.log").write_text("start train at epoch 0, step 0\nepoch 0 step 17 loss 1\n")
-    [listed] = list_runs(tmp_path / "runs")
-    assert (listed.status, listed.steps) == ("interrupted", 17)
 
 
 LINE = '''

@@ -41,7 +41,6 @@ from typing import Any
 from .._io import DiskFullError, read_json, write_json
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup
-from ..packs.run_log import RunLog
 
 __all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
            "read_status", "resolve", "start_record"]
@@ -168,6 +167,8 @@ class RunFolder(Pack):
         self.files = dict(files or {})
         self.extra = dict(status or {})
         self.claimed = claimed
+        from ..packs.run_log import RunLog  # here: reading a run folder imports no torch
+
         self.log = RunLog(self.directory / "run.log")
         self.began = False  # whether this run claimed the folder (its setup hook ran)
         self._status: dict[str, Any] = {}
