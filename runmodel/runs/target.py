@@ -370,6 +370,7 @@ class ConfigTarget(Target):
         with loading(), tempfile.TemporaryDirectory(prefix="runmodel-describe-") as folder:
             config = self._checked()
             prepared = prepare(config, directory=Path(folder) / "run", base=self.base)
+        prepared.engine.attach(prepared.folder)  # what a run attaches: its folder's writer
         return Describe(f"{self.source} (model {config.model.type_!r})")(
             prepared.engine, prepared.model, _arguments())
 
