@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -324,7 +325,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             directory: str | os.PathLike[str] | None = None, resume: bool = False,
             restart: bool = False, base: str | os.PathLike[str] = ".",
             engine: Engine | None = None, progress: bool = True,
-            packs: Sequence[Pack] = (), backend: str | None = None) -> PreparedRun:
+            packs: Sequence[Pack] = (), backend: str | None = None,
+            take_over: bool = False) -> PreparedRun:
     """Check and build everything ``config`` names, then claim its run directory
     (``directory``, or derived under ``root``; a new run creates it, so two runs of one
     config cannot both start there); nothing is written before that works.
@@ -333,7 +335,9 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     checkpoint and ``restart=True`` moves it aside (``NAME.old-TIME``) and starts anew;
     otherwise ``RunExists`` says so. ``base`` is where relative ``imports`` are found.
     ``progress=False`` leaves out the default progress display; ``packs`` are attached
-    too (``runmodel run --timer`` gives a Timer).
+    too (``runmodel run --timer`` gives a Timer). ``take_over=True`` claims the directory
+    whatever its status says (a sweep's trial retried for a machine that died in it):
+    it continues from the newest checkpoint there, else starts over and says so.
 
     Under torchrun the run takes the config's ``ddp`` or ``fsdp`` backend, else
     ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
@@ -352,7 +356,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     made += [make_pack(spec, directory=run_dir / spec.type_)
              for spec in (*config.packs, *defaults)]
     decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": _as_text(
-        _claim(run_dir, resume=resume, restart=restart))})
+        _claim(run_dir, resume=resume, restart=restart, take_over=take_over))})
     if Path(decision["directory"]).resolve() != run_dir.resolve():
         raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
                          f"(rank {torchrun.rank()}) would in {run_dir}: start every process "
@@ -372,10 +376,19 @@ def _as_text(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def _claim(run_dir: Path, *, resume: bool, restart: bool) -> Path | None:
+def _claim(run_dir: Path, *, resume: bool, restart: bool, take_over: bool = False
+           ) -> Path | None:
     """Claim ``run_dir`` for a new run, or find the checkpoint to continue its run from
-    (``resume``), or move its run aside (``restart``): see ``prepare``."""
+    (``resume``), or move its run aside (``restart``), or take it over: see ``prepare``."""
     checkpoint = None
+    if take_over and (run_dir / "config.json").exists():
+        found = checkpoint_sharded.all_checkpoints_in(run_dir)
+        if found:
+            return found[0].parent
+        print(f"runmodel: {run_dir} has no checkpoint to continue from (status "
+              f"{read_status(run_dir).get('status', 'unknown')}): starting over",
+              file=sys.stderr, flush=True)
+        shutil.rmtree(run_dir)
     if (run_dir / "config.json").exists():
         status = read_status(run_dir)
         if status.get("status") == "running" and (resume or restart):
