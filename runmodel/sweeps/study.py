@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import threading
+import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ DRIVERS = {"psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'",
 DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 #: Seconds a database connection may take before the server is called unreachable.
 CONNECT_TIMEOUT = 10
+#: Tries at making Optuna's tables, which machines starting together race for.
+TABLE_RACES = 5
 GRACE = 3  # a trial is stale once its last heartbeat is GRACE heartbeats old
 
 
@@ -85,10 +89,10 @@ def connect(spec: SweepSpec, folder: Path) -> Any:
     try:
         with _quiet():
             callback = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=RETRIES)
-            return optuna.storages.RDBStorage(
+            return _tables_made(lambda: optuna.storages.RDBStorage(
                 url, engine_kwargs={"connect_args": timeout},
                 heartbeat_interval=spec.heartbeat, grace_period=GRACE * spec.heartbeat,
-                **{named: callback})
+                **{named: callback}))
     except ImportError as error:
         module = _missing(error)
         raise SweepError(f"--storage {shown(url)}: its driver {module!r} is not installed: "
@@ -97,12 +101,32 @@ def connect(spec: SweepSpec, folder: Path) -> Any:
         raise SweepError(f"--storage {shown(url)}: {_first_line(error)}; write "
                          f"sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DATABASE or "
                          f"mysql://...") from None
-    except sqlalchemy.exc.DBAPIError as error:
+    except sqlalchemy.exc.OperationalError as error:
         where = ("check that its folder exists and can be written" if dialect == "sqlite" else
                  "check that the server runs and is reachable from here, and the user, "
                  "password and database name")
         raise SweepError(f"--storage {shown(url)}: cannot connect "
                          f"({_first_line(error.orig or error)}); {where}") from None
+    except sqlalchemy.exc.DBAPIError as error:
+        raise SweepError(f"--storage {shown(url)}: the database refused Optuna's tables "
+                         f"({_first_line(error.orig or error)}); check that the user may "
+                         f"create tables in it") from None
+
+
+def _tables_made(storage: Callable[[], Any]) -> Any:
+    """``storage()``, tried again where it lost the race for making Optuna's tables to
+    another machine starting on the same empty database."""
+    import sqlalchemy.exc
+
+    attempt = 1
+    while True:
+        try:
+            return storage()
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == TABLE_RACES:
+                raise
+            attempt += 1
+            time.sleep(0.5 + random.random())  # the other has made them by then
 
 
 def _missing(error: BaseException | None) -> str:
