@@ -240,8 +240,12 @@ class SweepStudy:
         return optuna.trial.Trial(self.study, self.trial_id(number))
 
     def set(self, number: int, key: str, value: Any) -> None:
-        """Set the user attribute ``key`` of trial ``number``."""
-        self.storage.set_trial_user_attr(self.trial_id(number), key, value)
+        """Set the user attribute ``key`` of trial ``number``, unless the trial has
+        ended (another sweep process failed it for a late heartbeat): then nothing."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        with contextlib.suppress(UpdateFinishedTrialError):
+            self.storage.set_trial_user_attr(self.trial_id(number), key, value)
 
     def ask(self, distributions: Mapping[str, Any]) -> int:
         """The number of a trial to run: a waiting one (a retried trial's copy) first,

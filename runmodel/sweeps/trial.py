@@ -54,12 +54,22 @@ class ReportToTrial(Pack):
         if engine.state.rank == 0:
             value = engine.state.metrics.get(self.metric)
             if value is not None:
-                self.trial.report(float(value), engine.state.epoch)
+                self._report(float(value), engine.state.epoch)
                 prune = self.trial.should_prune()
         if _several_processes():
             prune = _from_rank_0(prune)
         if prune:
             engine.stop(PRUNED)
+
+
+    def _report(self, value: float, epoch: int) -> None:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self.trial.report(value, epoch)
+        except UpdateFinishedTrialError:  # its values run again elsewhere, from this folder
+            raise RuntimeError(f"trial {self.trial.number} was failed by another sweep "
+                               f"process: its heartbeat came late") from None
 
 
 def _several_processes() -> bool:
