@@ -82,7 +82,11 @@ def connect(spec: SweepSpec, folder: Path) -> Any:
     import sqlalchemy.exc
 
     dialect = scheme.split("+")[0]
-    timeout = {"timeout": 60} if dialect == "sqlite" else {"connect_timeout": CONNECT_TIMEOUT}
+    # how long to wait for a busy SQLite file, or for a server to answer (the drivers of
+    # PostgreSQL and MySQL take connect_timeout; others keep their own)
+    timeout = {"sqlite": {"timeout": 60}, "postgresql": {"connect_timeout": CONNECT_TIMEOUT},
+               "mysql": {"connect_timeout": CONNECT_TIMEOUT},
+               "mariadb": {"connect_timeout": CONNECT_TIMEOUT}}.get(dialect, {})
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     # Optuna 4.9 renamed failed_trial_callback
     named = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
