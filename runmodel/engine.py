@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
+from .backends.distributed import env
 from .config.registry import Spec, make_backend
-from .core.state import current_rank
 from .models import declared_options
 from .modes import as_mode
 from .runs.interrupt import ctrl_c_finishes_the_step
@@ -209,7 +209,7 @@ class Engine(core.Engine):
         newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
                      key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
         if newest is None:
-            if current_rank() == 0:  # once, not once per process
+            if env.rank() == 0:  # once, not once per process
                 print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                       f"starting fresh", file=sys.stderr)
             return None

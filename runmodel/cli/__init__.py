@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..backends.distributed import env
+from ..backends.distributed.failures import record_failure
 from ..core.phases import MODES
 from ..core.state import refused_at_setup
 from ..runs import plot as plotting  # its module imports only the standard library
@@ -349,11 +351,11 @@ def _execute(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
 
         engine.attach(Progress())
     engine.attach(*_packs_asked_for(args))
-    distributed = args.command == "run" and launch.under_torchrun()
+    distributed = args.command == "run" and env.launched()
     result = engine.run(model, mode, steps=args.steps, epochs=getattr(args, "epochs", None),
                         setup_options=setup or None,
                         backend=(args.backend or "ddp") if distributed else None)
-    if not distributed or _rank() == 0:  # the processes of a ddp run have the same result
+    if not distributed or env.rank() == 0:  # the processes of a ddp run have the same result
         print(_json(result) if args.json else _summary(result))
     return EXIT_OK
 
@@ -529,10 +531,6 @@ def _launch_config_run(args: argparse.Namespace, argv: Sequence[str],
             os.environ.pop(LAUNCH_RECORD, None)
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 def _packs_asked_for(args: argparse.Namespace) -> list[Any]:
     from ..packs import Timer
 
@@ -610,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sweep(args)
     try:
         if args.command == "run" and args.backend and not (
-                launch.asked_for(args) or launch.under_torchrun()):
+                launch.asked_for(args) or env.launched()):
             raise UsageError(f"--backend {args.backend} picks the distributed backend of a run "
                              f"in several processes: add --nproc-per-node N (a config may name "
                              f"its backend itself: backend = {{type = \"{args.backend}\"}})")
@@ -622,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if source_file.endswith(".py") and not Path(source_file).is_file():
                 raise UsageError(f"{args.source}: no such file {source_file!r}")
             return launch.launch(args, argv)
-        if args.command == "resume" and not launch.under_torchrun() and _resume_launch(args):
+        if args.command == "resume" and not env.launched() and _resume_launch(args):
             return _launch_config_run(args, argv, "resume")
         return _execute(args, extra)
     except KeyboardInterrupt:
@@ -632,15 +630,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_BROKEN_PIPE
     except UsageError as error:
-        launch.record_error(error)
+        record_failure(error)
         if args.debug:
             traceback.print_exception(error.__cause__ or error)
         print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
         _print_hint(error)
         return EXIT_USAGE
     except Exception as error:
-        launch.record_error(error)  # a process torchrun started: for the launcher's report
-        where = f" [rank {_rank()}]" if launch.under_torchrun() else ""
+        record_failure(error)  # a process torchrun started: for the launcher's report
+        where = f" [rank {env.rank()}]" if env.launched() else ""
         if args.debug:
             traceback.print_exception(error)
         else:

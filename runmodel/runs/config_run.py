@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .._io import read_json, remove_stale, write_json
+from ..backends.distributed import env
 from ..checkpoint import sharded as checkpoint_sharded
 from ..config.registry import (
     Spec,
@@ -145,8 +146,8 @@ class PreparedRun:
                   "epochs": before.get("epochs", config.epochs),
                   "steps": before.get("steps", config.steps),
                   "extensions": before.get("extensions", [])}
-        if torchrun.launched():  # what `runmodel resume` relaunches with (1 process too)
-            status.update(torchrun.world(), backend=config.backend and config.backend.type_)
+        if env.launched():  # what `runmodel resume` relaunches with (1 process too)
+            status.update(env.launch_world(), backend=config.backend and config.backend.type_)
         if not lead:
             return self._follow(epochs, steps)
         write_json(run_dir / "status.json", status)
@@ -246,7 +247,7 @@ LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
 
 def _tell_launcher(run_dir: Path) -> None:
     path = os.environ.get(LAUNCH_RECORD)
-    if path and torchrun.distributed():
+    if path and env.several():
         with contextlib.suppress(OSError):
             Path(path).write_text(str(run_dir.resolve()))
 
@@ -339,7 +340,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
     tells the others (``torchrun.py``).
     """
-    if torchrun.distributed():
+    if env.several():
         config = torchrun.with_backend(config, backend)
     config, model, made_backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
@@ -355,7 +356,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         _claim(run_dir, resume=resume, restart=restart))})
     if Path(decision["directory"]).resolve() != run_dir.resolve():
         raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
-                         f"(rank {torchrun.rank()}) would in {run_dir}: start every process "
+                         f"(rank {env.rank()}) would in {run_dir}: start every process "
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
@@ -365,7 +366,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, run_dir, model, made_backend, engine, checkpoint, Path(base),
-                       lead=torchrun.rank() == 0)
+                       lead=env.rank() == 0)
 
 
 def _as_text(path: Path | None) -> str | None:

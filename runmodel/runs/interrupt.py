@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..backends.distributed import env
+
 __all__ = ["IgnoreCtrlC", "ctrl_c_finishes_the_step"]
 
 
@@ -34,7 +36,7 @@ def ctrl_c_finishes_the_step(engine: Any) -> Iterator[Callable[[Any], None] | No
     meets "worker exited unexpectedly"."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-            or int(os.environ.get("WORLD_SIZE", "1")) > 1):  # ddp ranks must stop together
+            or env.several()):  # the processes of a ddp run must stop together
         yield None
         return
     owner = os.getpid()

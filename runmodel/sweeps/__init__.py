@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json, write_json
+from ..backends.distributed import env
 from ..checkpoint.sharded import all_checkpoints_in
 from ..config.registry import Spec, registries
 from ..config.runconfig import (
@@ -46,7 +47,7 @@ from ..config.runconfig import (
 )
 from ..core import Hook, HookOptions, Pack, RunResult, hook
 from ..extras import require
-from ..runs import INTERRUPTED, prepare, read_status, run_dir_for, torchrun
+from ..runs import INTERRUPTED, prepare, read_status, run_dir_for
 from ..runs.config_run import import_sources
 from ..runs.torchrun import with_backend
 
@@ -436,25 +437,8 @@ class ReportToTrial(Pack):
             if value is not None:
                 self.trial.report(float(value), engine.state.epoch)
                 prune = self.trial.should_prune()
-        if _several_processes():
-            prune = _from_rank_0(prune)
-        if prune:
+        if env.broadcast_from_0(prune):
             engine.stop(PRUNED)
-
-
-def _several_processes() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _from_rank_0(value: bool) -> bool:
-    """Rank 0's ``value``, on every process of the run's process group."""
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
 
 
 def _run_trial(job: dict[str, Any]) -> int:
@@ -469,7 +453,7 @@ def _run_trial(job: dict[str, Any]) -> int:
     study = _study(spec, folder, create=False)
     trial = optuna.trial.Trial(study, job["trial_id"])
     # a trial in several processes (torchrun): rank 0 alone tells the study
-    lead = torchrun.rank() == 0
+    lead = env.rank() == 0
     if lead:
         study._storage.set_trial_user_attr(trial._trial_id, "owner", _owner())
     number = trial.number
@@ -494,7 +478,7 @@ def _run_trial(job: dict[str, Any]) -> int:
     except Exception as error:
         text = f"{type(error).__name__}: {error}"
         if not lead:
-            print(f"trial {number} [rank {torchrun.rank()}] failed: {text}", file=sys.stderr,
+            print(f"trial {number} [rank {env.rank()}] failed: {text}", file=sys.stderr,
                   flush=True)
             return 1
         study._storage.set_trial_user_attr(trial._trial_id, "error", text)
