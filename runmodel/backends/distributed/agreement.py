@@ -91,19 +91,19 @@ class EndAgreement:
         # a training step all-reduces, so the processes end at the same step; an eval or
         # infer run deals the data out with a batch more on some processes, so there they
         # have the epoch in common, not the step
-        where = _position if state.kind == "train" else _epoch
-        here = where(self._last)
+        at = _position if state.kind == "train" else _epoch
+        here = at(self._last)
         rank = env.rank()
         others = [r for r in range(env.world_size()) if r != rank]
         deadline = time.monotonic() + self.timeout
         while True:
             marks = {r: self._read(r) for r in others}
             behind = [r for r, m in marks.items()
-                      if m is None or m[0] not in kinds or where(m) != here]
+                      if m is None or m[0] not in kinds or at(m) != here]
             if not behind:
                 return
             if time.monotonic() >= deadline or any(
-                    m is not None and where(m) > here for m in marks.values()):
+                    m is not None and at(m) > here for m in marks.values()):
                 break
             time.sleep(0.01)
         where = ", ".join(f"rank {r} " + _where(marks[r]) for r in behind)
