@@ -97,7 +97,9 @@ MODEL = with_child_net(textwrap.dedent('''
 
 RESUME = textwrap.dedent('''
     """Started by torchrun itself: resume the straight run from a checkpoint (a path), or
-    a run in this folder from its newest one ("auto")."""
+    a run in this folder from its newest one ("auto"); then, in the same script, an eval
+    run of the trained model."""
+    import json
     import os
     import sys
 
@@ -111,8 +113,11 @@ RESUME = textwrap.dedent('''
     model = Net()
     torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
     result = engine.run(model, epochs=3, backend="ddp", resume=sys.argv[1])
+    evaluated = runmodel.Engine().run(model, mode="eval", backend="ddp")
     if os.environ["RANK"] == "0":
         print(f"resumed: {result.ended} after {result.steps} steps")
+        print("then evaluated:", json.dumps({"metrics": evaluated.metrics,
+                                             "module": type(model.module).__name__}))
 ''')
 
 
@@ -386,6 +391,20 @@ def test_a_checkpoint_of_the_two_process_run_resumes_to_the_same_weights(runs: R
         assert torch.equal(resumed[name], value), name
     log = (runs.straight_dir / "resumed" / "run.log").read_text().splitlines()
     assert "start train: 1 epoch, 10 steps done" in log[0]
+
+
+def test_after_the_run_the_same_script_evaluates_the_trained_model(runs: Runs) -> None:
+    """The process group the backend made lives on after the run: the script's eval run
+    (``backend="ddp"`` again) wraps the module for its own run only and gives the metrics
+    of the whole eval set, those the straight run's last evaluation had (the resumed
+    run's weights are the straight run's, bit for bit)."""
+    _, out, _, _ = runs.resumed()
+    line = next(line for line in out.splitlines() if line.startswith("then evaluated: "))
+    after = json.loads(line.removeprefix("then evaluated: "))
+    assert after["module"] == "Sequential"  # the model's own module back, not wrapped
+    trained = json.loads(runs.straight()[1])["metrics"]
+    assert after["metrics"]["accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-9)
+    assert after["metrics"]["loss"] == pytest.approx(trained["eval_loss"], rel=1e-6)
 
 
 # -- failures -------------------------------------------------------------------------------
