@@ -170,6 +170,7 @@ class PreparedRun:
                 result = self.engine.run(self.model, mode=config.mode, steps=steps,
                                          epochs=epochs, backend=self.backend,
                                          resume=self.checkpoint)
+            env.end_distributed()  # rank 0's work after the run (eval metrics, export) is its own
             if result.reason == INTERRUPTED:
                 status.update(status="interrupted", ended=time.time(), error=INTERRUPTED)
                 write_json(run_dir / "status.json", status)
