@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json, write_json
+from ..backends.distributed import env
 from ..core import Hook, HookOptions, Pack
-from ..runs import prepare, read_status, run_dir_for, torchrun
+from ..runs import prepare, read_status, run_dir_for
 from .spec import SweepSpec, close_to, trial_config
 from .study import SweepStudy
 
@@ -56,8 +57,7 @@ class ReportToTrial(Pack):
             if value is not None:
                 self._report(float(value), engine.state.epoch)
                 prune = self.trial.should_prune()
-        if _several_processes():
-            prune = _from_rank_0(prune)
+        prune = env.broadcast_from_0(prune)
         if prune:
             engine.stop(PRUNED)
 
@@ -70,21 +70,6 @@ class ReportToTrial(Pack):
         except UpdateFinishedTrialError:  # its values run again elsewhere, from this folder
             raise RuntimeError(f"trial {self.trial.number} was failed by another sweep "
                                f"process: its heartbeat came late") from None
-
-
-def _several_processes() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _from_rank_0(value: bool) -> bool:
-    """Rank 0's ``value``, on every process of the run's process group."""
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
 
 
 def stop_with_parent(parent: int | None) -> None:
@@ -121,12 +106,12 @@ def main(job: Mapping[str, Any]) -> int:
 
     # a trial in several processes: torchrun's agent is the ranks' parent (it stops them
     # when it gets the SIGINT)
-    stop_with_parent(job.get("parent") if not torchrun.launched() else None)
+    stop_with_parent(job.get("parent") if not env.launched() else None)
     spec = SweepSpec.from_job(job["spec"])
     folder = Path(job["folder"])
     number = job["number"]
     # a trial in several processes (torchrun): rank 0 alone tells the study
-    lead = torchrun.rank() == 0
+    lead = env.rank() == 0
     study = SweepStudy.open(spec, folder)
     trial = study.live(number)
     if lead:
@@ -148,7 +133,7 @@ def main(job: Mapping[str, Any]) -> int:
     except Exception as error:
         text = f"{type(error).__name__}: {error}"
         if not lead:
-            print(f"trial {number} [rank {torchrun.rank()}] failed: {text}", file=sys.stderr,
+            print(f"trial {number} [rank {env.rank()}] failed: {text}", file=sys.stderr,
                   flush=True)
             return 1
         study.set(number, "error", text)
@@ -157,8 +142,6 @@ def main(job: Mapping[str, Any]) -> int:
         return 1
     if not lead:
         return 0
-    if str(result.reason or "").startswith("interrupted"):  # until Ctrl-C raises in every run
-        return 130
     return tell(study, number, result.reason, result.metrics, spec.metric, prepared.directory)
 
 
