@@ -42,13 +42,17 @@ from .._io import DiskFullError, read_json, write_json
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup
 
-__all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
-           "read_status", "resolve", "start_record"]
+__all__ = ["COMMAND_KINDS", "INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run",
+           "live_pid", "read_status", "resolve", "start_record"]
 
 STATUS, RECORD, METRICS, CONFIG, MODEL = (
     "status.json", "run.json", "metrics.json", "config.json", "model.pt")
 #: A run ended by one of these can be continued: it stopped on its own path and saved.
 INTERRUPTS = ("interrupted", "preempted")
+#: The kinds of run (``run.json``'s ``kind``) that the ``runmodel`` command starts in a
+#: folder it derives (from a config, or a model source): ``runmodel resume`` continues
+#: them, ``--restart`` starts them again.
+COMMAND_KINDS = {"config": "config", "source": "model source"}
 #: Freed by a status write that meets a full disk, so that the status is always written.
 RESERVE, RESERVE_BYTES = ".runmodel-reserve", 64 * 1024
 #: How much of a failure's traceback the status keeps.
@@ -203,8 +207,9 @@ class RunFolder(Pack):
                 f"run_dir), or {self._elsewhere()}")
         held = read_json(self.directory / RECORD).get("id") or status.get("run")
         now = read_status(self.directory).get("status", "unknown")
-        if self.kind == "config":
-            raise RunExists(f"{self.directory} holds a run of this config already (status: "
+        if self.kind in COMMAND_KINDS:
+            raise RunExists(f"{self.directory} holds a run of this "
+                            f"{COMMAND_KINDS[self.kind]} already (status: "
                             f"{now}); continue it with `runmodel resume {self.directory}` (or "
                             f"--resume), or start again with --restart (the old run is kept "
                             f"beside it)")
@@ -214,7 +219,7 @@ class RunFolder(Pack):
                         f"this run another run_dir")
 
     def _elsewhere(self) -> str:
-        return ("wait for it to end" if self.kind == "config"
+        return ("wait for it to end" if self.kind in COMMAND_KINDS
                 else "give this run another run_dir")
 
     def move_aside(self) -> Path:
