@@ -11,10 +11,11 @@ from typing import Any
 
 from .._io import read_json, write_json
 from ..checkpoint.export import model_state
+from ..checkpoint.format import run_of
 from ..checkpoint.names import is_checkpoint
 from ..core import RunResult
 from ..engine import Engine
-from .folder import read_status
+from .folder import read_status, resolve
 
 __all__ = ["choose_weights", "evaluate_model", "record_eval"]
 
@@ -24,12 +25,18 @@ WHICH = ("best", "last")
 def choose_weights(run_dir: Path, which: str | None = None) -> Path:
     """The weights to use: ``which`` is ``"best"``, ``"last"``, a file, or None (the best
     checkpoint if there is one, else the last, else the final weights ``model.pt``). A
-    checkpoint may be a sharded one's folder (an ``fsdp`` run's)."""
+    checkpoint may be a sharded one's folder (an ``fsdp`` run's).
+
+    The run's files name checkpoints relative to its folder, so a folder that was moved,
+    copied or moved aside (``--restart``) uses its own; a checkpoint whose run record
+    names another run than the folder's is never used (a folder written before paths
+    were relative names the place it was started in, which may hold another run now)."""
     files = {**read_json(run_dir / "metrics.json").get("files", {}),
              **read_status(run_dir).get("files", {})}
-    best = _existing(run_dir, files.get("best_checkpoint")) or _newest(run_dir, "best-*.pt")
-    last = _existing(run_dir, files.get("last_checkpoint")) or _newest(run_dir, "ckpt-*.pt") or (
-        _newest(run_dir, "ckpt-*"))
+    run = read_json(run_dir / "run.json").get("id")
+    best = _existing(run_dir, files.get("best_checkpoint"), run) or _newest(run_dir, "best-*.pt")
+    last = _existing(run_dir, files.get("last_checkpoint"), run) or _newest(
+        run_dir, "ckpt-*.pt") or _newest(run_dir, "ckpt-*")
     if which == "best":
         if best is None:
             raise FileNotFoundError(f"{run_dir} has no best checkpoint (its Checkpoint pack had "
@@ -46,6 +53,10 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
         if not _usable(path):
             raise FileNotFoundError(f"--checkpoint {which}: no such file (give best, last, or "
                                     f"a checkpoint file)")
+        if not _of_run(path, run):
+            raise FileNotFoundError(f"--checkpoint {which}: a checkpoint of run "
+                                    f"{(run_of(path) or {}).get('id')}, and {run_dir} holds run "
+                                    f"{run}: give one of its own checkpoints")
         return path
     for found in (best, last, run_dir / "model.pt"):
         if found is not None and _usable(found):
@@ -54,13 +65,23 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
                             f"model.pt (did the run finish an epoch?)")
 
 
-def _existing(run_dir: Path, name: str | None) -> Path | None:
+def _existing(run_dir: Path, name: str | None, run: str | None) -> Path | None:
+    """The checkpoint the run's files name: relative to its folder, else (written
+    before) as named, else by its name in the folder's ``checkpoint/``; one of the run
+    ``run``."""
     if not name:
         return None
-    for path in (Path(name), run_dir / name, run_dir / "checkpoint" / Path(name).name):
-        if _usable(path):
+    for path in (resolve(run_dir, name), Path(name), run_dir / "checkpoint" / Path(name).name):
+        if path is not None and _usable(path) and _of_run(path, run):
             return path
     return None
+
+
+def _of_run(path: Path, run: str | None) -> bool:
+    """Whether the checkpoint at ``path`` belongs to run ``run`` (its record says so, or
+    one of them does not say)."""
+    held = (run_of(path) or {}).get("id")
+    return run is None or held is None or held == run
 
 
 def _usable(path: Path) -> bool:
