@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from .. import __version__
 from ..core.phases import MODES
 from ..runs import plot as plotting  # its module imports only the standard library
+from ..runs.interrupt import signal_number
 from . import commands, launch
 
 if TYPE_CHECKING:
@@ -40,6 +42,28 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
+
+
+def _signal(text: str) -> int:
+    """A signal that can preempt a run: a name (SIGUSR1, USR1) or a number."""
+    try:
+        found = signal_number(int(text) if text.isdigit() else text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if found in (signal.SIGKILL, signal.SIGSTOP):
+        raise argparse.ArgumentTypeError(f"{found.name} cannot be caught: nothing can save "
+                                         f"before it ends the process")
+    if found == signal.SIGINT:
+        raise argparse.ArgumentTypeError("SIGINT (Ctrl-C) interrupts every run already")
+    return int(found)
+
+
+def _preemption(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--preempt-signal", dest="preempt_signals", action="append",
+                     type=_signal, default=[], metavar="SIG",
+                     help="a signal that preempts the run as SIGTERM does (repeatable): it "
+                     "stops after its step, saves and exits 128 + the signal's number; "
+                     "SIGUSR1 is what SLURM's --signal sends (docs/preemption.md)")
 
 
 def _names(text: str) -> list[str]:
@@ -92,11 +116,18 @@ def _run(subcommands: Subcommands) -> None:
     _json(run)
     run.add_argument("--no-progress", dest="progress", action="store_false",
                      help="no progress bar (or line per epoch) while training")
-    run.add_argument("--runs-dir", default="runs", help="where config runs' directories go")
+    run.add_argument("--seed", type=_count, help="seed Python's, torch's and numpy's "
+                     "generators first (default: a config's seed; 0 for a model source's "
+                     "train run)")
+    run.add_argument("--runs-dir", default="runs", help="where the run folders of configs and "
+                     "of model sources' train runs go (default: runs)")
     run.add_argument("--resume", action="store_true",
-                     help="a config whose run exists: continue it from its newest checkpoint")
+                     help="a config or model source whose run exists: continue it from its "
+                     "newest checkpoint")
     run.add_argument("--restart", action="store_true",
-                     help="a config whose run exists: move that run aside and start again")
+                     help="a config or model source whose run exists: move that run aside "
+                     "and start again")
+    _preemption(run)
     run.add_argument("--backend", choices=("ddp", "fsdp"),
                      help="with --nproc-per-node: ddp (default) or fsdp (sharded parameters, "
                      "gradients and optimizer state); a config's own ddp or fsdp backend "
@@ -130,8 +161,9 @@ def _describe(subcommands: Subcommands) -> None:
 
 
 def _runs(subcommands: Subcommands) -> None:
-    runs = _subcommand(subcommands, "runs", "list config runs: what differs, metrics, status",
-                       commands.runs, "list the runs under DIR (config and script runs): "
+    runs = _subcommand(subcommands, "runs", "list runs: what differs, metrics, status",
+                       commands.runs, "list the runs under DIR (of configs, model sources and "
+                       "scripts): "
                        "status, the config values that differ, steps and final metrics; wide "
                        "columns are folded to the terminal's width")
     runs.add_argument("dir", nargs="?", default="runs", help="default: runs")
@@ -143,8 +175,8 @@ def _runs(subcommands: Subcommands) -> None:
 
 def _resume(subcommands: Subcommands) -> None:
     resume = _subcommand(subcommands, "resume", "continue a run from its checkpoint",
-                         commands.resume, "continue a run (config or script run) from its "
-                         "newest checkpoint; --epochs/--steps extend it")
+                         commands.resume, "continue a run (of a config, a model source or a "
+                         "script) from its newest checkpoint; --epochs/--steps extend it")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--epochs", type=_count, help="the run's length in epochs, from its "
                         "start (more than it has: an extension)")
@@ -152,6 +184,7 @@ def _resume(subcommands: Subcommands) -> None:
     _json(resume)
     resume.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar (or line per epoch)")
+    _preemption(resume)
     _debug(resume)
     launch.add_arguments(resume, "a config run that ran in several processes starts again in "
                          "as many (recorded in its folder); these options must agree with that")
@@ -217,6 +250,9 @@ def _sweep(subcommands: Subcommands) -> None:
                        help="each trial a run in N processes on this machine (torchrun; the "
                        "ddp backend, or the config's own ddp or fsdp); default: one process")
     sweep.add_argument("--runs-dir", default="runs", help="the sweep's folder goes here")
+    sweep.add_argument("--heartbeat", type=_count, metavar="SECONDS", help="seconds between "
+                       "a running trial's heartbeats in a database storage (default: the "
+                       "config's [sweep] heartbeat, else 60)")
     sweep.add_argument("--set", dest="options", action="append", default=[],
                        metavar="KEY=VALUE", help="a config value for every trial (repeatable)")
     _debug(sweep)
