@@ -59,6 +59,7 @@ MODEL = with_child_net(textwrap.dedent('''
 
 
     def configure(engine, out="."):
+        out = os.path.abspath(out)  # here, not in the run folder `runmodel run` gives it
         rank = os.environ.get("RANK", "?")
         os.makedirs(out, exist_ok=True)
         if os.environ.get("FAIL_AT_STEP"):  # (the packs' imports cost seconds)
@@ -75,8 +76,8 @@ MODEL = with_child_net(textwrap.dedent('''
 
             engine.attach(Evaluate(), Checkpoint(f"{out}/ckpt", every="5st", keep=None),
                           RunLog(f"{out}/run.log"))
-            if out == ".":  # the straight run
-                engine.attach(TensorBoard("tb"))
+            if out == os.getcwd():  # the straight run
+                engine.attach(TensorBoard(f"{out}/tb"))
 
         @engine.on("setup")
         def every_rank(engine):
@@ -162,6 +163,9 @@ class Runs:
         self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
         self._killed = launch(cli, self.killed_dir, KILL_AT_STEP="12")
         self._cache: dict[str, Any] = {}
+        # awaited from the start: the time it ended is when it exited, not when a test asks
+        self._killed_waiter = threading.Thread(target=self._await_killed, daemon=True)
+        self._killed_waiter.start()
         self._resume: subprocess.Popen[str] | None = None
         self._resume_starter = threading.Thread(target=self._start_resume, daemon=True)
         self._resume_starter.start()
@@ -193,12 +197,16 @@ class Runs:
         result: tuple[int, str, str, float] = self._cache["failing"]
         return result
 
+    def _await_killed(self) -> None:
+        self._cache["killed_finished"] = finish(self._killed)
+        self._cache["killed_ended"] = time.time()  # communicate() returned at its exit
+
     def killed(self) -> tuple[int, str, str, float]:
         """Rank 1 SIGKILLed at step 12 (after the step-10 checkpoint), then the run
         resumed in the same folder with resume="auto": the launch that was killed."""
         if "killed" not in self._cache:
-            self._cache["killed"] = finish(self._killed)
-            self._cache["killed_ended"] = time.time()  # communicate() returned at its exit
+            self._killed_waiter.join()
+            self._cache["killed"] = self._cache["killed_finished"]
             self._cache["killed_checkpoints"] = [
                 c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))]
             path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
@@ -226,10 +234,13 @@ class Runs:
 
     def close(self) -> None:
         self._resume_starter.join()
-        for process in (self._straight, self._failing, self._killed, self._resume):
+        for process in (self._straight, self._failing, self._resume):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
+        if self._killed.poll() is None:
+            os.killpg(self._killed.pid, signal.SIGKILL)
+        self._killed_waiter.join()  # it communicates with the killed launch
 
 
 @pytest.fixture(scope="module")

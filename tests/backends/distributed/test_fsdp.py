@@ -78,6 +78,7 @@ MODEL = with_child_net(textwrap.dedent('''
 
 
     def configure(engine, out="."):
+        out = os.path.abspath(out)  # here, not in the run folder `runmodel run` gives it
         os.makedirs(out, exist_ok=True)
         what = os.environ.get("FSDP_TEST", "")
         if what == "killed":
