@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -105,8 +106,12 @@ class Progress(Pack):
             return
         total = f"/{s.max_epochs}" if s.max_epochs is not None else ""
         elapsed = time.monotonic() - self._epoch_began
-        print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
-              f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
+        # a closed output (`| tee` ended by the Ctrl-C that stops the run) costs this line,
+        # never the run: the epoch's end still saves and records its status
+        with contextlib.suppress(OSError, ValueError):
+            print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}"
+                  f"{_loss_text(s.loss)}{metrics}  ({elapsed:.2f}s)", file=self.stream,
+                  flush=True)
 
     def teardown(self, engine: Any) -> None:
         if self.bar is not None:  # an error ended the epoch
