@@ -159,10 +159,11 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
         [*torchrun_arguments(args), *preemption_arguments(args), "-m", "runmodel", *argv])
     try:
         run(options)  # not torch.distributed.run.main, which prints its own report
-    except SignalException as stopped:  # the processes had it too, and saved where they could
+    except SignalException as stopped:  # torchrun handed it on to the processes
         number = int(stopped.sigval)
-        say(f"runmodel {command}: {signal.Signals(number).name}: the run's processes were "
-            f"stopped (each saves after its step, as the run's Checkpoint pack does)")
+        say(f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
+            f"the run's processes, which stop after a step and save ("
+            f"{preemption_arguments(args)[-1]} s before torchrun ends them with SIGKILL)")
         return 128 + number
     except ChildFailedError as failed:
         rank, text = first_failure(failed)
