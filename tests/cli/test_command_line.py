@@ -30,7 +30,8 @@ import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # seconds, for any one command (they take 2 to 20 s)
-ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100",
+       "OMP_NUM_THREADS": "1"}  # two spinning threads a command, on 2 shared cores: slow
 RUNMODEL = (sys.executable, "-m", "runmodel")
 
 #: Logits = scale * one_hot(y): right by construction, so eval's metrics are known exactly.
