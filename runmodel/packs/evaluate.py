@@ -102,7 +102,8 @@ class Evaluate(Pack):
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
         model: TorchModel = engine.model  # typed: mypy checks that it is Evaluable
-        values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
+        # fires eval_start and eval_end; leaves the generators as they were
+        values = evaluate(model, self.data, self._metrics, engine=engine)
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)
         return self.last
