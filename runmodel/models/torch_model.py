@@ -130,7 +130,7 @@ class TorchModel(Model):
     def run(self, runstep: RunStep, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
         data = self.data_for(runstep.kind)
         move = None if self.device.type == "cpu" else self.to_device
-        check = self._batch_check(runstep.kind)
+        check = None if _step_overridden(runstep) else self._batch_check(runstep.kind)
         for _ in runstep.epochs():
             batches = iter(data)
             for batch in batches:  # the epoch's first batch, checked; then the rest
@@ -224,6 +224,14 @@ def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:
         flag = flags.get(name)
         if flag is not None and p.requires_grad != flag:
             p.requires_grad_(bool(flag))
+
+
+def _step_overridden(runstep: RunStep) -> bool:
+    """Whether an override of ``runstep`` or ``forward`` applies to the run: a step of
+    its own, which reads the batch its own way."""
+    overrides = getattr(getattr(runstep.engine, "table", None), "overrides", {})
+    return any(o.options.modes is None or runstep.mode in o.options.modes
+               for phase in ("runstep", "forward") for o in overrides.get(phase, ()))
 
 
 def _inherited(model: TorchModel, name: str) -> bool:

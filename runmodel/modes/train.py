@@ -40,7 +40,7 @@ class Train(Mode):
     def plan(self, engine: Engine, model: Any) -> StepPlan:
         plan = train_plan(engine, model)
         if engine.resumed_from is not None:
-            _say_past_once_hooks(engine)
+            plan.before.setdefault("epoch_start", []).insert(0, _PastOnceHooks().say)
         return plan
 
 
@@ -59,10 +59,17 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
         model.module.train()
         closure = model.optimizer is not None and needs_closure(model.optimizer)
         plan = (_closure_plan if closure else _phased_plan)(engine, model, interface)
-    if engine.state.mode == "train" and EPOCH_LOSS in declared_reads(
-            engine.table, engine.state.mode, engine.state.rank):
+    if engine.state.mode == "train" and _loss_read(engine):
         _add_epoch_loss(plan)
     return plan
+
+
+def _loss_read(engine: Engine) -> bool:
+    """Whether a hook or pack of the run declares reading the ``loss`` metric."""
+    try:
+        return EPOCH_LOSS in declared_reads(engine.table, engine.state.mode, engine.state.rank)
+    except TypeError:  # a malformed declaration: the setup-time check refuses it
+        return False
 
 
 def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
@@ -221,17 +228,35 @@ def _add_epoch_loss(plan: StepPlan) -> None:
 
 # -- resuming --------------------------------------------------------------------------------
 
-def _say_past_once_hooks(engine: Engine) -> None:
+class _PastOnceHooks:
     """At a resume, one line on stderr (rank 0) naming the ``once=`` hooks of the setup
     and epoch phases that this run will not fire: their moment came before the
-    checkpoint (what they did to the model is in it: weights, ``requires_grad``)."""
-    state = engine.state
-    past = past_once_hooks(engine.table, state, ("setup", "epoch_start", "epoch_end"))
-    if past and state.rank == 0:
-        names = ", ".join(f"{h.name!r} ({h.phase}, once={h.options.once})" for h in past)
-        print(f"runmodel: resumed at epoch {state.epoch}, step {state.step}; the moment of "
-              f"these once= hooks is past, so this run does not fire them: {names}",
-              file=sys.stderr)
+    checkpoint (what they did to the model is in it: weights, ``requires_grad``). Said
+    at the resumed run's first ``epoch_start``, before its hooks, where the counters say
+    whether the run goes on in the middle of an epoch or at the start of the next."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def say(self, engine: Engine) -> None:
+        if self.said:
+            return
+        self.said = True
+        state = engine.state
+        past = past_once_hooks(engine.table, state, ("setup", "epoch_start", "epoch_end"))
+        if past and state.rank == 0:
+            names = ", ".join(f"{h.name!r} ({h.phase}, once={_as_written(h.options.once)})"
+                              for h in past)
+            print(f"runmodel: resumed at epoch {state.epoch}, step {state.step}; the moment "
+                  f"of these once= hooks is past, so this run does not fire them: {names}",
+                  file=sys.stderr)
+
+
+def _as_written(once: Any) -> str:
+    """A ``once=`` position as it was written: ``2``, ``'2ep'``, ``True``."""
+    if once.text == "first":
+        return "True"
+    return once.text if once.unit == "own" else repr(once.text)
 
 
 def _interface_step(model: Any, interface: Any) -> Any:

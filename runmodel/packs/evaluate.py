@@ -28,8 +28,10 @@ class Evaluate(Pack):
 
     From there TensorBoard logs them at epoch ends, a config run's metrics.json has them,
     and ``EarlyStopping``/``LRSchedule(metric=)`` read them. The random number generators
-    are put back after each evaluation, so evaluating does not change the training. Runs
-    in the modes ``modes`` names (train only by default).
+    are put back after each evaluation, so evaluating does not change the training. Each
+    pass fires the run's ``eval_start`` and ``eval_end`` phases around it (a model with
+    state that runs on from batch to batch starts it afresh there), and sums its loss in
+    double precision. Runs in the modes ``modes`` names (train only by default).
     """
 
     name = "evaluate"

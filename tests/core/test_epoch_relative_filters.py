@@ -5,6 +5,7 @@ script's ``if (batch + 1) % N == 0`` inside its epoch loop does."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,35 @@ def test_only_step_phases_count_steps_of_the_epoch_and_it_is_no_position() -> No
             def eval_start(self, engine: runmodel.Engine) -> None: ...
     engine.on("optimizer_step", lambda e: None, every="2est")
     assert "every=2est" in engine.describe()
+
+
+# -- once= positions at a resume ---------------------------------------------------------------
+
+@pytest.mark.parametrize("cut", [{"epochs": 2}, {"steps": 6}])  # at an epoch's end, mid-epoch
+@pytest.mark.parametrize(("phase", "once"), [
+    ("epoch_start", 0), ("epoch_start", 1), ("epoch_start", 2), ("epoch_start", "1ep"),
+    ("epoch_end", 0), ("epoch_end", 1), ("epoch_end", 2), ("epoch_start", "4st"),
+    ("epoch_end", "5st"), ("epoch_end", "9st"), ("setup", True), ("runstep", 5),
+    ("runstep", 9), ("step_start", "2ep"), ("step_start", "1ep")])
+def test_a_once_hook_is_past_at_a_resume_exactly_when_the_resumed_run_skips_it(
+        tmp_path: Path, cut: dict[str, int], phase: str, once: object) -> None:
+    """``moment_past`` (what a resumed train run names on stderr) agrees with the filter:
+    of the hooks a straight run of 3 epochs of 4 steps fires, those past at a resume
+    (after epoch 2, or at step 6) are the ones the resumed run does not fire."""
+    from runmodel.core.filters import moment_past
+    from runmodel.core.options import parse_duration
+
+    def run(engine: runmodel.Engine, **options: Any) -> list[int]:
+        fired: list[int] = []
+        engine.on(phase, lambda e: fired.append(e.state.step), once=once)  # type: ignore[arg-type]
+        engine.run(Tiny(batches=4), **options)
+        return fired
+
+    assert run(runmodel.Engine(), epochs=3)  # the straight run fires it
+    run(runmodel.Engine(Checkpoint(tmp_path)), **cut)
+    resumed = runmodel.Engine(Checkpoint(tmp_path))
+    past: list[bool] = []  # asked where a resumed run asks: its first epoch_start
+    resumed.on("epoch_start", lambda e: past.append(moment_past(
+        phase, parse_duration(once, "once"), e.state)), priority=1e9)  # type: ignore[arg-type]
+    fired = run(resumed, epochs=3, resume=tmp_path)
+    assert resumed.state.step == 12 and past[:1] == [fired == []]

@@ -53,6 +53,15 @@ def test_infer_mode_reads_the_input_alone() -> None:
     assert len(engine.run(model, "infer").outputs) == 2  # (x,) batches: [0] is there
 
 
+def test_a_step_of_its_own_reads_the_batches_its_own_way() -> None:
+    engine, model, _ = with_data([X[:8], X[8:]])  # bare tensors, for the override
+    engine.override("runstep", lambda e, default: e.model.module(e.state.batch).sum(),
+                    modes="train")
+    assert engine.run(model, epochs=1).steps == 2
+    with pytest.raises(TypeError, match=r"Model's eval data yields bare tensors"):
+        engine.run(model, "eval")  # the override is the train step's only
+
+
 def test_a_model_that_reads_its_batches_itself_is_left_alone() -> None:
     class Dicts(Tiny):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:

@@ -46,6 +46,8 @@ def test_a_run_resumed_after_the_unfreezing_trains_what_the_straight_run_trains(
     capfd.readouterr()
     second = runmodel.Engine(Checkpoint(tmp_path))
     staged(second)
+    second.on("setup", lambda e: None, once="1ep", name="warm")  # past too: epoch 1 is done
+    second.on("epoch_end", lambda e: None, once=3, name="later")  # to come: epoch 3 ends
     trainable: list[bool] = []
     second.on("epoch_start", lambda e: trainable.append(e.model.module[0].weight.requires_grad))
     resumed = model()
@@ -54,7 +56,8 @@ def test_a_run_resumed_after_the_unfreezing_trains_what_the_straight_run_trains(
     assert torch.equal(params(resumed), params(whole))
     lines = [line for line in capfd.readouterr().err.splitlines() if "once=" in line]
     assert lines == ["runmodel: resumed at epoch 3, step 12; the moment of these once= hooks "
-                     "is past, so this run does not fire them: 'unfreeze' (epoch_start, once=2)"]
+                     "is past, so this run does not fire them: 'warm' (setup, once='1ep'), "
+                     "'unfreeze' (epoch_start, once=2)"]
 
 
 def test_the_checkpoint_holds_each_parameters_requires_grad() -> None:
