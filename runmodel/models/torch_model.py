@@ -229,7 +229,8 @@ def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:
 def _step_overridden(runstep: RunStep) -> bool:
     """Whether an override of ``runstep`` or ``forward`` applies to the run: a step of
     its own, which reads the batch its own way."""
-    overrides = getattr(getattr(runstep.engine, "table", None), "overrides", {})
+    engine = getattr(runstep, "engine", None)  # a runstep not of an engine: no override
+    overrides = getattr(getattr(engine, "table", None), "overrides", {})
     return any(o.options.modes is None or runstep.mode in o.options.modes
                for phase in ("runstep", "forward") for o in overrides.get(phase, ()))
 
