@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .options import Duration
 from .phases import PHASES
@@ -30,6 +30,7 @@ from .phases import PHASES
 if TYPE_CHECKING:
     from .hooks import Hook
     from .state import State
+    from .table import HookTable
 
 __all__ = ["check_unit", "make_filter", "moment_past", "past_once_hooks"]
 
@@ -139,7 +140,7 @@ def moment_past(phase: str, duration: Duration, state: State) -> bool:
     return (state.step if unit == "st" else state.epoch) >= n
 
 
-def past_once_hooks(table: Any, state: State, phases: Iterable[str]) -> list[Hook]:
+def past_once_hooks(table: HookTable, state: State, phases: Iterable[str]) -> list[Hook]:
     """The ``once=`` hooks and overrides on ``phases`` that apply to a run of
     ``state.mode`` on ``state.rank`` and whose moment is past (``moment_past``)."""
     found = []

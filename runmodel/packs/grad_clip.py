@@ -67,19 +67,17 @@ class GradClip(Pack):
         require_phased_step(engine, type(self).__name__, "the optimizer_step phase")
         optimizer = getattr(engine.model, "optimizer", None)
         if engine.state.kind == "train" and optimizer is not None and needs_closure(optimizer):
-            self._in_closure = engine.on("backward", self.clip_in_closure, priority=-100,
+            # each call of the closure clips the gradients it computed
+            self._in_closure = engine.on("backward", self.clip_now, priority=-100,
                                          modes=TRAIN_MODES, name="grad_clip.in_closure")
 
     @override("optimizer_step", priority=100, modes=TRAIN_MODES)
     def clip(self, engine: Any, default: Any) -> None:
-        """Unscale (with a GradScaler), clip, then step."""
+        """Unscale (with a GradScaler), clip, then step (with a closure optimizer: step;
+        the closure clips)."""
         if self._in_closure is None:
             self.clip_now(engine)
         default(engine)
-
-    def clip_in_closure(self, engine: Any) -> None:
-        """After each backward of a closure optimizer's closure: clip."""
-        self.clip_now(engine)
 
     @hook(modes=TRAIN_MODES)
     def teardown(self, engine: Any) -> None:
