@@ -63,7 +63,8 @@ class _Crossing:
     def __init__(self, read: Callable[[], float], size: float, once: bool) -> None:
         self.read, self.size, self.once = read, size, once
         self.last = read()
-        self.done = once and self.last >= size  # reached before this run
+        # reached before this run (a run starting at it, as a fresh one at 0, reaches it)
+        self.done = once and self.last > size
 
     def __call__(self) -> bool:
         now, last = self.read(), self.last
@@ -136,8 +137,8 @@ def moment_past(phase: str, duration: Duration, state: State) -> bool:
         return n < state.epoch or (n == state.epoch and state.epoch_step > 0)
     if phase == "epoch_end" and unit == "st":  # within the epoch that ends
         return n < state.step - state.epoch_step
-    # counted from the run's start (_Crossing): reached already
-    return (state.step if unit == "st" else state.epoch) >= n
+    # counted from the run's start (_Crossing): reached before this run
+    return (state.step if unit == "st" else state.epoch) > n
 
 
 def past_once_hooks(table: HookTable, state: State, phases: Iterable[str]) -> list[Hook]:

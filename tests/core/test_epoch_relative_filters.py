@@ -68,7 +68,8 @@ def test_only_step_phases_count_steps_of_the_epoch_and_it_is_no_position() -> No
 @pytest.mark.parametrize(("phase", "once"), [
     ("epoch_start", 0), ("epoch_start", 1), ("epoch_start", 2), ("epoch_start", "1ep"),
     ("epoch_end", 0), ("epoch_end", 1), ("epoch_end", 2), ("epoch_start", "4st"),
-    ("epoch_end", "5st"), ("epoch_end", "9st"), ("setup", True), ("runstep", 5),
+    ("epoch_end", "5st"), ("epoch_end", "9st"), ("epoch_start", "0st"), ("epoch_start", "8st"),
+    ("epoch_start", "6st"), ("setup", True), ("runstep", 5),
     ("runstep", 9), ("step_start", "2ep"), ("step_start", "1ep")])
 def test_a_once_hook_is_past_at_a_resume_exactly_when_the_resumed_run_skips_it(
         tmp_path: Path, cut: dict[str, int], phase: str, once: object) -> None:
@@ -92,3 +93,13 @@ def test_a_once_hook_is_past_at_a_resume_exactly_when_the_resumed_run_skips_it(
         phase, parse_duration(once, "once"), e.state)), priority=1e9)  # type: ignore[arg-type]
     fired = run(resumed, epochs=3, resume=tmp_path)
     assert resumed.state.step == 12 and past[:1] == [fired == []]
+
+
+def test_once_at_the_run_start_fires_there() -> None:
+    """``once="0st"`` on ``epoch_start`` is the first epoch's start: a run that starts at
+    the position reaches it (it was skipped as reached before the run)."""
+    engine = runmodel.Engine()
+    seen: list[int] = []
+    engine.on("epoch_start", lambda e: seen.append(e.state.step), once="0st")
+    engine.run(Counting(batches=4), epochs=2)
+    assert seen == [0]
