@@ -35,7 +35,7 @@ try:
 except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DiskFullError", "atomic_folder", "atomic_write", "disk_full", "hold_lock",
+__all__ = ["DiskFullError", "atomic_write", "disk_full", "fsync_folder", "hold_lock",
            "is_temporary", "naming_disk_full", "prepare_folder", "raise_if_disk_full",
            "read_json", "remove_stale", "shared_lock", "temporary_name", "write_json"]
 
@@ -126,36 +126,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[
         raise
     finally:
         os.close(fd)
-    _fsync_folder(path.parent)
-
-
-@contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A staging folder to write ``path``'s files into (a sharded checkpoint, say): on
-    leaving the block it is renamed to ``path`` (which must not exist yet). While the
-    block runs, the folder is locked as ``atomic_write`` locks a file, so that
-    ``remove_stale`` removes it only once its writer is gone; an error removes it."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
-    except OSError as error:
-        raise_if_disk_full(error, path)
-        raise
-    fd = os.open(staging, os.O_RDONLY)
-    try:
-        hold_lock(fd)
-        os.chmod(staging, 0o777 & ~_umask())  # as mkdir() would make it (mkdtemp: 0700)
-        yield staging
-        _fsync_folder(staging)
-        os.rename(staging, path)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise_if_disk_full(error, path)
-        raise
-    finally:
-        os.close(fd)
-    _fsync_folder(path.parent)
+    fsync_folder(path.parent)
 
 
 @contextlib.contextmanager
@@ -175,7 +146,7 @@ def shared_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable."""
     with contextlib.suppress(OSError):  # some file systems refuse a folder's fsync
         directory = os.open(folder, os.O_RDONLY)

@@ -7,17 +7,18 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
+from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
 from .core.state import current_rank
 from .models import declared_options
 from .modes import as_mode
-from .runs.interrupt import ctrl_c_finishes_the_step
+from .runs.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
 
 if TYPE_CHECKING:
     import ignite.engine
@@ -55,7 +56,7 @@ class Engine(core.Engine):
     ``engine.ignite``); ``progress=False`` turns that off."""
 
     def __init__(self, *packs: core.Pack, progress: bool = True) -> None:
-        super().__init__()
+        super().__init__(storage=FileStorage())  # plain files, unless the backend has its own
         self._ignite: Any = None
         self.progress = progress
         self._auto_progress: core.HookHandle | None = None  # the bar this run added
@@ -67,7 +68,8 @@ class Engine(core.Engine):
             epochs: int | None = None, setup_options: dict[str, Any] | None = None,
             backend: core.Backend | Spec | str | dict[str, Any] | None = None,
             resume: str | os.PathLike[str] | Literal["auto"] | None = None,
-            run_dir: str | os.PathLike[str] | None = None) -> core.RunResult:
+            run_dir: str | os.PathLike[str] | RunFolder | None = None,
+            preempt_signals: Iterable[int | str] = ()) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
         ``epochs`` epochs.
@@ -87,15 +89,23 @@ class Engine(core.Engine):
         (``Checkpoint("checkpoint")``, ``TensorBoard``, ``Profile``) put them inside it.
         ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
         config run. A folder holding a run is continued with ``resume="auto"`` only.
+
+        Ctrl-C, and each signal of ``preempt_signals`` (numbers or names, such as
+        ``signal.SIGTERM`` or ``"SIGUSR1"``), end the run once its step is done: a
+        ``Checkpoint`` pack saves that step, the run folder says ``interrupted`` (or
+        ``preempted``), and ``runmodel.Interrupted`` (``runmodel.Preempted``) is raised;
+        uncaught, it ends the process as the signal would have.
         """
         replace = _instead.get()
         if replace is not None:
             _instead.set(None)  # once: the asked thing may run the engine itself
             return replace(self, model, {
                 "mode": mode, "steps": steps, "epochs": epochs, "setup_options": setup_options,
-                "backend": backend, "resume": resume, "run_dir": run_dir})
+                "backend": backend, "resume": resume, "run_dir": run_dir,
+                "preempt_signals": preempt_signals})
         mode = as_mode(mode)
-        folder = self._run_folder(Path(run_dir), mode) if run_dir is not None else None
+        preempt = [signal_number(s) for s in preempt_signals]  # bad input: before the run
+        folder = self._run_folder(run_dir, mode) if run_dir is not None else None
         auto = resume == "auto"
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
@@ -104,24 +114,24 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        if folder is not None:
-            folder.check_start(resuming=resume is not None, auto=auto)
+        if folder is not None and not folder.claimed and current_rank() == 0:
+            folder.claim(resuming=resume is not None, auto=auto)
         bar = self._progress_for(mode) if self._loop is None else None
         if bar is not None:
             self._auto_progress = bar
         handle = self.attach(folder) if folder is not None else None
         try:
-            with ctrl_c_finishes_the_step(self) as self._on_setup:
+            with watch_interrupts(self, preempt) as self._on_setup:
                 result = super().run(model, mode, steps=steps, epochs=epochs,
                                      setup_options=setup_options, backend=prepares,
                                      resume=resume)
-        except core.Interrupted as interrupted:  # one line, one short traceback
+        except core.Interrupted as interrupted:  # saved: now say so, in one line
             if folder is not None:
-                folder.finish(self, None, KeyboardInterrupt(*interrupted.args))
-            print(self._interrupted(auto), file=sys.stderr, flush=True)
-            # a plain KeyboardInterrupt: Python exits "killed by SIGINT" (130 in a shell)
-            # only for that exact type, as it does for any Ctrl-C
-            raise KeyboardInterrupt(*interrupted.args) from None
+                folder.finish(self, None, interrupted)
+            if current_rank() == 0:
+                say(self._interrupted(interrupted, auto, folder))
+            ends_as_its_signal(interrupted)  # uncaught, it ends the process as its signal
+            raise interrupted.with_traceback(None) from None
         except BaseException as error:
             if folder is not None:
                 folder.finish(self, None, error)
@@ -136,40 +146,50 @@ class Engine(core.Engine):
             folder.finish(self, result)
         return result
 
-    def _run_folder(self, run_dir: Path, mode: core.Mode) -> RunFolder | None:
+    def _run_folder(self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.Mode
+                    ) -> RunFolder | None:
         """``run_dir``: relative folders of attached packs (and of a Profile mode) go
         inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
-        a TensorBoard pack is attached)."""
+        a TensorBoard pack is attached). A config run gives its own ``RunFolder``."""
         from .packs import TensorBoard
         from .runs.folder import RunFolder, start_record
 
+        given, directory = ((run_dir, run_dir.directory) if isinstance(run_dir, RunFolder)
+                            else (None, Path(run_dir)))
         packs = list(self.table.packs.values())
         for holder in (*packs, mode):
-            directory = getattr(holder, "directory", None)
-            inside = isinstance(directory, Path) and (
-                directory.parts[:len(run_dir.parts)] == run_dir.parts)
-            if isinstance(directory, Path) and not directory.is_absolute() and not inside:
-                setattr(holder, "directory", run_dir / directory)  # noqa: B010
+            folder = getattr(holder, "directory", None)
+            inside = isinstance(folder, Path) and (
+                folder.parts[:len(directory.parts)] == directory.parts)
+            if isinstance(folder, Path) and not folder.is_absolute() and not inside:
+                setattr(holder, "directory", directory / folder)  # noqa: B010
         if mode.name != "train":
             return None
-        folder = RunFolder(run_dir, start_record(self.table.packs, mode.name))
+        folder = given or RunFolder(directory, start_record(self.table.packs, mode.name))
         if not any(isinstance(p, TensorBoard) for p in packs):
-            setattr(folder, "tensorboard", TensorBoard(run_dir / "tensorboard"))  # noqa: B010
+            setattr(folder, "tensorboard", TensorBoard(directory / "tensorboard"))  # noqa: B010
         return folder
 
-    def _interrupted(self, auto: bool) -> str:
-        """What a run that Ctrl-C stopped says: where it saved, how to go on."""
+    def _interrupted(self, interrupted: core.Interrupted, auto: bool,
+                     folder: RunFolder | None) -> str:
+        """What a run that an interrupt stopped says once it saved: where, how to go on."""
         from .packs.checkpoint import Checkpoint
 
+        what = ("Ctrl-C" if not isinstance(interrupted, core.Preempted)
+                else signal_number(interrupted.signal).name)
         step = self.state.step
-        saved = [p.directory / p.saved[-1] for p in self.table.packs.values()
-                 if isinstance(p, Checkpoint) and p.saved]
+        saved = [p.last_path for p in self.table.packs.values()
+                 if isinstance(p, Checkpoint) and p.last_path is not None]
         if not saved:
-            return (f"runmodel: Ctrl-C stopped the run after step {step}; nothing saved "
+            return (f"runmodel: {what} stopped the run after step {step}; nothing saved "
                     f"(attach a runmodel.packs.Checkpoint for a run that can go on)")
-        again = ('run the script again (resume="auto" continues from it)' if auto else
-                 'run it again with engine.run(..., resume="auto")')
-        return f"runmodel: Ctrl-C stopped the run after step {step}; saved {saved[0]}; {again}"
+        if folder is not None and folder.kind == "config":
+            again = f"continue it with `runmodel resume {folder.directory}`"
+        elif auto:
+            again = 'run the script again (resume="auto" continues from it)'
+        else:
+            again = 'run it again with engine.run(..., resume="auto")'
+        return f"runmodel: {what} stopped the run after step {step}; saved {saved[0]}; {again}"
 
     def _prepare(self, model: Any, *args: Any) -> Any:
         prepared = super()._prepare(model, *args)
@@ -197,7 +217,7 @@ class Engine(core.Engine):
     def _newest_checkpoint_folder(self) -> Path | None:
         """For ``resume="auto"``: the attached Checkpoint packs' folder holding the newest
         checkpoint (``None`` when they hold none)."""
-        from .checkpoint.sharded import all_checkpoints_in as checkpoints_in
+        from .checkpoint.names import checkpoints_in, newest
         from .packs.checkpoint import Checkpoint
 
         folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}
@@ -206,15 +226,14 @@ class Engine(core.Engine):
                              'Checkpoint pack, and none is attached: attach one '
                              '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
                              'resume="DIR"')
-        newest = max((c for f in folders if f.is_dir() for c in checkpoints_in(f)),
-                     key=lambda c: c.stem.rsplit("-", 2)[1:], default=None)  # epoch, step
-        if newest is None:
+        found = newest([c for f in folders if f.is_dir() for c in checkpoints_in(f)])
+        if found is None:
             if current_rank() == 0:  # once, not once per process
                 print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                       f"starting fresh", file=sys.stderr)
             return None
         self.announce_resume = True  # once the checkpoint is read: a torn one is skipped
-        return newest.parent
+        return found.parent
 
     @property
     def ignite(self) -> ignite.engine.Engine:

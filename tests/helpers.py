@@ -289,3 +289,9 @@ class Net(runmodel.TorchModel):
 def with_child_net(script: str) -> str:
     """``script`` with its ``CHILD_DATASETS``/``CHILD_NET`` line replaced by the source."""
     return script.replace("CHILD_NET\n", CHILD_NET).replace("CHILD_DATASETS\n", CHILD_DATASETS)
+
+
+#: What every train run's folder holds (a script's ``run_dir=`` run, a config run), with the
+#: default packs (checkpoints, TensorBoard events); a config run has its config.json too.
+RUN_FOLDER = [".runmodel-reserve", "checkpoint", "metrics.json", "model.pt", "run.json",
+              "run.log", "status.json", "tensorboard"]

@@ -128,7 +128,7 @@ def test_ctrl_c_saves_the_step_and_the_resume_is_exact(
     assert "During handling of the above exception" not in err
     assert "exited unexpectedly" not in err and "Error" not in err
     assert err.count("Traceback") == 1 and err.rstrip().splitlines()[-1].startswith(
-        "KeyboardInterrupt: interrupted: Ctrl-C")
+        "runmodel.Interrupted: interrupted: Ctrl-C")
     said = [line for line in err.splitlines() if "saved" in line]
     assert len(said) == 1 and 'resume="auto"' in said[0], err
     last = max(directory.glob("ckpt-*.pt"))

@@ -5,9 +5,10 @@ but they do for circles (a circle of type hints is a circle of meaning; a ``Prot
 the lower module ends it), except inside ``runmodel.core``, whose parts name the engine
 that holds them in their type hints.
 
-    checkpoint            the file format, on plain values
-    checkpoint_sharded    sharded checkpoint folders (fsdp), on checkpoint
-    core                  phases, hooks, tables, packs, state, the engine's loop
+    core                  phases, hooks, tables, packs, state, the engine's loop; it
+                          declares the protocols it runs through (a mode, a backend,
+                          checkpoint storage) and imports nothing else of runmodel
+    checkpoint            the file format, names, writers, storage, sharded folders (fsdp)
     models                Model, TorchModel, Interface, evaluation, loading by source
     modes | backends      what a step does per mode | how a model is prepared
     packs | integrations  packs of hooks | the pytorch-ignite view
@@ -34,8 +35,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 LAYERS: list[tuple[str, ...]] = [
     ("runmodel._io",),  # atomic writes, locks, JSON, stale temporary files, disk-full errors
     # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
-    ("runmodel.checkpoint", "runmodel.config", "runmodel.extras"),
+    ("runmodel.config", "runmodel.extras"),
     ("runmodel.core",),
+    ("runmodel.checkpoint",),  # the storage a backend gives a run, above the core's protocol
     ("runmodel.models",),
     ("runmodel.modes", "runmodel.backends"),
     ("runmodel.packs", "runmodel.integrations"),
@@ -219,3 +221,68 @@ def test_a_package_folder_sits_on_one_side_of_the_engine(package: str) -> None:
                     todo.append(target)
         assert "runmodel.engine" not in reached and not any(
             r.startswith("runmodel.runs") for r in reached), "config/ reaches up to the engine"
+
+
+# -- no module-global hook points ---------------------------------------------------------------
+
+#: Attributes of imported modules that runmodel may set: Python's documented hook for how an
+#: uncaught exception ends the process (an uncaught ``runmodel.Interrupted`` ends it by its
+#: signal, as Python does for a plain KeyboardInterrupt: ``runs/interrupt.py``).
+ASSIGNABLE = {("sys", "excepthook"),
+              # a script run as __main__ by the command gets its own arguments, put back after
+              ("sys", "argv")}
+
+
+def _module_names(tree: ast.AST, module: str) -> dict[str, str]:
+    """The names ``module``'s imports bind to modules (local name -> module)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            target = (".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module
+                                                                    else []))
+                      if node.level else node.module or "")
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if full in MODULES or (not full.startswith("runmodel") and _is_module(full)):
+                    names[alias.asname or alias.name] = full
+    return names
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_global_statement_and_no_imported_module_changed(module: str) -> None:
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    found = [f"line {n.lineno}: global {', '.join(n.names)}" for n in ast.walk(tree)
+             if isinstance(n, ast.Global)]
+    modules = _module_names(tree, module)
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    and target.value.id in modules
+                    and (modules[target.value.id], target.attr) not in ASSIGNABLE):
+                found.append(f"line {target.lineno}: {target.value.id}.{target.attr} = ... "
+                             f"(an attribute of the module {modules[target.value.id]})")
+    assert not found, (f"{module} keeps state in a module global or changes an imported "
+                       f"module (hold it in an object, or scope it with a context manager): "
+                       f"{found}")
+
+
+def test_the_package_top_holds_at_most_four_modules() -> None:
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert set(top) <= {"engine", "_io", "extras", "plot"}, top

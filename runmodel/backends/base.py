@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..core import FineTuneSpec, Pack
+from ..core import CheckpointStorage, FineTuneSpec, Pack
 
 __all__ = ["Backend", "OptimizerFactory", "Plain"]
 
@@ -39,6 +39,11 @@ class Backend:
 
     def pack(self) -> Pack | None:
         """Hooks and overrides this backend needs during the run, if any."""
+        return None
+
+    def storage(self) -> CheckpointStorage | None:
+        """How this run's checkpoints are written and read, for a backend that shards the
+        model (``fsdp``); None: the engine's own, plain files."""
         return None
 
 

@@ -1,31 +1,56 @@
-"""Checkpoints: the file format on plain values (``format``), and sharded checkpoint
-folders written by every process of an ``fsdp`` run (``sharded``).
+"""Checkpoints: the file format on plain values (``format``), how checkpoints are named
+and found (``names``), writing them in the background (``writer``), the storage a run
+gets from its backend (``storage``: plain files, or ``sharded`` folders under ``fsdp``),
+and a checkpoint's weights as one plain file (``export``).
 
 ``runmodel.checkpoint`` keeps the documented names: ``weights``, ``load``, ``read``,
-``checkpoints_in``, ``DiskFullError``...
+``checkpoints_in``, ``DiskFullError``... They are imported on first use, so that
+``runmodel.checkpoint.names`` (how checkpoints are named and found) is read without torch,
+as ``runmodel runs`` does.
 """
 
 from __future__ import annotations
 
-from .format import (
-    BEST_PATTERN,
-    FORMAT,
-    PATTERN,
-    DiskFullError,
-    FormatError,
-    Writer,
-    check_same_optimizer,
-    checkpoints_in,
-    load,
-    qualified_name,
-    read,
-    rng_state,
-    run_of,
-    save,
-    set_rng_state,
-    weights,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FormatError", "Writer",
-           "check_same_optimizer", "checkpoints_in", "load", "qualified_name", "read",
-           "rng_state", "run_of", "save", "set_rng_state", "weights"]
+_EXPORTS = {
+    "DiskFullError": "runmodel._io",
+    **dict.fromkeys(("FORMAT", "FormatError", "check_same_optimizer", "load", "qualified_name",
+                     "read", "rng_state", "run_of", "save", "set_rng_state", "weights"),
+                    f"{__name__}.format"),
+    **dict.fromkeys(("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"),
+                    f"{__name__}.names"),
+    **dict.fromkeys(("FileStorage", "Storage"), f"{__name__}.storage"),
+    "Writer": f"{__name__}.writer",
+}
+
+__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FileStorage", "FormatError",
+           "Storage", "Unreadable", "Writer", "check_same_optimizer", "checkpoints_in", "load",
+           "qualified_name", "read", "rng_state", "run_of", "save", "set_rng_state", "weights"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from .._io import DiskFullError
+    from .format import (
+        FORMAT,
+        FormatError,
+        check_same_optimizer,
+        load,
+        qualified_name,
+        read,
+        rng_state,
+        run_of,
+        save,
+        set_rng_state,
+        weights,
+    )
+    from .names import BEST_PATTERN, PATTERN, Unreadable, checkpoints_in
+    from .storage import FileStorage, Storage
+    from .writer import Writer

@@ -23,11 +23,13 @@ import torch
 from ..backends import Backend
 from ..core import Pack
 from ..models import Interface, Model, unknown_option_text
-from . import builtins
+from . import builtins, did_you_mean
 
 __all__ = [
+    "ConfigError",
     "Registry",
     "Spec",
+    "check_model_args",
     "known_model_args",
     "make_backend",
     "make_interface",
@@ -44,6 +46,11 @@ __all__ = [
     "register_pack",
     "registries",
 ]
+
+
+class ConfigError(ValueError):
+    """A config that cannot describe a run: malformed, an unknown key, a wrong type, a
+    model option the model does not declare."""
 
 
 @dataclass(frozen=True)
@@ -206,23 +213,47 @@ def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
     return registries["model"].make(spec, name=name or spec.type_, device=device)
 
 
+def _declared_init_options(spec: Spec) -> tuple[str, dict[str, Any] | None]:
+    """The registered model's name and the init options it declares (None: a factory
+    that declares none takes whatever it is given)."""
+    factory = registries["model"].get(spec.type_)
+    declared = getattr(factory, "init_defaults", None) if inspect.isclass(factory) and (
+        issubclass(factory, Model)) else None
+    return getattr(factory, "__name__", spec.type_), declared or None
+
+
 def known_model_args(spec: Spec) -> Spec:
     """``spec`` with the init options its registered model does not declare left out,
     each with the model contract's one warning (a did-you-mean when one is close): an
     ignored option must not name a run folder or change its hash. A factory that
     declares nothing (no ``init_defaults``) takes what it is given, so none is left out."""
-    factory = registries["model"].get(spec.type_)
-    declared = getattr(factory, "init_defaults", None) if inspect.isclass(factory) and (
-        issubclass(factory, Model)) else None
+    name, declared = _declared_init_options(spec)
     if not declared:
         return spec
     unknown = [key for key in spec.args if key not in declared]
     if not unknown:
         return spec
     for key in unknown:
-        warnings.warn(unknown_option_text(factory.__name__, "init", key, declared),
-                      UserWarning, stacklevel=2)
+        warnings.warn(unknown_option_text(name, "init", key, declared), UserWarning,
+                      stacklevel=2)
     return Spec(spec.type_, {k: v for k, v in spec.args.items() if k in declared})
+
+
+def check_model_args(spec: Spec, given: dict[str, str]) -> list[str]:
+    """Refuse model options named on the command line (``given``: each name, and how it
+    was given, as ``--set 'model.args.hiden=3'``) that the registered model does not
+    declare: a ``ConfigError`` with a did-you-mean and the options it declares (the
+    model must be registered: its config's imports loaded). A model that declares none
+    takes any; the names passed to it unchecked are returned."""
+    name, declared = _declared_init_options(spec)
+    if declared is None:
+        return sorted(given)
+    for key, how in given.items():
+        if key not in declared:
+            raise ConfigError(f"{how}: {name} (model {spec.type_!r}) declares no init option "
+                              f"{key!r}{did_you_mean(key, declared)}; its init options: "
+                              f"{', '.join(declared)}")
+    return []
 
 
 def make_interface(spec: Spec | str | dict[str, Any]) -> Any:

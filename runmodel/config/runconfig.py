@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
@@ -38,13 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core import MODES
-from .registry import Spec
+from . import CONFIG_SUFFIXES, did_you_mean
+from .registry import ConfigError, Spec
 
-__all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config"]
-
-
-class ConfigError(ValueError):
-    """A config that cannot describe a run: malformed, an unknown key, a wrong type."""
+__all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config",
+           "overridden_model_args"]
 
 
 _SPEC_FIELDS = ("model", "optimizer", "interface", "backend")
@@ -114,6 +111,13 @@ class RunConfig:
                                default=repr)
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
+    def with_overrides(self, overrides: Sequence[str], source: str = "config") -> RunConfig:
+        """This config with ``a.b=c`` overrides applied (as ``load_config`` applies them
+        to a file's values)."""
+        if not overrides:
+            return self
+        return RunConfig.from_dict(apply_overrides(self.to_dict(), overrides), source=source)
+
     def run_name(self) -> str:
         """Readable and unique: model, optimizer and their first arguments, the hash."""
         parts = [_words(self.model)]
@@ -144,8 +148,7 @@ def _check_scalar(key: str, value: Any, where: str) -> Any:
 
 
 def _did_you_mean(key: str, choices: Sequence[str] = ()) -> str:
-    close = difflib.get_close_matches(key, choices or _FIELDS, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(key, choices or _FIELDS)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]+")
@@ -189,7 +192,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ConfigError(f"{path}:{error.lineno}:{error.colno}: malformed JSON: "
                               f"{error.msg}") from None
         return data
-    raise ConfigError(f"{path}: a config file ends in .toml or .json")
+    raise ConfigError(f"{path}: a config file ends in {' or '.join(CONFIG_SUFFIXES)}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -260,6 +263,17 @@ def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
 
 def _get(node: Any, index: Any) -> Any:
     return node[index] if isinstance(node, list) else node.get(index)
+
+
+def overridden_model_args(overrides: Sequence[str]) -> dict[str, str]:
+    """The model options that ``model.args.NAME=VALUE`` overrides set: each name, and the
+    override as the command line gave it (``--set 'model.args.hidden=64'``)."""
+    found = {}
+    for item in overrides:
+        keys = item.partition("=")[0].split(".")
+        if len(keys) >= 3 and keys[:2] == ["model", "args"]:
+            found[keys[2]] = f"--set {item!r}"
+    return found
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:

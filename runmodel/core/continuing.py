@@ -48,7 +48,8 @@ def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> 
         return
     saved = int(saved)
     where = f" {resumed_from}" if resumed_from else ""
-    if s.epoch_step > 0:
+    drawn = bool(loaded.get("epoch_drawn"))  # after the epoch's last batch: a boundary
+    if s.epoch_step > 0 and not drawn:
         raise ValueError(f"the checkpoint{where} was written by {saved} process(es) in the "
                          f"middle of epoch {s.epoch + 1} (after {s.epoch_step} steps), and "
                          f"this run has {world}: the data are dealt out over the processes, "
@@ -59,7 +60,8 @@ def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> 
         rng = ("each takes the generators of saved rank (its rank mod " f"{saved})"
                if loaded.get("sharded") else "each takes saved rank 0's generators")
         print(f"runmodel: resuming in {world} process(es) a checkpoint written by {saved}: "
-              f"weights and optimizer state carry over exactly; from epoch {s.epoch + 1} on "
+              f"weights and optimizer state carry over exactly; from epoch "
+              f"{s.epoch + (2 if drawn else 1)} on "
               f"the training data are dealt out over {world}, so the batches (and a "
               f"step's batch size overall) differ from a {saved}-process run's; random "
               f"generators: {rng}", file=sys.stderr, flush=True)

@@ -25,9 +25,9 @@ from .loop import Loop
 from .metric_names import STEP_WRITES, check_metric_names
 from .options import HookOptions, check_phase
 from .pack import Pack
-from .plan import Backend, FineTuneSpec, Mode, StepPlan, Wrapper
+from .plan import Backend, CheckpointStorage, FineTuneSpec, Mode, StepPlan, Wrapper
 from .snapshot import Snapshots
-from .state import Interrupted, RunResult, State, StopRun, current_rank
+from .state import Interrupted, Preempted, RunResult, State, StopRun, current_rank
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -42,8 +42,12 @@ __all__ = ["Engine"]
 class Engine(Snapshots):
     """Owns the phases, their hooks and overrides, the run state and the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage: CheckpointStorage | None = None) -> None:
         self.state = State()
+        self._own_storage = storage
+        #: how this run's checkpoints are written and read: its backend's (sharded under
+        #: fsdp), else the engine's own (``storage=``; runmodel.Engine's: plain files)
+        self.storage = storage
         self.model: Any = None
         self.table = HookTable()
         self._loop: Loop | None = None
@@ -129,16 +133,20 @@ class Engine(Snapshots):
         if self._loop is not None:
             self._loop.stop(reason)
 
-    def interrupt(self, reason: str = "interrupted: Ctrl-C") -> bool:
+    def interrupt(self, reason: str | None = None, signal: int | None = None) -> bool:
         """End the run as a first Ctrl-C does: once the current step is done, the run
-        raises ``Interrupted`` (a ``KeyboardInterrupt``), which the ``exception`` hooks
-        see; its state is whole, so a ``Checkpoint`` pack saves that step, and
-        ``state.stopping`` is ``"interrupted"`` (the epoch cut short is not evaluated).
+        raises ``Interrupted`` (a ``KeyboardInterrupt``; ``Preempted`` when ``signal``, a
+        preemption signal, asked), which the ``exception`` hooks see; its state is whole,
+        so a ``Checkpoint`` pack saves that step, and ``state.stopping`` is
+        ``"interrupted"`` (or ``"preempted"``): the epoch cut short is not evaluated.
         Returns False, doing nothing, when no run is under way."""
         if self._loop is None:
             return False
-        self._loop.stop(reason, "interrupted")
-        self._loop.interrupted = True
+        if reason is None:
+            reason = ("interrupted: Ctrl-C" if signal is None else
+                      f"preempted: {_signal_name(signal)}")
+        self._loop.stop(reason, "interrupted" if signal is None else "preempted")
+        self._loop.interrupted, self._loop.preempted_by = True, signal
         return True
 
     def end_epoch(self) -> None:
@@ -190,7 +198,9 @@ class Engine(Snapshots):
                     model.run(loop.runstep(mode.kind), steps)
                 loop.finish()
                 if loop.interrupted:
-                    raise Interrupted(f"{loop.reason} (after step {self.state.step})")
+                    said = f"{loop.reason} (after step {self.state.step})"
+                    raise (Interrupted(said) if loop.preempted_by is None
+                           else Preempted(said, loop.preempted_by))
             extras = plan.finish(self)
         except BaseException as error:
             loop.failed(error, self._run_packs() if loop.refusing else None)
@@ -226,7 +236,7 @@ class Engine(Snapshots):
             while self._for_run:
                 self._for_run.pop().detach()
             loop.position.close()
-            self._loop = None
+            self._loop, self.storage = None, self._own_storage
             self.table.stop()
 
     def _check(self, loop: Loop, plan: StepPlan, model: Any, mode: Mode,
@@ -266,11 +276,15 @@ class Engine(Snapshots):
             backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, self.state))
             if (pack := backend.pack()) is not None:
                 self._for_run.append(self.attach(pack))
+        given = backend.storage() if backend is not None else None
+        self.storage = given if given is not None else self._own_storage
         saved = None
         if resume is not None:
-            from ..checkpoint import sharded as checkpoint_sharded  # files, sharded folders
-
-            self.resumed_from, saved = checkpoint_sharded.load(resume, model)
+            if self.storage is None:
+                raise ValueError("resume= reads the checkpoint through the engine's checkpoint "
+                                 "storage, and this engine has none: use runmodel.Engine, or "
+                                 "give runmodel.core.Engine(storage=...)")
+            self.resumed_from, saved = self.storage.load(resume, model)
             if self.announce_resume and current_rank() == 0:  # once, not once per process
                 print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
             self.load_state_dict(saved["engine"])
@@ -281,6 +295,15 @@ class Engine(Snapshots):
             self._loop.position.tracker = plan.data
         self.table.start(self.state, plan)  # filters start counting here
         return plan, saved
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
 
 def _count(value: int | None, name: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .options import describe_fn
 from .position import Position
-from .state import REFUSED, RunStep, StopRun
+from .state import REFUSED, Interrupted, RunStep, StopRun
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -37,6 +37,7 @@ class Loop:
         self.ended = "completed"
         self.reason: str | None = None  # what stop() was given
         self.interrupted = False  # engine.interrupt(): the run ends with Interrupted
+        self.preempted_by: int | None = None  # ... with Preempted, by this signal
         self.stopping = self.epoch_open = self.epoch_ending = self.explicit_epochs = False
         self.skip = self.in_step_start = False
         self.refusing = False  # while packs' check() runs: a failure is a refusal
@@ -198,9 +199,11 @@ class Loop:
         s = self.state
         s.error = error
         self.ended = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        error.add_note(REFUSED if only is not None else
-                       f"runmodel: raised in {self.engine.table.where.locate(error)} ({s.mode} "
-                       f"mode, epoch {s.epoch}, step {s.step})")
+        if only is not None:
+            error.add_note(REFUSED)
+        elif not isinstance(error, Interrupted):  # raised by the run itself: no place to name
+            error.add_note(f"runmodel: raised in {self.engine.table.where.locate(error)} "
+                           f"({s.mode} mode, epoch {s.epoch}, step {s.step})")
         self._fire_guarded("exception", error, only)
 
     def teardown(self, model: Any, only: set[int] | None = None) -> None:

@@ -1,12 +1,16 @@
 """What the engine asks of the layers above it, as small protocols: a ``Mode`` makes a
 ``StepPlan`` (what a step does, and what a mode adds around the phases), a ``Backend``
-prepares model and optimizer, and ``FineTuneSpec`` is the run's horizon it is given."""
+prepares model and optimizer (and may give the run its ``CheckpointStorage``, how its
+checkpoints are written and read), and ``FineTuneSpec`` is the run's horizon it is
+given."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -15,7 +19,8 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .state import State
 
-__all__ = ["Action", "Backend", "DataTracker", "FineTuneSpec", "Mode", "StepPlan", "Wrapper"]
+__all__ = ["Action", "Backend", "CheckpointStorage", "DataTracker", "FineTuneSpec", "Mode",
+           "StepPlan", "Wrapper"]
 
 Action = Callable[[Any], Any]
 #: ``wrap(phase, hook, fn) -> fn``: what dispatch calls instead of ``fn``, a hook's
@@ -93,6 +98,27 @@ class Mode(Protocol):
         ...
 
 
+class CheckpointStorage(Protocol):
+    """How a run's checkpoints are written and read (``runmodel.checkpoint``: plain files,
+    or under ``fsdp`` a folder of shards per save). The engine holds the run's as
+    ``engine.storage``, for the packs that save (``Checkpoint``) and for whoever writes
+    the run's final weights; the engine itself only reads the checkpoint a run resumes
+    from through it."""
+
+    def load(self, path: str | os.PathLike[str], model: Any) -> tuple[Path, dict[str, Any]]:
+        """``(the checkpoint used, its snapshot)`` for ``path``: a checkpoint, or a folder
+        of them (its newest readable one). The snapshot is what ``engine.snapshot()``
+        returned; its ``model`` part may be an object with ``restore_into(model)`` (a
+        sharded checkpoint's, each process reading its own shards), which the engine
+        calls in place of ``model.load_state_dict``."""
+        ...
+
+    def full_model_state(self, model: Any) -> dict[str, Any] | None:
+        """Every process calls it (under ``fsdp`` a collective): the module's full state
+        dict, or None on a process that does not get it (under ``fsdp``, all but rank 0)."""
+        ...
+
+
 class Backend(Protocol):
     """Prepares model and optimizer after ``model.setup()`` (``runmodel.backends``)."""
 
@@ -100,6 +126,11 @@ class Backend(Protocol):
 
     def pack(self) -> Pack | None:
         """Hooks and overrides the backend needs during the run, if any."""
+        ...
+
+    def storage(self) -> CheckpointStorage | None:
+        """After ``initialize``: how this run's checkpoints are written and read (a
+        sharding backend's own), or None for the engine's own (plain files)."""
         ...
 
 

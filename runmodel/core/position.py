@@ -17,27 +17,18 @@ resumed from it starts that epoch again:
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from .snapshot import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from .plan import DataTracker
     from .state import State
 
 __all__ = ["Position"]
-
-
-def _rng_state() -> Any:
-    from .. import checkpoint  # torch: imported once a run needs it
-
-    return checkpoint.rng_state()
-
-
-def _set_rng_state(state: Any) -> None:
-    from .. import checkpoint
-
-    checkpoint.set_rng_state(state)
 
 
 class Position:
@@ -73,19 +64,23 @@ class Position:
         return {"batches": batches, "epoch_rng": self.epoch_rng,
                 "data": None if self.tracker is None else self.tracker.state()}
 
-    def resume(self, saved: dict[str, Any], rng: Any) -> None:
+    def resume(self, saved: dict[str, Any], rng: Any, drawn: bool = False) -> None:
         """Continue a checkpoint's epoch: arm the tracker now (before any data is drawn),
-        or prepare to replay; ``rng`` is the generators' state at the checkpoint."""
+        or prepare to replay; ``rng`` is the generators' state at the checkpoint.
+        ``drawn``: the epoch's data were all drawn, in another number of processes than
+        this run's: what the epoch yields here is dropped, and the generators are set at
+        its end, as a checkpoint at the epoch's end would set them."""
         batches = int(saved.get("batches", 0))
         if not batches:
-            _set_rng_state(rng)
-            resume_boundary = getattr(self.tracker, "resume_boundary", None)
-            if saved.get("data") is not None and resume_boundary is not None:
-                resume_boundary(saved["data"], self._undo_iterator_draw)
+            self._resume_boundary(saved, rng)
             return
         self.skipped_before = self.state.skipped - (batches - self.state.epoch_step)
+        if drawn:
+            self.pending = _once(lambda: self._resume_boundary(saved, rng))
+            self.replay = sys.maxsize  # all of it: the epoch's end restores (loop.py)
+            return
         self.epoch_rng = saved["epoch_rng"]
-        restore = _once(lambda: _set_rng_state(rng))
+        restore = _once(lambda: set_rng_state(rng))
         start = None if self.tracker is None else self.tracker.resume(saved.get("data"),
                                                                      batches, restore)
         self.pending = _once(start) if start is not None else restore
@@ -99,6 +94,13 @@ class Position:
                       f"again and dropped (a DataLoader over a map-style dataset, or a "
                       f"torchdata StatefulDataLoader, skips them without loading them)",
                       stacklevel=2)
+
+    def _resume_boundary(self, saved: dict[str, Any], rng: Any) -> None:
+        """The next epoch starts as it would after the saved one's end."""
+        set_rng_state(rng)
+        resume_boundary = getattr(self.tracker, "resume_boundary", None)
+        if saved.get("data") is not None and resume_boundary is not None:
+            resume_boundary(saved["data"], self._undo_iterator_draw)
 
     def _undo_iterator_draw(self) -> None:
         """Put torch's generator back where it stood as the epoch's data began: before a
@@ -119,11 +121,11 @@ class Position:
         """The epoch's data is about to be drawn: after the ``epoch_start`` hooks, or
         before the model's loop for a loop without ``runstep.epochs()``."""
         if self._replay_rng is not None:
-            _set_rng_state(self._replay_rng)  # the replayed epoch draws as it did
+            set_rng_state(self._replay_rng)  # the replayed epoch draws as it did
             if first_epoch_begun:
                 self._replay_rng = None
         elif self.pending is None:
-            self.epoch_rng = _rng_state()
+            self.epoch_rng = rng_state()
 
     def close(self) -> None:
         if self.tracker is not None:

@@ -1,18 +1,61 @@
 """The engine's checkpoint state: what a snapshot holds (counters, the last loss and
 metrics, every pack's state, the model's state, the random generators, where the data
-stands) and how a run continues from one. ``checkpoint.py`` writes and reads the files."""
+stands) and how a run continues from one. How snapshots are written and read is the
+run's checkpoint storage (``plan.CheckpointStorage``; ``runmodel.checkpoint``)."""
 
 from __future__ import annotations
 
+import random
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from .continuing import world_size
+from .plan import FineTuneSpec
 
 if TYPE_CHECKING:
     from .loop import Loop
     from .state import State
     from .table import HookTable
 
-__all__ = ["Snapshots"]
+__all__ = ["Snapshots", "rng_state", "set_rng_state"]
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's and torch's (CPU and every CUDA device's) random
+    number generators, as plain values."""
+    import torch  # imported once a run needs it
+
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(),  # Python's 625 words as a tensor:
+                             "python": (version, torch.tensor(internal), gauss)}  # one record
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        name, keys, pos, has_gauss, cached = cast("tuple[str, Any, int, int, float]",
+                                                  numpy.random.get_state())
+        state["numpy"] = (name, torch.from_numpy(keys.copy()), pos, has_gauss, cached)
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state()`` returned."""
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    internal = internal.tolist() if isinstance(internal, torch.Tensor) else internal
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((name, keys.numpy(), pos, has_gauss, cached))
 
 
 class Snapshots:
@@ -65,13 +108,22 @@ class Snapshots:
         """Everything a checkpoint holds: the engine's state, the model's, the random
         number generators', where the data stands in the epoch (``position.py``).
         ``counters`` is where a run resumed from it starts."""
-        from .. import checkpoint  # torch: imported when a run needs it
-
         state_dict = getattr(self.model, "state_dict", None)
-        return {"engine": self.state_dict(counters), "rng": checkpoint.rng_state(),
+        engine = self.state_dict(counters)
+        position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(
+            counters)
+        if position["batches"] and position["batches"] == self._batches_per_epoch():
+            # after the epoch's last batch: its data are all drawn (only its epoch_end
+            # hooks are still to run), so it resumes in another number of processes as
+            # a checkpoint at the epoch's end does: the data are dealt out anew after it
+            engine["run"]["epoch_drawn"] = True
+        return {"engine": engine, "rng": rng_state(),
                 "model": state_dict() if callable(state_dict) else None,
-                "position": {"batches": 0} if self._loop is None else
-                self._loop.position.snapshot(counters)}
+                "position": position}
+
+    def _batches_per_epoch(self) -> int | None:
+        """How many batches an epoch of this process's data has, where it has a length."""
+        return FineTuneSpec.of_model(self.model, self.state.kind, self.state).steps_per_epoch
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
@@ -79,8 +131,6 @@ class Snapshots:
         self._restore_model(snapshot)
 
     def _restore_model(self, snapshot: dict[str, Any]) -> None:
-        from .. import checkpoint
-
         model_state = snapshot.get("model")
         if model_state is not None:
             restore_into = getattr(model_state, "restore_into", None)
@@ -89,9 +139,14 @@ class Snapshots:
             else:
                 self.model.load_state_dict(model_state)
         if self._loop is None:
-            checkpoint.set_rng_state(snapshot["rng"])
+            set_rng_state(snapshot["rng"])
         else:  # in a run: the generators are set where the data is (position.py)
-            self._loop.position.resume(snapshot.get("position", {}), snapshot["rng"])
+            loaded = self._loaded_run or {}
+            saved_world = loaded.get("world_size")
+            self._loop.position.resume(snapshot.get("position", {}), snapshot["rng"],
+                                       drawn=bool(loaded.get("epoch_drawn")) and (
+                                           saved_world is not None
+                                           and int(saved_world) != world_size()))
 
 
 def _plain(value: Any) -> Any:

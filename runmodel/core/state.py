@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["REFUSED", "Interrupted", "RunResult", "RunStep", "State", "StopRun",
+__all__ = ["REFUSED", "Interrupted", "Preempted", "RunResult", "RunStep", "State", "StopRun",
            "current_rank", "refused_at_setup"]
 
 #: The note on an error raised by the setup-time checks (a checkpoint that does not fit,
@@ -31,8 +31,24 @@ class StopRun(BaseException):
 
 class Interrupted(KeyboardInterrupt):
     """The ``KeyboardInterrupt`` a run ends with when ``engine.interrupt()`` (a first
-    Ctrl-C in a script) stopped it: raised once the current step was done, so the run's
-    state is whole and a ``Checkpoint`` pack saves it; ``exception`` hooks see it."""
+    Ctrl-C) stopped it: raised once the current step was done, so the run's state is
+    whole and a ``Checkpoint`` pack saves it; ``exception`` hooks see it. ``signal`` is
+    the signal that asked for it (SIGINT for Ctrl-C)."""
+
+    signal: int = 2  # SIGINT
+
+
+class Preempted(Interrupted):
+    """The ``Interrupted`` a run ends with when a preemption signal (SIGTERM from a
+    scheduler, or one the run was told to watch) stopped it; ``signal`` is its number."""
+
+    def __init__(self, message: str, signal: int) -> None:
+        super().__init__(message)
+        self.signal = signal
+
+
+# shown as runmodel.Interrupted in tracebacks (the name users catch)
+Interrupted.__module__ = Preempted.__module__ = "runmodel"
 
 
 class State:

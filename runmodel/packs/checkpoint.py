@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint
-from .._io import (
-    atomic_write,
-    hold_lock,
-    prepare_folder,
-    raise_if_disk_full,
-    remove_stale,
-    temporary_name,
-)
-from ..checkpoint import sharded as checkpoint_sharded
+from .._io import prepare_folder, remove_stale
+from ..checkpoint.format import run_of
+from ..checkpoint.names import checkpoints_in, saved_entries
+from ..checkpoint.storage import AsyncWriter, Storage
 from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.options import parse_duration
 from ._common import read_metric
@@ -33,7 +25,7 @@ class Checkpoint(Pack):
     """Write checkpoints into ``directory``: ``every="1ep"`` (at the end of every epoch),
     ``"2ep"``, ``"500st"`` (after every 500th step) or ``"10min"``; keep the newest
     ``keep`` (older ones are deleted only once the new one is on disk). Only process
-    rank 0 writes.
+    rank 0 writes (under the ``fsdp`` backend, every process writes its shards).
 
     ``best=("eval_accuracy", "max")`` also keeps the best ``keep_best`` checkpoints by
     that metric of ``engine.state.metrics`` (``"min"`` for a loss), as
@@ -62,18 +54,25 @@ class Checkpoint(Pack):
     background write met is raised at the next save or at the end of the run, naming the
     file. ``wait()`` waits for the write under way.
 
-    Under the ``fsdp`` backend every process writes: each save is a folder of shards
-    (``runmodel/checkpoint_sharded.py``), made visible by one rename once all have
-    written; best-K keeps the best folders themselves (no links) and lists them in
-    ``best.json``; ``async_save`` writes with ``torch.distributed.checkpoint``'s async save.
+    How a checkpoint is written is the run's checkpoint storage (``engine.storage``, from
+    the backend; ``runmodel.checkpoint.storage``): plain files written by rank 0, or under
+    the ``fsdp`` backend a folder of shards per save, written by every process and made
+    visible by one rename once all have written; best-K keeps the best folders themselves
+    (no links) and lists them in ``best.json``; ``async_save`` writes with
+    ``torch.distributed.checkpoint``'s async save. The pack keeps the policy: when, which
+    to keep, the best-K, and the lists put back when a background write fails.
 
     Each save first removes the temporary files and staging folders that writers killed
-    mid-write left in ``directory`` (``runmodel/_files.py``: a live writer's file is
+    mid-write left in ``directory`` (``runmodel._io``: a live writer's file is
     locked, a sharded save's staging folder holds a shared lock of each process writing
     it, and they are kept), and refuses to write non-finite parameters
     (``FloatingPointError`` naming the step; under ``fsdp`` the processes' verdicts on
     their shards are all-reduced, and all refuse together); a full disk stops the run with
-    one ``DiskFullError`` naming the file.
+    one ``DiskFullError`` naming the file (under ``fsdp``, every process, naming the
+    checkpoint's folder).
+
+    A folder is one pack's: two Checkpoint packs of a run on one folder are refused at
+    setup.
     """
 
     name = "checkpoint"
@@ -101,16 +100,18 @@ class Checkpoint(Pack):
         self.overwrite = overwrite
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
-        self.reads = () if best is None else (best[0],)  # checked at setup
+        #: the metric best= ranks by: checked at setup against those the run declares
+        self.reads = () if best is None else (best[0],)
         self.saved: list[str] = []
-        self.best_saved: list[tuple[float, str]] = []  # (metric value, file), best first
+        self.best_saved: list[tuple[float, str]] = []  # (metric value, name), best first
         self.async_save = async_save
-        self._writer = checkpoint.Writer() if async_save else None
+        # the run's checkpoint storage (engine.storage, taken at setup) and its background
+        # writer (async_save), kept while the storage is the same
+        self._storage: Storage | None = None
+        self._writer: AsyncWriter | None = None
         # the lists before the save being written: put back if writing it fails
         self._rollback: tuple[list[str], list[tuple[float, str]]] | None = None
-        # the run's sharding (fsdp: every process writes its shard), found at setup
-        self._sharded: checkpoint_sharded.Sharded | None = None
-        self._plain_writer = self._writer
+        self._move_old = False  # overwrite=True found another run's checkpoints there
 
     @property
     def last_path(self) -> Path | None:
@@ -122,32 +123,49 @@ class Checkpoint(Pack):
         """The best checkpoint by ``best=``'s metric (None: no ``best=``, or none yet)."""
         return self.directory / self.best_saved[0][1] if self.best_saved else None
 
-    def folder_run(self) -> dict[str, Any] | None:
+    def folder_run(self, rank: int = 0) -> dict[str, Any] | None:
         """The run whose checkpoints the folder holds, as its newest readable checkpoint
         records it (``{}``: checkpoints written before runs had records, which count as
-        one run's); None for a folder without checkpoints."""
-        for path in checkpoint.checkpoints_in(self.directory) if self.directory.is_dir() else ():
+        one run's); None for a folder without checkpoints. (A sharded checkpoint holds
+        each process's record: process ``rank`` reads the one it would resume with.)"""
+        for path in checkpoints_in(self.directory) if self.directory.is_dir() else ():
             if path.parent != self.directory:
                 break  # checkpoints_in looks into DIR/checkpoint/ too: not this folder
-            record = checkpoint.run_of(path)
+            record = run_of(path, rank)
             if record is not None:
                 return record
         return None
 
     def check_setup(self, engine: Any) -> None:
-        """The folder holds one run's checkpoints: a fresh run into one that holds a run
-        is refused (unless ``overwrite=True``), and so is continuing another run there.
-        Then the folder is made and tried, where this process will write (rank 0 of a
-        train run), so that one that cannot be written stops the run before its first
-        step, not at the first save."""
+        """The folder is this pack's alone, and holds one run's checkpoints: a fresh run
+        into one that holds a run is refused (unless ``overwrite=True``), and so is
+        continuing another run there. Then the folder is made and tried, where this
+        process will write (rank 0 of a train run), so that one that cannot be written
+        stops the run before its first step, not at the first save."""
         if engine.state.mode != "train":  # the only mode it saves in
             return
+        self._check_one_pack(engine)
+        if engine.storage is None:
+            raise ValueError("Checkpoint writes through the engine's checkpoint storage, and "
+                             "this engine has none: use runmodel.Engine, or give "
+                             "runmodel.core.Engine(storage=runmodel.checkpoint.FileStorage())")
         self._check_folder_run(engine)
         if engine.state.rank == 0:
             prepare_folder(self.directory, "Checkpoint")
 
+    def _check_one_pack(self, engine: Any) -> None:
+        """Two packs writing one folder would prune each other's checkpoints."""
+        mine = os.path.abspath(self.directory)
+        keys = [key for key, pack in engine.table.packs.items()
+                if isinstance(pack, Checkpoint) and os.path.abspath(pack.directory) == mine]
+        if len(keys) > 1:
+            raise ValueError(f"Checkpoint packs {' and '.join(repr(k) for k in keys)} both write "
+                             f"to {str(self.directory)!r}: each would delete the other's "
+                             f"checkpoints as its own old ones. Give each its own folder "
+                             f"(or attach one Checkpoint pack)")
+
     def _check_folder_run(self, engine: Any) -> None:
-        holder, record = self.folder_run(), engine.run_record
+        holder, record = self.folder_run(engine.state.rank), engine.run_record
         self._move_old = False
         if holder is None:
             return
@@ -172,8 +190,13 @@ class Checkpoint(Pack):
                 f"holds one run's checkpoints: give this run another folder")
 
     def setup(self, engine: Any) -> None:
-        """``overwrite=True`` on a folder that holds a run: move it aside."""
-        if getattr(self, "_move_old", False):
+        """The run's checkpoint storage (and a background writer for it); on rank 0,
+        ``overwrite=True`` on a folder that holds a run moves that run aside."""
+        storage: Storage = engine.storage
+        if self.async_save and (self._writer is None or storage is not self._storage):
+            self._writer = storage.writer()
+        self._storage = storage
+        if self._move_old and engine.state.rank == 0:
             self._move_old = False
             self._move_aside()
 
@@ -184,35 +207,22 @@ class Checkpoint(Pack):
         while target.exists():
             target, n = self.directory / f"{base}-{n}", n + 1
         target.mkdir(parents=True)
-        for item in sorted(self.directory.iterdir()):
-            if item.is_file() and item.suffix == ".pt":
-                os.replace(item, target / item.name)
+        for item in saved_entries(self.directory):
+            os.replace(item, target / item.name)
         return target
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.setup, "setup", HookOptions.of(modes="train", rank=0, priority=1000))
+        # first: the storage is there for any other setup hook that saves
+        yield Hook(self.setup, "setup", HookOptions.of(modes="train", priority=10_000))
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
-        # last: after other hooks' state changes
-        # every rank: under fsdp each writes its shard; else all but rank 0 return at once
-        yield Hook(self.sharding, "setup", HookOptions.of(modes="train", priority=10_000,
-                                                          name="checkpoint.sharding"))
+        # last: after other hooks' state changes; every rank: under fsdp each writes its
+        # shard, else all but rank 0 return at once
         yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
                                                       priority=-1000))
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train"))
 
-    def sharding(self, engine: Any) -> None:
-        """Whether this run's checkpoints are sharded (the fsdp backend), and so written
-        by every process rather than by rank 0 alone."""
-        self._sharded = sharded = checkpoint_sharded.of(engine.model)
-        self._writer = self._plain_writer
-        if sharded is not None:
-            if self.async_save:
-                self._writer = checkpoint_sharded.ShardedWriter(sharded)  # type: ignore[assignment]
-            if sharded.rank == 0:
-                checkpoint_sharded.remove_stale_staging(self.directory)
-
     def _writes_here(self, engine: Any) -> bool:
-        return self._sharded is not None or engine.state.rank == 0
+        return self._storage is not None and self._storage.writes_here(engine.state.rank)
 
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
@@ -222,21 +232,21 @@ class Checkpoint(Pack):
         s = engine.state
         if not self._writes_here(engine):
             return None
+        storage = self._storage
+        assert storage is not None
         try:
             whole = isinstance(s.error, Interrupted) or (s.error is None and s.ended == "stopped")
-            if not whole:
-                return None
-            if self._sharded is not None and not self._sharded.ended_together:
-                return None  # a collective save needs every process: they did not agree
+            if not whole or not storage.ended_together:
+                return None  # (a collective save needs every process: they did not agree)
             counters = {} if not s.epoch_complete else {"epoch_step": 0}
-            if self.saved and self.saved[-1] == self._name(s.epoch, s.step):
+            if self.saved and self.saved[-1] == storage.name(s.epoch, s.step):
                 return None
             return self._write(engine, counters)
         finally:
             try:
                 self.wait()
-            finally:  # the run's sharding (and its model) go with the run
-                self._sharded, self._writer = None, self._plain_writer
+            finally:  # the run's storage (and its model) go with the run
+                self._storage = None
                 s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
                                                         ("last_checkpoint", self.last_path))
                                 if v is not None})
@@ -268,13 +278,17 @@ class Checkpoint(Pack):
         self._rollback = None
 
     def _write(self, engine: Any, counters: dict[str, int]) -> Path:
+        """Save now (or start saving in the background) where ``counters`` say a run
+        resumed from it starts; then (once it is on disk) record the best-K and delete
+        the checkpoints neither kept nor best."""
         self.wait()  # at most one write under way
-        if self._sharded is None or self._sharded.rank == 0:  # (sharded: the staging folders
-            # every process holds a shared lock on while it writes)
-            remove_stale(self.directory)  # what writers killed mid-save left behind
+        storage = self._storage
+        assert storage is not None
+        if storage.leads:  # what writers killed mid-save left behind (a live one's stays)
+            remove_stale(self.directory)
         s = engine.state
         epoch, step = counters.get("epoch", s.epoch), counters.get("step", s.step)
-        name = self._name(epoch, step)
+        name = storage.name(epoch, step)
         previous, previous_best = self.saved, self.best_saved
         path = self.directory / name
         try:
@@ -282,39 +296,28 @@ class Checkpoint(Pack):
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
             self.saved = kept if self.keep is None else kept[-self.keep:] if self.keep else []
-            best_name = self._rank_best(s, epoch, step)
-            # deleted only once the new ones are on disk
-            old = ({*previous} - {*self.saved}) | {n for _, n in previous_best} - {
-                n for _, n in self.best_saved}
+            best = self._rank_best(storage, s, epoch, step)
+            # deleted only once the new one is on disk: what is neither kept nor best (the
+            # new one too, when keep=0 keeps the best alone and it is not among them)
+            old = ({*previous, *(n for _, n in previous_best), name}
+                   - {*self.saved, *(n for _, n in self.best_saved)})
             # sharded: each process sees its shards alone; they refuse together
-            check_finite_parameters(engine, epoch, step, None if self._sharded is None
-                                    else self._sharded.group)
-            if self.keep == 0:  # only the best are kept: this file goes once linked
-                old.add(name)
-            finish: _Finish | _ShardedFinish = _Finish(
-                path, None if best_name is None else self.directory / best_name,
-                [self.directory / n for n in sorted(old)])
-            if self._sharded is not None:
-                finish = _ShardedFinish(self, {*previous, *(n for _, n in previous_best)},
-                                        self._sharded.rank == 0)
+            check_finite_parameters(engine, epoch, step, storage.group)
+            finish = _Finish(storage, path, None if best is None else self.directory / best,
+                             self._ranking(), [self.directory / n for n in sorted(old)])
             snapshot = engine.snapshot(counters)
             if self._writer is not None:
                 self._writer.submit(path, snapshot, finish)
                 self._rollback = (previous, previous_best)
                 return path
-            if self._sharded is not None:
-                checkpoint_sharded.save(path, snapshot, self._sharded)
-            else:
-                checkpoint.save(path, snapshot)
-            finish.link()
+            storage.save(path, snapshot, finish)
         except BaseException:
             self.saved, self.best_saved = previous, previous_best
             raise
-        finish.prune()
         return path
 
-    def _rank_best(self, state: Any, epoch: int, step: int) -> str | None:
-        """Put this checkpoint among the best by the metric; its file name if it is."""
+    def _rank_best(self, storage: Storage, state: Any, epoch: int, step: int) -> str | None:
+        """Put this checkpoint among the best by the metric; its best name if it is."""
         if self.best is None:
             return None
         metric, mode = self.best
@@ -327,17 +330,18 @@ class Checkpoint(Pack):
         value = float(value)
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
-        name = f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
-        if self._sharded is not None:  # folders cannot be linked: the save itself is kept
-            name = self._name(epoch, step)
+        name = storage.best_name(metric, value, epoch, step)
         ranked = sorted([*self.best_saved, (value, name)], key=lambda entry: entry[0],
                         reverse=mode == "max")  # stable: an equal value keeps the older
         self.best_saved = ranked[:self.keep_best]
         return name if (value, name) in self.best_saved else None
 
-    def _name(self, epoch: int, step: int) -> str:
-        name = _name(epoch, step)
-        return name if self._sharded is None else checkpoint_sharded.folder_name(name)
+    def _ranking(self) -> dict[str, Any] | None:
+        """The best-K as a record: the metric, its direction, the names and values."""
+        if self.best is None:
+            return None
+        return {"metric": self.best[0], "mode": self.best[1],
+                "best": [{"checkpoint": n, "value": v} for v, n in self.best_saved]}
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": list(self.saved),
@@ -350,76 +354,17 @@ class Checkpoint(Pack):
 
 
 class _Finish:
-    """After a checkpoint is on disk: its best-K name, then the files it replaces go."""
+    """Once a checkpoint is on disk (called where the storage leads): the best-K are
+    recorded, then the checkpoints it replaces go."""
 
-    __slots__ = ("best", "old", "path")
+    __slots__ = ("best", "old", "path", "ranking", "storage")
 
-    def __init__(self, path: Path, best: Path | None, old: list[Path]) -> None:
-        self.path, self.best, self.old = path, best, old
+    def __init__(self, storage: Storage, path: Path, best: Path | None,
+                 ranking: dict[str, Any] | None, old: list[Path]) -> None:
+        self.storage, self.path, self.best, self.ranking, self.old = (
+            storage, path, best, ranking, old)
 
     def __call__(self) -> None:
-        self.link()
-        self.prune()
-
-    def link(self) -> None:
-        if self.best is not None:
-            _link(self.path, self.best)
-
-    def prune(self) -> None:
+        self.storage.mark_best(self.path, self.best, self.ranking)
         for old in self.old:
-            old.unlink(missing_ok=True)
-
-
-class _ShardedFinish:
-    """After a sharded save is visible (on rank 0): ``best.json`` lists the best
-    folders, then the folders neither kept nor best go."""
-
-    __slots__ = ("best", "directory", "here", "old")
-
-    def __init__(self, pack: Checkpoint, old: set[str], here: bool) -> None:
-        self.directory, self.here = pack.directory, here
-        kept = {*pack.saved} | {n for _, n in pack.best_saved}
-        self.old = [pack.directory / n for n in sorted(old - kept)]
-        self.best = None if pack.best is None else {
-            "metric": pack.best[0], "mode": pack.best[1],
-            "best": [{"checkpoint": n, "value": v} for v, n in pack.best_saved]}
-
-    def __call__(self) -> None:
-        self.link()
-        self.prune()
-
-    def link(self) -> None:
-        if self.here and self.best is not None:
-            with atomic_write(self.directory / "best.json", "w") as file:
-                file.write(json.dumps(self.best, indent=1))
-
-    def prune(self) -> None:
-        if self.here:
-            for old in self.old:
-                checkpoint_sharded.remove(old)
-
-
-def _name(epoch: int, step: int) -> str:
-    """A checkpoint's file name: where a run resumed from it starts."""
-    return f"ckpt-{epoch:05d}-{step:010d}.pt"
-
-
-def _link(source: Path, target: Path) -> None:
-    """``target`` as a second name of the file ``source`` (a copy where the file system
-    has no hard links), put in place atomically."""
-    try:
-        with open(source, "rb") as held:  # the temporary name shares its lock: a
-            hold_lock(held.fileno())          # cleaner leaves it while it is in use
-            temporary = target.with_name(f"{temporary_name(target)}{os.getpid()}")
-            temporary.unlink(missing_ok=True)
-            try:
-                os.link(source, temporary)
-                os.replace(temporary, target)
-                return
-            except OSError:
-                temporary.unlink(missing_ok=True)
-    except OSError as error:
-        raise_if_disk_full(error, target)
-        raise
-    with atomic_write(target) as file, open(source, "rb") as copied:  # no hard links
-        shutil.copyfileobj(copied, file)
+            self.storage.remove(old)

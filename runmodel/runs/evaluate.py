@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .. import checkpoint
 from .._io import read_json, write_json
-from ..checkpoint import sharded as checkpoint_sharded
+from ..checkpoint.export import model_state
+from ..checkpoint.names import is_checkpoint
 from ..core import RunResult
 from ..engine import Engine
 from .folder import read_status
@@ -67,7 +65,7 @@ def _existing(run_dir: Path, name: str | None) -> Path | None:
 
 def _usable(path: Path) -> bool:
     """A file, or a whole sharded checkpoint folder."""
-    return path.is_file() or checkpoint_sharded.is_checkpoint(path)
+    return is_checkpoint(path)
 
 
 def _newest(run_dir: Path, pattern: str) -> Path | None:
@@ -80,22 +78,8 @@ def _newest(run_dir: Path, pattern: str) -> Path | None:
 def load_weights(model: Any, path: Path) -> None:
     """Put the weights of ``path`` (a checkpoint, a sharded checkpoint's folder, or a
     ``model.pt`` state dict) into ``model``, set up already; its optimizer is left
-    alone."""
-    if path.is_dir():  # read whole, in this one process
-        model.load_state_dict({"module": checkpoint_sharded.read_model_state(path),
-                               "optimizer": None})
-        return
-    try:
-        saved = checkpoint.read(path)
-    except ValueError:  # not a checkpoint: the weights alone (the interface's save)
-        saved = {"model": {"module": torch.load(path, map_location="cpu", weights_only=True),
-                           "optimizer": None}}
-    state = saved.get("model")
-    if state is None:
-        raise ValueError(f"{path} holds no model weights")
-    if isinstance(state, dict) and "optimizer" in state:
-        state = {**state, "optimizer": None}
-    model.load_state_dict(state)
+    alone. A file that holds no weights is one ``ValueError`` naming it and saying why."""
+    model.load_state_dict(model_state(path))
 
 
 def evaluate_model(model: Any, weights: Path, mode: str, *,

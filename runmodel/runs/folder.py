@@ -1,18 +1,27 @@
-"""A run's folder while it runs: the files that ``engine.run(..., run_dir=PATH)`` writes
-for a run started from a script, as a config run has them (``docs/runs.md``).
+"""A run's folder, and the one object that writes it: every train run given a folder
+(``engine.run(..., run_dir=PATH)`` from a script, ``runmodel run CONFIG``) writes the same
+files the same way (``docs/runs.md``).
 
-    run.json       how the run was started: its id and start time, the script and its
-                   arguments, the working folder, the packs, epochs/steps (as extended),
-                   library versions
-    status.json    running / finished / failed / interrupted, times, pid, host, the best
-                   and last checkpoints
-    metrics.json   the final result: metrics, steps, epochs, how it ended
+    run.json       how the run was started: its kind (script or config) and id, its start
+                   time; a script's path, arguments and working folder; a config's digest
+                   and the folder its imports are found from; the packs, epochs/steps
+                   (as extended), library versions
+    config.json    a config run's canonical config (its hash names the folder)
+    status.json    running / finished / failed / interrupted / preempted, times, pid,
+                   host, the run's id, epochs and steps, the best and last checkpoints
+    metrics.json   the final result: metrics (``eval_*`` measured once training is done),
+                   steps, epochs, how it ended
     run.log        one line at the start, at each epoch's end and at the end
-    model.pt       the trained weights (the interface's save)
-    tensorboard/   event files (unless a TensorBoard pack of its own is attached)
+    model.pt       the trained weights (the interface's save; under ``fsdp`` the full
+                   state gathered from every process)
+    tensorboard/   event files
 
-The pack reads and writes these files; ``runmodel.runs`` (above the engine) lists,
-evaluates and continues runs from them.
+Paths in ``status.json`` and ``metrics.json`` are relative to the folder, so a folder that
+is moved, copied or renamed still names its own checkpoints. Status writes survive a full
+disk: the folder keeps a small reserve file that a status write frees when the disk is
+full.
+
+``runmodel.runs`` (above the engine) lists, evaluates and continues runs from these files.
 """
 
 from __future__ import annotations
@@ -23,17 +32,32 @@ import platform
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .._io import read_json, write_json
-from ..core import Pack, RunResult, hook
-from ..packs.run_log import RunLog
+from .._io import DiskFullError, read_json, write_json
+from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
+from ..core.state import refused_at_setup
 
-__all__ = ["RunFolder", "is_run", "is_script_run", "live_pid", "read_status", "start_record"]
+__all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
+           "read_status", "resolve", "start_record"]
 
-STATUS, RECORD, METRICS = "status.json", "run.json", "metrics.json"
+STATUS, RECORD, METRICS, CONFIG, MODEL = (
+    "status.json", "run.json", "metrics.json", "config.json", "model.pt")
+#: A run ended by one of these can be continued: it stopped on its own path and saved.
+INTERRUPTS = ("interrupted", "preempted")
+#: Freed by a status write that meets a full disk, so that the status is always written.
+RESERVE, RESERVE_BYTES = ".runmodel-reserve", 64 * 1024
+#: How much of a failure's traceback the status keeps.
+TRACEBACK_CHARS = 2000
+
+
+class RunExists(FileExistsError):
+    """The folder holds a run already, or another live process runs in it: continue it,
+    restart it, or give this run another folder."""
 
 
 def live_pid(status: dict[str, Any]) -> int | None:
@@ -54,27 +78,53 @@ def live_pid(status: dict[str, Any]) -> int | None:
 def is_run(directory: Path) -> bool:
     """Whether ``directory`` is a run folder: a config run's (``config.json``) or a script
     run's (``run.json``, written by ``engine.run(..., run_dir=)``)."""
-    return (directory / "config.json").is_file() or (directory / "run.json").is_file()
+    return (directory / CONFIG).is_file() or (directory / RECORD).is_file()
 
 
 def is_script_run(directory: Path) -> bool:
-    return not (directory / "config.json").is_file() and (directory / "run.json").is_file()
+    return not (directory / CONFIG).is_file() and (directory / RECORD).is_file()
 
 
 def read_status(directory: Path) -> dict[str, Any]:
-    """The run's status; a run marked running whose process is gone was interrupted."""
-    status = read_json(Path(directory) / STATUS)
+    """The run's status: a run marked running whose process (on this host) is gone was
+    interrupted; a status file that does not parse is ``damaged`` (its checkpoints still
+    say where the run stands)."""
+    path = Path(directory) / STATUS
+    status = read_json(path)
+    if not status and path.is_file() and path.read_bytes().strip():
+        return {"status": "damaged"}
     if (status.get("status") == "running" and status.get("host") == socket.gethostname()
             and live_pid(status) is None):
         status["status"] = "interrupted"
     return status
 
 
+def resolve(directory: Path, name: str | None) -> Path | None:
+    """A path that the run folder's files name: relative to the folder (as they are
+    written), or, in folders written before, absolute or relative to where the run was
+    started."""
+    if not name:
+        return None
+    path = Path(name)
+    return path if path.is_absolute() else Path(directory) / path
+
+
+def _relative(directory: Path, files: dict[str, str]) -> dict[str, str]:
+    """``files`` with the paths inside ``directory`` made relative to it."""
+    inside = {}
+    for key, name in files.items():
+        try:
+            inside[key] = str(Path(name).resolve().relative_to(directory.resolve()))
+        except (ValueError, OSError):
+            inside[key] = name
+    return inside
+
+
 def versions() -> dict[str, str]:
     """The versions of Python, torch and runmodel running now."""
     import torch
 
-    try:  # as runmodel.__version__ (the package's __init__ is above the packs)
+    try:  # as runmodel.__version__ (the package's __init__ is above this module)
         runmodel = version("runmodel")
     except PackageNotFoundError:
         runmodel = "0+unknown"
@@ -82,120 +132,282 @@ def versions() -> dict[str, str]:
             "runmodel": runmodel}
 
 
-class RunFolder(Pack):
-    """The folder of one run (a train run; see the module's docstring). ``record`` is
-    how it was started (``script``, ``argv``, ``cwd``, ``packs``...); the engine adds the
-    run's id and start time. At setup it refuses a folder that another live process uses
-    (naming its pid) and a run started from step 0 into a folder holding a run; then it
-    claims the folder. ``finish`` writes the result once the run is over."""
-
-    name = "run_folder"
-
-    def __init__(self, directory: str | os.PathLike[str], record: dict[str, Any] | None = None
-                 ) -> None:
-        self.directory = Path(directory)
-        self.record = dict(record or {})
-        self.log = RunLog(self.directory / "run.log")
-        self.began = False  # whether this run claimed the folder (its setup hook ran)
-        self._status: dict[str, Any] = {}
-
-    def holds_run(self) -> bool:
-        """Whether the folder holds a run already."""
-        return (self.directory / RECORD).is_file() or (self.directory / STATUS).is_file()
-
-    def check_start(self, resuming: bool, auto: bool = False) -> None:
-        """Refuse a folder that another live process uses, and a run from step 0 into a
-        folder that holds a run: before anything else of the run happens."""
-        status = read_json(self.directory / STATUS)
-        pid = live_pid(status)
-        if pid is not None and pid != os.getpid():
-            raise FileExistsError(f"{self.directory} is the folder of a run that is running "
-                                  f"now (pid {pid} on {status.get('host')}); two processes "
-                                  f"never share a run folder: wait for it, stop it, or give "
-                                  f"this run another run_dir")
-        if self.holds_run() and not resuming and auto:
-            raise FileNotFoundError(
-                f"{self.directory} holds a run, but none of its checkpoints to continue it "
-                f"from (resume=\"auto\" looks in the attached Checkpoint packs' folders: give "
-                f"the run a Checkpoint pack, such as Checkpoint(\"checkpoint\") inside "
-                f"run_dir), or give this run another run_dir")
-        if self.holds_run() and not resuming:
-            held = read_json(self.directory / RECORD).get("id") or status.get("run")
-            raise FileExistsError(
-                f"{self.directory} holds a run already (run {held or '?'}, status "
-                f"{read_status(self.directory).get('status', 'unknown')}); this run starts "
-                f"from step 0. Continue that run with resume=\"auto\" (or `runmodel resume "
-                f"{self.directory}`), or give this run another run_dir")
-
-    def check_setup(self, engine: Any) -> None:
-        self.began = False
-        self.check_start(engine.resumed_from is not None)
-        held = read_json(self.directory / RECORD).get("id")
-        if held and engine.resumed_from is not None and held != engine.run_record.get("id"):
-            raise FileExistsError(f"{self.directory} holds run {held}, and this run continues "
-                                  f"run {engine.run_record.get('id')} (from "
-                                  f"{engine.resumed_from}); give it another run_dir")
-
-    @hook(priority=2000, rank=0)  # first: the folder is claimed before other packs write
-    def setup(self, engine: Any) -> None:
-        s, run = engine.state, engine.run_record
-        self.directory.mkdir(parents=True, exist_ok=True)
-        record = read_json(self.directory / RECORD) if engine.resumed_from else {}
-        if record:  # a continuation: the run's record, with the length it has now
-            record.setdefault("continued", []).append(
-                {"at": time.time(), "from": str(engine.resumed_from), "epochs": s.max_epochs,
-                 "steps": s.max_steps, "argv": self.record.get("argv")})
-        else:
-            record = {**self.record, "id": run.get("id"), "started": run.get("started"),
-                      "versions": versions()}
-        record.update(epochs=s.max_epochs, steps=s.max_steps)
-        if engine.extension:
-            record.setdefault("extensions", []).append(engine.extension)
-        write_json(self.directory / RECORD, record)
-        self._status = {"status": "running", "run": run.get("id"), "pid": os.getpid(),
-                        "host": socket.gethostname(), "started": time.time(),
-                        "run_started": run.get("started"),
-                        "resumed_from": str(engine.resumed_from or "")}
-        write_json(self.directory / STATUS, self._status)
-        self.began = True
-
-    def finish(self, engine: Any, result: RunResult | None,
-               error: BaseException | None = None) -> None:
-        """After the run: its status, and for a run that ended without an error its final
-        metrics and the trained weights."""
-        if not self.began:
-            return
-        self.began = False
-        status = {**self._status, "ended": time.time()}
-        if result is None:
-            interrupted = isinstance(error, KeyboardInterrupt)
-            status.update(status="interrupted" if interrupted else "failed",
-                          error=f"{type(error).__name__}: {error}")
-        else:
-            interrupted = bool(result.reason and result.reason.startswith("interrupted"))
-            status.update(status="interrupted" if interrupted else "finished",
-                          files=dict(result.files))
-            if interrupted:
-                status["error"] = result.reason
-            write_json(self.directory / METRICS, {
-                "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
-                "files": result.files, "reason": result.reason})
-            self._save_model(engine.model)
-        write_json(self.directory / STATUS, status)
-
-    def _save_model(self, model: Any) -> None:
-        interface = getattr(model, "interface", None)
-        if interface is not None:
-            with contextlib.suppress(NotImplementedError, ValueError):
-                interface.save(model, self.directory)
-
-
 def start_record(packs: dict[str, Pack], mode: str) -> dict[str, Any]:
-    """How a run is being started from Python: the script and its arguments, the working
-    folder, the packs attached (key and class), the mode."""
+    """How a run is being started from a Python script: the script and its arguments,
+    the working folder, the packs attached (key and class), the mode."""
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
     return {"kind": "script", "script": None if script is None else str(Path(script).resolve()),
             "argv": list(sys.argv[1:]), "cwd": os.getcwd(), "mode": mode,
             "packs": {key: type(pack).__name__ for key, pack in packs.items()}}
+
+
+class RunFolder(Pack):
+    """The folder of one train run, and the one writer of its files (the module's
+    docstring). ``record`` is how the run was started (``kind``: script or config, and
+    what a resume needs to start it again); ``files`` are written beside it at the run's
+    setup (a config run's ``config.json``); ``status`` adds keys to the status (the
+    processes of a torchrun launch). ``claimed``: the folder was claimed for this run
+    already (``claim``), as a config run's is before its processes start.
+
+    Before the run, ``claim`` refuses a folder that another live process runs in and a
+    run from step 0 into a folder that holds a run. At setup (rank 0) it writes the
+    record and the status ``running``; at teardown, once training ended without an error
+    (every process: under ``fsdp`` gathering the weights is collective), it writes the
+    trained weights and measures the ``eval_*`` metrics; ``finish`` writes the status and
+    the final metrics."""
+
+    name = "run_folder"
+
+    def __init__(self, directory: str | os.PathLike[str], record: dict[str, Any] | None = None,
+                 *, files: dict[str, dict[str, Any]] | None = None,
+                 status: dict[str, Any] | None = None, claimed: bool = False) -> None:
+        self.directory = Path(directory)
+        self.record = dict(record or {})
+        self.files = dict(files or {})
+        self.extra = dict(status or {})
+        self.claimed = claimed
+        from ..packs.run_log import RunLog  # here: reading a run folder imports no torch
+
+        self.log = RunLog(self.directory / "run.log")
+        self.began = False  # whether this run claimed the folder (its setup hook ran)
+        self._status: dict[str, Any] = {}
+
+    # -- before the run -------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        return str(self.record.get("kind", "script"))
+
+    def holds_run(self) -> bool:
+        """Whether the folder holds a run already."""
+        return any((self.directory / name).is_file() for name in (RECORD, STATUS, CONFIG))
+
+    def claim(self, resuming: bool, *, auto: bool = False, take_over: bool = False) -> None:
+        """Refuse, before anything of the run happens, a folder that another live process
+        runs in (unless ``take_over``: its process is known dead elsewhere) and a run from
+        step 0 (not ``resuming``) into a folder that holds a run."""
+        status = read_json(self.directory / STATUS)
+        pid = live_pid(status)
+        if pid is not None and pid != os.getpid() and not take_over:
+            raise RunExists(f"{self.directory} is the folder of a run that is running now (pid "
+                            f"{pid} on {status.get('host')}); two processes never share a run "
+                            f"folder: wait for it, stop it, or {self._elsewhere()}")
+        if resuming or not self.holds_run():
+            return
+        if auto:
+            raise RunExists(
+                f"{self.directory} holds a run, but none of its checkpoints to continue it "
+                f"from (resume=\"auto\" looks in the attached Checkpoint packs' folders: give "
+                f"the run a Checkpoint pack, such as Checkpoint(\"checkpoint\") inside "
+                f"run_dir), or {self._elsewhere()}")
+        held = read_json(self.directory / RECORD).get("id") or status.get("run")
+        now = read_status(self.directory).get("status", "unknown")
+        if self.kind == "config":
+            raise RunExists(f"{self.directory} holds a run of this config already (status: "
+                            f"{now}); continue it with `runmodel resume {self.directory}` (or "
+                            f"--resume), or start again with --restart (the old run is kept "
+                            f"beside it)")
+        raise RunExists(f"{self.directory} holds a run already (run {held or '?'}, status "
+                        f"{now}); this run starts from step 0. Continue that run with "
+                        f"resume=\"auto\" (or `runmodel resume {self.directory}`), or give "
+                        f"this run another run_dir")
+
+    def _elsewhere(self) -> str:
+        return ("wait for it to end" if self.kind == "config"
+                else "give this run another run_dir")
+
+    def move_aside(self) -> Path:
+        """Rename the folder to ``NAME.old-TIME`` (``-2``, ``-3``... if taken), so that a
+        run can start afresh in it; nothing is deleted."""
+        base = f"{self.directory.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        target, n = self.directory.with_name(base), 2
+        while target.exists():
+            target, n = self.directory.with_name(f"{base}-{n}"), n + 1
+        self.directory.rename(target)
+        return target
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def packs(self) -> Iterator[Pack]:
+        yield self.log
+
+    def hooks(self) -> Iterator[Hook]:
+        # first: the folder is claimed before other packs write
+        yield Hook(self.setup, "setup", HookOptions.of(priority=2000, rank=0, modes="train"))
+        # every process (gathering the weights of a sharded model is collective), before
+        # the backend's own teardown puts its data back
+        yield Hook(self.trained, "teardown", HookOptions.of(priority=1000, modes="train",
+                                                            name="run_folder.trained"))
+
+    def check_setup(self, engine: Any) -> None:
+        self.began = False
+        if not self.claimed:
+            self.claim(engine.resumed_from is not None)
+        held = read_json(self.directory / RECORD).get("id")
+        if held and engine.resumed_from is not None and held != engine.run_record.get("id"):
+            raise RunExists(f"{self.directory} holds run {held}, and this run continues run "
+                            f"{engine.run_record.get('id')} (from {engine.resumed_from}); a "
+                            f"folder holds one run: give it another folder")
+
+    def setup(self, engine: Any) -> None:
+        """Claim the folder: the record (a continuation adds to it) and ``running``."""
+        s, run = engine.state, engine.run_record
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, data in self.files.items():
+            write_json(self.directory / name, data)
+        record = read_json(self.directory / RECORD) if engine.resumed_from else {}
+        previous = read_json(self.directory / STATUS) if engine.resumed_from else {}
+        if record:  # a continuation: the run's record, with the length it has now
+            record.setdefault("continued", []).append(
+                {"at": time.time(), "from": self._inside(engine.resumed_from),
+                 "epochs": s.max_epochs, "steps": s.max_steps, "argv": self.record.get("argv")})
+        else:
+            record = {**self.record, "id": run.get("id"), "started": run.get("started"),
+                      "versions": versions()}
+        extensions = list(previous.get("extensions", record.get("extensions", [])))
+        if engine.extension:
+            extensions.append(engine.extension)
+            self.log.write(f"extended: {engine.extension}")
+        record.update(epochs=s.max_epochs, steps=s.max_steps, extensions=extensions)
+        write_json(self.directory / RECORD, record)
+        self._reserve()
+        self._status = {"status": "running", "run": run.get("id"), "pid": os.getpid(),
+                        "host": socket.gethostname(), "started": time.time(),
+                        "run_started": run.get("started"), "epochs": s.max_epochs,
+                        "steps": s.max_steps, "extensions": extensions,
+                        "resumed_from": self._inside(engine.resumed_from), **self.extra}
+        self._write_status(self._status)
+        self.began = True
+
+    def trained(self, engine: Any) -> None:
+        """A run that trained to its end (its budget, its epochs, or ``stop()``): the
+        trained weights as ``model.pt`` and its ``eval_*`` metrics on its eval data. Every
+        process of a distributed run takes part (the processes agreed that they ended
+        together first): the evaluation goes over each one's share of the data, as the
+        ``Evaluate`` pack's does, and under ``fsdp`` the weights are gathered."""
+        s, model = engine.state, engine.model
+        interface = getattr(model, "interface", None)
+        if s.error is not None or interface is None:
+            return
+        self._save_model(engine, interface)
+        eval_data = getattr(model, "eval_data", None)
+        if eval_data is not None:
+            with contextlib.suppress(NotImplementedError):
+                evaluated = interface.evaluate(model, eval_data)
+                s.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
+
+    def _save_model(self, engine: Any, interface: Any) -> None:
+        """``model.pt``: the interface's save where every process holds the whole model;
+        under ``fsdp`` the weights the run's storage gathers (every process calls it),
+        written by rank 0."""
+        storage, rank = engine.storage, engine.state.rank
+        if getattr(storage, "group", None) is None:  # the whole model is here
+            if rank == 0:
+                with contextlib.suppress(NotImplementedError, ValueError):
+                    interface.save(engine.model, self.directory)
+            return
+        if not getattr(storage, "ended_together", True):
+            return  # a collective needs every process: they did not agree at the end
+        state = storage.full_model_state(engine.model)
+        if state is not None and rank == 0:
+            import torch
+
+            from .._io import atomic_write
+
+            with atomic_write(self.directory / MODEL) as file:
+                torch.save(state, file)
+            engine.state.files["model"] = str(self.directory / MODEL)
+
+    def finish(self, engine: Any, result: RunResult | None,
+               error: BaseException | None = None) -> None:  # one of the two
+        """After the run (rank 0): its status, and for a run that ended without an error
+        its final metrics."""
+        if not self.began:
+            if error is not None and not refused_at_setup(error) and engine.state.rank == 0:
+                self._failed_before_setup(error)
+            return  # refused at setup: nothing ran, the folder is as it was
+        self.began = False
+        status = {**self._status, "ended": time.time()}
+        if result is not None:
+            status.update(status="finished", files=_relative(self.directory, result.files))
+            write_json(self.directory / METRICS, {
+                "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
+                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
+                "files": _relative(self.directory, result.files), "reason": result.reason})
+        elif isinstance(error, Interrupted):
+            status.update(status="preempted" if isinstance(error, Preempted) else
+                          "interrupted", error=str(error), step=engine.state.step,
+                          files=_relative(self.directory, engine.state.files))
+            if isinstance(error, Preempted):
+                status["signal"] = _signal_name(error.signal)
+        elif error is not None:
+            status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
+                          else "failed", error=f"{type(error).__name__}: {error}",
+                          traceback=_traceback(error))
+        self._write_status(status, error)
+
+    def _failed_before_setup(self, error: BaseException) -> None:
+        """The run failed before its setup hooks ran (in ``model.setup()``, say): the
+        folder records that it failed, and why."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, data in self.files.items():
+            if not (self.directory / name).is_file():
+                write_json(self.directory / name, data)
+        now = time.time()
+        self._write_status({**read_json(self.directory / STATUS), "status": "failed",
+                            "pid": os.getpid(), "host": socket.gethostname(),
+                            "started": now, "ended": now, **self.extra,
+                            "error": f"{type(error).__name__}: {error}",
+                            "traceback": _traceback(error)}, error)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _inside(self, path: Path | None) -> str:
+        return _relative(self.directory, {"p": str(path)})["p"] if path else ""
+
+    def _reserve(self) -> None:
+        """Keep ``RESERVE_BYTES`` on the disk for the status writes to come."""
+        path = self.directory / RESERVE
+        with contextlib.suppress(OSError):
+            if not path.is_file() or path.stat().st_size < RESERVE_BYTES:
+                path.write_bytes(b"\0" * RESERVE_BYTES)
+
+    def _write_status(self, status: dict[str, Any], error: BaseException | None = None
+                      ) -> None:
+        """``status.json``, atomically; on a full disk, once more after freeing the
+        reserve. If even that fails, the run's own error says so in a note (raised only
+        when there is no error of the run's to raise)."""
+        for attempt in (1, 2):
+            try:
+                write_json(self.directory / STATUS, status)
+                return
+            except DiskFullError as full:
+                if attempt == 1 and (self.directory / RESERVE).is_file():
+                    (self.directory / RESERVE).unlink()
+                    continue
+                if error is None:
+                    raise
+                error.add_note(f"runmodel: could not record the run's status in "
+                               f"{self.directory / STATUS}: {full}")
+                return
+
+
+def record_status(directory: Path, status: dict[str, Any], error: BaseException) -> None:
+    """Write ``status`` for the run in ``directory`` outside its run (a launcher's word on
+    a failed process): as the run's own writer does, reserve and all."""
+    RunFolder(directory)._write_status(status, error)
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _traceback(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= TRACEBACK_CHARS else "..." + text[-TRACEBACK_CHARS:]

@@ -1,27 +1,36 @@
-"""Run folders as files: what a run folder holds, its status, and the table of runs
-that ``runmodel runs`` prints. Config runs (``config_run.py``) and script runs
-(``engine.run(..., run_dir=PATH)``) write the same folder."""
+"""Run folders read back, and the table of runs that ``runmodel runs`` prints.
+
+Config runs (``config_run.py``) and script runs (``engine.run(..., run_dir=PATH)``) write
+the same folder; what is read here is JSON and the run log, never a tensor, so listing runs
+imports no torch (``runmodel runs`` answers at once). ``runs/plot.py`` reads run folders
+through the same readers (``described``, ``flatten``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..checkpoint import checkpoints_in
+from ..checkpoint.names import checkpoints_in, position
+from ..config import did_you_mean
 from .folder import is_run, is_script_run, read_status
 
-__all__ = ["RunInfo", "flatten", "list_runs", "runs_table"]
+__all__ = ["RunInfo", "described", "flatten", "list_runs", "runs_table", "short_names",
+           "terminal_width"]
 
 
 def described(directory: Path) -> dict[str, Any]:
-    """What ``runmodel runs`` compares runs by: a config run's config, with the epochs and
-    steps it has now (an extension changes them); a script run's script, arguments and
-    length."""
+    """What runs are compared (and labelled) by: a config run's config, with the epochs
+    and steps it has now (an extension changes them); a script run's script, arguments
+    and length."""
     status = read_status(directory)
     if is_script_run(directory):
         record = read_json(directory / "run.json")
@@ -53,7 +62,7 @@ def steps_done(directory: Path) -> int | None:
         if (found := _LOGGED_STEP.search(line)) is not None:
             return int(found.group(1))
     for path in checkpoints_in(directory / "checkpoint"):
-        return int(path.stem.rsplit("-", 1)[1])
+        return position(path)[1]
     return result.get("steps")
 
 
@@ -94,6 +103,7 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys (``optimizer.args.lr``); a list as its JSON text."""
     if isinstance(data, dict):
         flat: dict[str, Any] = {}
         for key, value in data.items():
@@ -102,26 +112,132 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: json.dumps(data) if isinstance(data, list) else data}
 
 
-def runs_table(runs: list[RunInfo]) -> str:
-    """A table of runs: name, status, the config values that differ, final metrics."""
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Each dotted key by its shortest ending that no other key shares
+    (``optimizer.args.lr`` -> ``lr``)."""
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            name = ".".join(parts[-n:])
+            if not any(other != key and (other == name or other.endswith("." + name))
+                       for other in keys):
+                break
+        names[key] = name
+    return names
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+#: Space between columns, and the narrowest a column is folded to.
+GAP, NARROWEST = 2, 8
+_BREAK_AFTER = re.compile(r"(?<=[-_./,= ])")
+
+
+def terminal_width() -> int:
+    """The width to fit the table to: ``COLUMNS`` where set, else the terminal's when
+    the output is one; 0 (no limit) when it goes to a file or a pipe."""
+    given = os.environ.get("COLUMNS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return 0
+
+
+def runs_table(runs: list[RunInfo], width: int = 0, columns: Sequence[str] | None = None
+               ) -> str:
+    """A table of runs: name, status, the config values that differ, steps, final
+    metrics; or the ``columns`` named (``run``, ``status``, ``steps``, a config key or its
+    last parts, a metric), in their order. With ``width``, wide columns are folded (their
+    cells over several lines) until the table fits, none narrower than 8 characters."""
     if not runs:
         return "no runs"
     flats = [flatten(run.config) for run in runs]
-    keys = sorted({k for flat in flats for k in flat})
-    differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
-    metric_names = sorted({m for run in runs for m in run.metrics})
-    header = ["run", "status", *differing, "steps", *metric_names]
-    rows = [header]
-    for run, flat in zip(runs, flats, strict=True):
-        rows.append([run.name or run.path.name, run.status,
-                     *(str(flat.get(k, "-")) for k in differing),
-                     str(run.steps if run.steps is not None else "-"),
-                     *(_fmt(run.metrics.get(m)) for m in metric_names)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    available = _columns(runs, flats)
+    if columns is None:
+        keys = sorted({k for flat in flats for k in flat})
+        differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
+        metrics = sorted({m for run in runs for m in run.metrics})
+        chosen = ["run", "status", *differing, "steps", *metrics]
+    else:
+        chosen = [_column_named(name, list(available)) for name in columns]
+    header = chosen
+    rows = [available[name] for name in chosen]
+    cells = [list(column) for column in zip(*rows, strict=True)]
+    natural = [max(len(header[i]), *(len(row[i]) for row in cells)) for i in range(len(header))]
+    widths = _fitted(natural, width)
+    lines = _rows(header, widths)
+    lines.append("  ".join("-" * w for w in widths))
+    for row in cells:
+        lines += _rows(row, widths)
     return "\n".join(lines)
+
+
+def _columns(runs: list[RunInfo], flats: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Every column the table can show, by name, with a cell per run."""
+    made = {"run": [run.name or run.path.name for run in runs],
+            "status": [run.status for run in runs]}
+    for key in sorted({k for flat in flats for k in flat}):
+        made[key] = [str(flat.get(key, "-")) for flat in flats]
+    made["steps"] = [str(run.steps if run.steps is not None else "-") for run in runs]
+    for metric in sorted({m for run in runs for m in run.metrics}):
+        made[metric] = [_fmt(run.metrics.get(metric)) for run in runs]
+    return made
+
+
+def _column_named(name: str, available: list[str]) -> str:
+    """The column ``name`` names: itself, or the one key it is the last parts of
+    (``lr``: ``optimizer.args.lr``); anything else is a ``ValueError`` saying what is
+    there."""
+    if name in available:
+        return name
+    ending = [key for key in available if key.endswith("." + name)]
+    if len(ending) == 1:
+        return ending[0]
+    if ending:
+        raise ValueError(f"--columns: {name!r} is the end of {', '.join(ending)}: name one")
+    shown = short_names(available)
+    raise ValueError(f"--columns: no column {name!r}{did_you_mean(name, shown.values())}; "
+                     f"the runs have {', '.join(shown[key] for key in available)}")
+
+
+def _fitted(natural: list[int], width: int) -> list[int]:
+    """Column widths that fit ``width`` (0: no limit): the widest columns are narrowed
+    first, none below ``NARROWEST`` (or its natural width)."""
+    widths = list(natural)
+    if width <= 0:
+        return widths
+    floor = [min(w, NARROWEST) for w in natural]
+    while sum(widths) + GAP * (len(widths) - 1) > width:
+        widest = max(range(len(widths)), key=lambda i: widths[i] - floor[i])
+        if widths[widest] <= floor[widest]:
+            break  # as narrow as columns go: the terminal wraps the rest
+        widths[widest] -= 1
+    return widths
+
+
+def _rows(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """One row of the table, each cell folded to its column's width: as many lines as
+    its tallest cell."""
+    folded = [fold(cell, width) for cell, width in zip(cells, widths, strict=True)]
+    height = max(len(lines) for lines in folded)
+    return [(" " * GAP).join((lines[i] if i < len(lines) else "").ljust(width)
+                             for lines, width in zip(folded, widths, strict=True)).rstrip()
+            for i in range(height)]
+
+
+def fold(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken after a ``-_./,=`` or a
+    space where one is near the end of a line, else anywhere."""
+    lines = []
+    while len(text) > width:
+        breaks = [m.start() for m in _BREAK_AFTER.finditer(text, 1, width)]
+        cut = breaks[-1] if breaks and breaks[-1] > width // 2 else width
+        lines.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    lines.append(text)
+    return lines
 
 
 def _fmt(value: Any) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json, write_json
-from ..checkpoint.sharded import all_checkpoints_in
+from ..checkpoint import checkpoints_in
 from ..config.registry import Spec, registries
 from ..config.runconfig import (
     ConfigError,
@@ -478,7 +478,7 @@ def _run_trial(job: dict[str, Any]) -> int:
         run_dir = run_dir_for(config, folder)
         status = read_status(run_dir).get("status") if (run_dir / "config.json").exists() \
             else None
-        resume = status in ("interrupted", "failed") and bool(all_checkpoints_in(run_dir))
+        resume = status in ("interrupted", "failed") and bool(checkpoints_in(run_dir))
         if status in ("interrupted", "failed") and not resume and lead:
             shutil.rmtree(run_dir)  # nothing to continue: this trial's own start, again
         prepared = prepare(config, folder, resume=resume, progress=False,

@@ -501,10 +501,11 @@ def net_module_from_text(text: str) -> ModuleType:
 
 def test_the_launcher_passes_torchruns_options_and_never_relaunches_under_torchrun(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from runmodel.cli import _parser, launch
+    from runmodel.cli import launch
+    from runmodel.cli.parser import parser
 
     def parsed(*args: str) -> Any:
-        return _parser().parse_args(["run", "model.py", *args])
+        return parser().parse_args(["run", "model.py", *args])
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert not launch.asked_for(parsed("--epochs", "2"))

@@ -35,7 +35,9 @@ from torch.utils.data import DataLoader, Sampler
 import runmodel
 from runmodel.backends import FSDP
 from runmodel.backends.distributed.fsdp import PaddedEval, rebuild_optimizer, shard_units
-from runmodel.checkpoint import sharded as checkpoint_sharded
+from runmodel.checkpoint import checkpoints_in
+from runmodel.checkpoint.sharded import UnsafeCheckpointError, read_whole
+from runmodel.checkpoint.sharded.safe_reader import _SafeBytes
 
 from helpers import with_child_net
 
@@ -335,7 +337,7 @@ def test_async_sharded_checkpoints_keep_2_and_record_the_best(runs: Runs) -> Non
     assert best["metric"] == "eval_loss" and len(best["best"]) == 1
     kept = {"ckpt-00003-0000000024", "ckpt-00004-0000000032", best["best"][0]["checkpoint"]}
     assert names == sorted({"best.json", *kept})  # no staging folder left, no link
-    newest = checkpoint_sharded.all_checkpoints_in(folder)[0]
+    newest = checkpoints_in(folder)[0]
     assert newest.name == "ckpt-00004-0000000032"
 
 
@@ -348,7 +350,7 @@ def test_a_staging_folder_is_never_picked_to_resume(runs: Runs, tmp_path: Path) 
     shutil.copytree(source, tmp_path / "ckpt-00006-0000000048")
     (tmp_path / "ckpt-00006-0000000048" / ".metadata").unlink()
     shutil.copytree(source, tmp_path / "ckpt-00004-0000000032")
-    assert [p.name for p in checkpoint_sharded.all_checkpoints_in(tmp_path)] == [
+    assert [p.name for p in checkpoints_in(tmp_path)] == [
         "ckpt-00004-0000000032"]
 
 
@@ -437,7 +439,7 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it(runs: Runs) -> None:
     killed_at = float((runs.dirs["killed"] / "killed-at").read_text())
     assert ended - killed_at < 20, f"the run took {ended - killed_at:.1f}s to end"
     # the step-10 save is whole; nothing half-written is visible
-    assert [p.name for p in checkpoint_sharded.all_checkpoints_in(runs.dirs["killed"] / "ckpt")
+    assert [p.name for p in checkpoints_in(runs.dirs["killed"] / "ckpt")
             ] == ["ckpt-00001-0000000010", "ckpt-00000-0000000005"]
 
 
@@ -464,8 +466,8 @@ def test_a_payload_planted_in_the_metadata_does_not_run(runs: Runs, tmp_path: Pa
     metadata.planted = _Payload(str(marker))  # unpickling it calls os.system
     with open(folder / ".metadata", "wb") as file:
         pickle.dump(metadata, file)
-    with pytest.raises(checkpoint_sharded.UnsafeCheckpointError, match=r"posix\.system|os\.system"):
-        checkpoint_sharded.read_model_state(folder)
+    with pytest.raises(UnsafeCheckpointError, match=r"posix\.system|os\.system"):
+        read_whole(folder, optimizer=False)
     from runmodel.cli import main
 
     assert main(["export", str(folder), str(tmp_path / "out.pt")]) == 2
@@ -490,7 +492,7 @@ def test_a_non_tensor_item_is_read_with_weights_only(tmp_path: Path) -> None:
             raise AssertionError("handed on")
 
     with pytest.raises(pickle.UnpicklingError):
-        checkpoint_sharded._SafeBytes(Planner()).load_bytes(None, stream)
+        _SafeBytes(Planner()).load_bytes(None, stream)
     assert not marker.exists()
 
 

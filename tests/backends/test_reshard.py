@@ -1,8 +1,9 @@
 """Resuming in another number of processes (torchrun, gloo, CPU): a sharded checkpoint
 of 2 processes in 1 and of 1 in 2 (DCP reshards), a ``ddp`` checkpoint file under
 ``fsdp``, a sharded one in a plain process, with exactly the saved weights and
-optimizer state before the first step; the line that says what differs; a mid-epoch
-checkpoint and another optimizer class refused at setup.
+optimizer state before the first step; the line that says what differs; a checkpoint
+after an epoch's last step resumed as one at the epoch's end; a mid-epoch checkpoint and
+another optimizer class refused at setup.
 
 The child script is test_fsdp.py's model (``net.py``) with hooks that write the full
 weights and optimizer state at the first epoch's start (what the run resumed with) and at
@@ -65,6 +66,7 @@ CHILD = textwrap.dedent('''
     engine.attach(Checkpoint(f"{out}/ckpt", every="1ep", keep=None))
     if os.environ.get("MID_EPOCH"):
         engine.attach(Checkpoint(f"{out}/mid", every="5st", keep=1))
+        engine.attach(Checkpoint(f"{out}/last", every="4st", keep=1))  # at each epoch's end
     first = [True]
 
     @engine.on("epoch_start")
@@ -90,6 +92,8 @@ LAUNCHES: dict[str, tuple[int, str, int, tuple[str, str] | None, dict[str, str]]
     "ddp": (2, "ddp", 1, None, {}),
     "ddp_to_fsdp": (1, "fsdp", 2, ("ddp", "ckpt/ckpt-00001-0000000008.pt"), {}),
     "adam": (1, "fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {"ADAM": "1"}),
+    # saved after epoch 2's last step, before its end: resumed as two_to_one is
+    "last_to_one": (1, "fsdp", 3, ("two", "last/ckpt-00001-0000000016"), {}),
 }
 
 
@@ -177,6 +181,23 @@ def test_a_2_process_fsdp_checkpoint_resumes_in_1_process_exactly(launches: Laun
     # and it trains on: its epoch differs from the 2-process run's, as said
     assert not torch.equal(launches.state("two_to_one", "epoch3")["module"]["0.weight"],
                            launches.state("two", "epoch2")["module"]["0.weight"])
+
+
+def test_a_checkpoint_after_an_epochs_last_step_resumes_in_another_world_as_its_end(
+        launches: Launches) -> None:
+    """Saved by every="4st" after the 8th (last) step of epoch 2, before the epoch's
+    end: in 1 process it resumes as the checkpoint at the epoch's end does (the data are
+    dealt out anew from epoch 3 on), and trains epoch 3 to the same weights, bit for bit."""
+    launches.ok("two")
+    assert [p.name for p in (launches.folder("two") / "last").iterdir()] == [
+        "ckpt-00001-0000000016"]  # epoch index 1, its 8 steps done
+    err = launches.ok("last_to_one")
+    lines = [line for line in err.splitlines() if "written by 2" in line]
+    assert len(lines) == 1 and "from epoch 3 on" in lines[0], err[-3000:]
+    assert_same_state(launches.state("last_to_one", "restored"), launches.state("two", "epoch2"))
+    launches.ok("two_to_one")
+    assert_same_state(launches.state("last_to_one", "epoch3"),
+                      launches.state("two_to_one", "epoch3"))
 
 
 def test_a_1_process_fsdp_checkpoint_resumes_in_2_processes_exactly(launches: Launches) -> None:

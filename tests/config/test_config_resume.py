@@ -128,10 +128,11 @@ def test_ctrl_c_saves_marks_the_run_interrupted_and_resume_finishes_it(
     assert "stopping after this step, then saving" in stopped.stderr
     relative = run_dir.relative_to(project)
     assert f"continue it with `runmodel resume {relative}`" in stopped.stderr
-    assert stopped.stdout.startswith("train: stopped after 9 steps, 1 epochs")
-    assert "why: interrupted: Ctrl-C" in stopped.stdout
+    # one interrupt: the run raised runmodel.Interrupted, as a script's does; no result
+    assert "Ctrl-C stopped the run after step 9;" in stopped.stderr and stopped.stdout == ""
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["status"] == "interrupted"
+    assert status["status"] == "interrupted" and status["step"] == 9
+    assert status["error"] == "interrupted: Ctrl-C (after step 9)"
     # the final checkpoint is where it stopped (step 9, in epoch 1), not only the last one
     # of every="1st"
     assert (run_dir / "checkpoint" / "ckpt-00001-0000000009.pt").exists()

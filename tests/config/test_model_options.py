@@ -1,5 +1,6 @@
-"""Options (issue 19, part 2): a ``--set`` key that names no config field is a usage error
-(exit 2) with a did-you-mean; a model option the model does not declare is ignored with
+"""Options (issue 19, part 2; issue 28): a ``--set`` key that names no config field is a
+usage error (exit 2) with a did-you-mean, and so is a ``--set model.args.NAME`` the model
+does not declare; from Python, a model option the model does not declare is ignored with
 one warning (a did-you-mean when one is close), and an ignored option enters neither the
 run folder's name nor its hash."""
 
@@ -75,26 +76,67 @@ def test_a_misspelt_model_option_warns_once_and_names_no_folder(config: Path) ->
     assert prepared.model.module[0].out_features == 16  # the declared option, not the typo
 
 
-def test_the_command_line_warns_once_and_runs_in_the_plain_configs_folder(
-        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("command", ["run", "describe"])
+def test_on_the_command_line_a_model_option_the_model_does_not_declare_is_a_usage_error(
+        config: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """Issue 28: ``--set model.args.hiden=64`` stops before anything is written, naming
+    the close name and what the model declares (in Python, the option is warned about
+    and ignored, as above)."""
     root = config.parent / "runs"
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")  # shown as the command line shows it, on stderr
-        warnings.showwarning = _to_stderr
-        assert main(["run", str(config), "--runs-dir", str(root), "--set",
-                     "model.args.hiden=64", "--set", "model.args.sede=3"]) == 0
-    err = capsys.readouterr().err
-    assert err.count("unknown init option") == 2
-    assert "unknown init option 'hiden' ignored; did you mean 'hidden'?" in err
-    assert "unknown init option 'sede' ignored; did you mean 'seed'?" in err
-    assert [p.name for p in root.iterdir()] == [load_config(config).run_name()]
+    name = load_config(config).model.type_
+    given = ["--set", "model.args.hiden=64", "--set", "model.args.sede=3"]
+    extra = ["--runs-dir", str(root)] if command == "run" else []
+    assert main([command, str(config), *extra, *given]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line == (f"runmodel {command}: error: --set 'model.args.hiden=64': Small "
+                    f"(model {name!r}) declares no init option 'hiden' (did you mean "
+                    f"'hidden'?); its init options: hidden, seed")
+    assert captured.out == ""
+    assert not root.exists()
 
 
-def _to_stderr(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-               file: object = None, line: str | None = None) -> None:
-    import sys
+#: A model registered by a factory function: it declares no options, so any it is given
+#: goes through.
+FACTORY = '''\
+import torch
+from torch import nn
 
-    print(f"{category.__name__}: {message}", file=sys.stderr)
+import runmodel
+
+
+class Small(runmodel.TorchModel):
+    def __init__(self, device=None, width=8):
+        super().__init__(device)
+        self.module = nn.Linear(4, width)
+
+    def setup(self, setup_options=None):
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+        self.loss_fn = lambda output, target: output.pow(2).mean()
+        self.train_data = [(torch.ones(2, 4), torch.zeros(2))]
+
+
+runmodel.register_model({name!r}, lambda name, device, **args: Small(device, **args))
+'''
+
+
+def test_a_model_that_declares_no_options_takes_them_with_one_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"factory-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "factory.py").write_text(FACTORY.format(name=name))
+    config = tmp_path / "config.toml"
+    config.write_text(f'imports = ["factory.py"]\nepochs = 1\ndevice = "cpu"\n[model]\n'
+                      f'type = "{name}"\n')
+    root = tmp_path / "runs"
+    assert main(["run", str(config), "--runs-dir", str(root), "--set", "model.args.width=3",
+                 "--no-progress"]) == 0
+    [warning, where] = capsys.readouterr().err.splitlines()
+    assert warning == (f"runmodel: warning: model {name!r} declares no init options "
+                       f"(init_defaults), so these go to it unchecked: --set "
+                       f"'model.args.width=3'")
+    [run_dir] = root.iterdir()
+    assert where == f"run directory: {run_dir}"
+    assert json.loads((run_dir / "config.json").read_text())["model"]["args"] == {"width": 3}
 
 
 @pytest.mark.parametrize(("key", "close"), [("epoch=2", "epochs"), ("sed=1", "seed"),

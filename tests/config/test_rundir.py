@@ -36,7 +36,7 @@ from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
 from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
 
-from helpers import make_data
+from helpers import RUN_FOLDER, make_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "configs" / "digits.toml"
@@ -192,23 +192,26 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     started = time.time()
     result = prepared.run()
     assert (result.steps, result.epochs, result.ended) == (12, 3, "completed")
-    assert sorted(os.listdir(directory)) == ["checkpoint", "config.json", "metrics.json",
-                                             "model.pt", "run.log", "status.json",
-                                             "tensorboard"]
+    # the files of every run folder (a script's too), its config beside them, and the
+    # reserve a status write frees on a full disk
+    assert sorted(os.listdir(directory)) == sorted([*RUN_FOLDER, "config.json"])
 
     assert read_json(directory / "config.json") == config.to_dict()
     assert RunConfig.from_dict(read_json(directory / "config.json")) == config
 
     status = read_json(directory / "status.json")
-    assert sorted(status) == ["base", "digest", "ended", "epochs", "extensions", "files",
-                              "host", "pid", "resumed_from", "run", "run_started", "started",
-                              "status", "steps"]
-    # the run's id and start, as every checkpoint records them; its best and last
-    last = torch.load(status["files"]["last_checkpoint"], weights_only=True)
+    assert sorted(status) == ["ended", "epochs", "extensions", "files", "host", "pid",
+                              "resumed_from", "run", "run_started", "started", "status",
+                              "steps"]
+    # the run's id and start, as every checkpoint records them; its best and last, named
+    # inside the folder
+    last = torch.load(directory / status["files"]["last_checkpoint"], weights_only=True)
     assert last["engine"]["run"]["id"] == status["run"] and status["epochs"] == 3
     assert status["status"] == "finished" and status["pid"] == os.getpid()
-    assert status["host"] == socket.gethostname() and status["digest"] == config.digest()
-    assert status["base"] == str(project.dir.resolve()) and status["resumed_from"] == ""
+    record = read_json(directory / "run.json")
+    assert status["host"] == socket.gethostname() and record["digest"] == config.digest()
+    assert record["base"] == str(project.dir.resolve()) and status["resumed_from"] == ""
+    assert record["kind"] == "config" and record["id"] == status["run"]
     assert started <= status["started"] <= status["ended"] <= time.time()
     assert read_status(directory) == status
 
@@ -225,8 +228,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     accuracy = (logits.argmax(1) == y).double().mean().item()
     loss = nn.functional.cross_entropy(logits, y).item()
     metrics = read_json(directory / "metrics.json")
-    assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "seconds", "steps",
-                               "timings"]
+    assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "reason", "seconds",
+                               "steps", "timings"]
     assert (metrics["ended"], metrics["steps"], metrics["epochs"]) == ("completed", 12, 3)
     # loss: the last epoch's mean training loss (Progress and RunLog read it)
     assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss", "loss"]
@@ -256,9 +259,7 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
 def test_a_config_without_packs_still_checkpoints_and_logs(project: Project) -> None:
     result, directory = execute(project.load(packs=()), project.root, base=project.dir)
     assert result.steps == 12
-    assert sorted(os.listdir(directory)) == ["checkpoint", "config.json", "metrics.json",
-                                             "model.pt", "run.log", "status.json",
-                                             "tensorboard"]
+    assert sorted(os.listdir(directory)) == sorted([*RUN_FOLDER, "config.json"])
     # the defaults: every epoch, the newest 2
     assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000008.pt",
                                                             "ckpt-00003-0000000012.pt"]
@@ -342,8 +343,9 @@ def test_a_failing_run_is_marked_failed_and_the_error_propagates(project: Projec
     assert status["status"] == "failed"
     assert status["error"] == "RuntimeError: boom at call 5"
     assert status["started"] <= status["ended"]
-    assert sorted(os.listdir(directory)) == ["checkpoint", "config.json", "run.log",
-                                             "status.json", "tensorboard"]
+    assert sorted(os.listdir(directory)) == [".runmodel-reserve", "checkpoint", "config.json",
+                                             "run.json", "run.log", "status.json",
+                                             "tensorboard"]
     assert os.listdir(directory / "checkpoint") == ["ckpt-00001-0000000004.pt"]
     last = (directory / "run.log").read_text().splitlines()[-1]
     assert last.endswith(" end: 1 epoch, 5 steps done: RuntimeError: boom at call 5")
@@ -374,7 +376,9 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project)
     assert (result.steps, result.epochs, result.ended) == (12, 3, "completed")
     status = read_status(directory)
     assert status["status"] == "finished" and "error" not in status
-    assert status["resumed_from"] == str(directory / "checkpoint")
+    resumed_from = directory / status["resumed_from"]  # the file, named inside the folder
+    assert resumed_from.parent == directory / "checkpoint"
+    assert resumed_from.name.startswith("ckpt-")
     log = (directory / "run.log").read_text()
     assert "start train: 1 epoch, 4 steps done" in log and log.count("start train") == 2
 

@@ -22,16 +22,18 @@ from runmodel.packs import Checkpoint
 # a writer that stops in the middle of writing: it has written part of the file, says so,
 # and waits to be killed
 WRITER = """
-import sys, time
-from runmodel._io import atomic_folder, atomic_write
+import os, sys, time
+from pathlib import Path
+from runmodel._io import atomic_write, shared_lock
 if sys.argv[2] == "file":
     with atomic_write(sys.argv[1]) as file:
         file.write(b"x" * 100_000)
         file.flush()
         print("writing", flush=True)
         time.sleep(600)
-else:  # a sharded checkpoint's staging folder
-    with atomic_folder(sys.argv[1]) as folder:
+else:  # a sharded checkpoint's staging folder, as each process of the save holds it
+    folder = Path(sys.argv[1]).with_name(f".{Path(sys.argv[1]).name}.tmp-{os.getpid()}")
+    with shared_lock(folder):
         (folder / "shard0.pt").write_bytes(b"x" * 100_000)
         print("writing", flush=True)
         time.sleep(600)
@@ -99,14 +101,15 @@ def test_a_killed_save_leaves_nothing_after_the_next_save_or_resume(tmp_path: Pa
 
 
 def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
-    from runmodel._io import atomic_folder, atomic_write
+    from runmodel._io import atomic_write, shared_lock
 
     mask = os.umask(0o022)
     try:
         with atomic_write(tmp_path / "a.pt") as file:
             file.write(b"x")
-        with atomic_folder(tmp_path / "shards") as folder:
-            (folder / "0.pt").write_bytes(b"x")
+        with shared_lock(tmp_path / ".shards.tmp-1"):  # a sharded save's staging folder
+            (tmp_path / ".shards.tmp-1" / "0.pt").write_bytes(b"x")
+        os.replace(tmp_path / ".shards.tmp-1", tmp_path / "shards")
     finally:
         os.umask(mask)
     assert (tmp_path / "a.pt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600

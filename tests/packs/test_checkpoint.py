@@ -18,7 +18,7 @@ import runmodel
 from runmodel.checkpoint import checkpoints_in
 from runmodel.packs import Checkpoint
 
-from helpers import assert_same, dropout_mlp, files, train_with_checkpoints
+from helpers import Tiny, assert_same, dropout_mlp, files, train_with_checkpoints
 
 BATCHES = 4  # per epoch
 
@@ -228,3 +228,38 @@ def test_bad_best_options_fail_at_construction(tmp_path: Path, options: dict[str
                                                match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Checkpoint(tmp_path, **options)
+
+
+def test_a_best_metric_a_typo_away_is_refused_at_setup(tmp_path: Path) -> None:
+    """Checkpoint declares what it reads (``reads``): the setup check finds a typo in
+    ``best=`` before the first step, not at the end of the first epoch."""
+    from runmodel.packs import Evaluate
+
+    engine, steps = runmodel.Engine(), []
+    engine.on("step_start", lambda e: steps.append(e.state.step))
+    pack = Checkpoint(tmp_path, best=("eval_acuracy", "max"))
+    assert pack.reads == ("eval_acuracy",)
+    engine.attach(Evaluate(), pack)
+    with pytest.raises(ValueError, match=r"Checkpoint reads the metric 'eval_acuracy', which "
+                                         r"nothing in this run writes\. Did you mean "
+                                         r"'eval_accuracy' \(written by Evaluate\)"):
+        engine.run(Tiny(classes=3, hidden=8), epochs=2)  # a classifier: eval_accuracy
+    assert steps == [] and files(tmp_path) == []
+
+
+def test_two_checkpoint_packs_on_one_folder_are_refused_at_setup(tmp_path: Path) -> None:
+    engine, steps = runmodel.Engine(), []
+    engine.on("step_start", lambda e: steps.append(e.state.step))
+    engine.attach(Checkpoint(tmp_path / "ckpt", every="1ep"),
+                  Checkpoint(tmp_path / "other" / ".." / "ckpt", every="2st", keep=1))
+    with pytest.raises(ValueError, match=r"Checkpoint packs 'checkpoint' and 'checkpoint#2' "
+                                         r"both write to .*: each would delete the other's "
+                                         r"checkpoints as its own old ones\. Give each its own "
+                                         r"folder"):
+        engine.run(dropout_mlp(), epochs=1)
+    assert steps == [] and not (tmp_path / "ckpt").exists()
+    again = runmodel.Engine()  # two folders: both write
+    again.attach(Checkpoint(tmp_path / "a", every="1ep"), Checkpoint(tmp_path / "b", every="2st"))
+    again.run(dropout_mlp(), epochs=1)
+    assert files(tmp_path / "a") == ["ckpt-00001-0000000004.pt"]
+    assert files(tmp_path / "b") == ["ckpt-00000-0000000002.pt", "ckpt-00000-0000000004.pt"]

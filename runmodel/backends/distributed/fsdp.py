@@ -13,8 +13,9 @@ backend's (``ddp.py``); what differs:
   groups and hyperparameters (and an LR scheduler in the model's attributes follows it);
 - every forward is a collective, so evaluation pads the processes' uneven shares of the
   eval data with forwards whose outputs no metric sees;
-- checkpoints are sharded (``checkpoint_sharded.py``): every process writes its shard,
-  with collectives on a process group of their own.
+- checkpoints are sharded: the run's checkpoint storage (``storage()``) is a
+  ``runmodel.checkpoint.sharded.ShardedStorage``, every process writing its shard, with
+  collectives on a process group of their own.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from ...checkpoint import sharded as checkpoint_sharded
+from ...checkpoint.sharded import Sharded, ShardedStorage
 from .ddp import DDP, DistributedRun, EvalShard, _remade, shard_eval_data
 
 __all__ = ["FSDP", "PaddedEval", "rebuild_optimizer"]
@@ -85,6 +86,11 @@ class FSDP(DDP):
         self.param_dtype = _dtype("param_dtype", param_dtype)
         self.reduce_dtype = _dtype("reduce_dtype", reduce_dtype)
         self.checkpoint_timeout = float(checkpoint_timeout)
+        self._storage: ShardedStorage | None = None
+
+    def storage(self) -> ShardedStorage | None:
+        """The run's sharded checkpoints (made by ``initialize``)."""
+        return self._storage
 
     def _run(self, model: Any, module: torch.nn.Module, owned: bool) -> DistributedRun:
         return ShardedRun(model, module, owned, self.end_timeout)
@@ -117,9 +123,8 @@ class FSDP(DDP):
             seconds=self.checkpoint_timeout))
         box: list[Any] = [secrets.token_hex(4)]
         dist.broadcast_object_list(box, src=0)
-        sharded = checkpoint_sharded.Sharded(model, group, dist.get_rank(),
-                                             dist.get_world_size(), str(box[0]))
-        checkpoint_sharded.register(model, sharded)
+        sharded = Sharded(model, group, dist.get_rank(), dist.get_world_size(), str(box[0]))
+        self._storage = ShardedStorage(sharded)
         assert isinstance(self._pack, ShardedRun)
         self._pack.sharded = sharded
 
@@ -135,7 +140,7 @@ class ShardedRun(DistributedRun):
     def __init__(self, model: Any, module: torch.nn.Module, owned: bool,
                  end_timeout: float = 60.0) -> None:
         super().__init__(model, module, owned, end_timeout)
-        self.sharded: checkpoint_sharded.Sharded | None = None
+        self.sharded: Sharded | None = None
 
     def shard(self, seed: int | None) -> None:
         super().shard(seed)
@@ -154,7 +159,6 @@ class ShardedRun(DistributedRun):
             self.sharded.ended_together = False
 
     def restore(self) -> None:
-        checkpoint_sharded.unregister(self.model)
         if self.sharded is not None:  # its process group must not outlive the run
             self.sharded.group, self.sharded = None, None
         self.module = self.model.module  # sharded for good: fully_shard cannot be undone

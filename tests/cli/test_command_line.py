@@ -28,7 +28,7 @@ import runmodel
 
 import helpers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # seconds, for any one command (they take 2 to 10 s)
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
 RUNMODEL = (sys.executable, "-m", "runmodel")
@@ -151,7 +151,30 @@ def configure(engine):
                                            flush=True))
 '''
 
-FILES = {"tiny.py": TINY, "boom.py": BOOM, "nomodel.py": NO_MODEL, "broken.py": BROKEN}
+#: A model that declares no options: it reads what it is given itself.
+FREE = '''\
+import sys
+
+import runmodel
+
+
+class Free(runmodel.Model):
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        print("init options:", sorted(self.init_options.items()), flush=True)
+
+    def setup(self, setup_options=None):
+        print("setup options:", sorted((setup_options or {}).items()), flush=True)
+
+    def step(self, batch):
+        return batch
+
+    def run(self, runstep, steps=None, *args, **kwargs):
+        runstep(0)
+'''
+
+FILES = {"tiny.py": TINY, "boom.py": BOOM, "nomodel.py": NO_MODEL, "broken.py": BROKEN,
+         "free.py": FREE}
 
 
 @dataclass(frozen=True)
@@ -201,8 +224,14 @@ def calls(models: Path) -> dict[str, Call]:
         "describe": at_root("describe", "examples/digits.py", "--device", "cpu"),
         "describe-hidden": at_root("describe", "examples/digits.py", "--set", "hidden=16",
                                    "--device", "cpu"),
-        "set-unknown": at_models("run", "tiny.py", "--set", "bogus=1", "--set", "init.other=2",
-                                 "--device", "cpu"),
+        "set-unknown": at_models("run", "tiny.py", "--set", "bogus=1", "--device", "cpu"),
+        "set-unknown-init": at_models("run", "tiny.py", "--set", "init.other=2",
+                                      "--device", "cpu"),
+        "set-typo": at_root("run", "examples/digits.py", "--set", "hiden=256"),
+        "set-setup-typo": at_root("describe", "examples/digits.py", "--set", "setup.l=0.1"),
+        "train": at_models("run", "tiny.py", "--device", "cpu"),
+        "set-free": at_models("run", "free.py", "--set", "width=3", "--set", "init.depth=2",
+                              "--set", "setup.seed=1", "--no-progress"),
         "set-bad-type": at_root("run", "examples/digits.py", "--set", "hidden=big"),
         "set-bad-setup-type": at_models("run", "tiny.py", "--set", "lr=fast", "--device", "cpu"),
         "set-no-value": at_models("run", "tiny.py", "--set", "novalue"),
@@ -513,18 +542,44 @@ def test_set_reaches_setup_options(cli: Results) -> None:
     assert json.loads(result.stdout)["steps"] == 4  # 64 samples in batches of 32, twice
 
 
-def test_set_unknown_keys_warn_and_the_run_goes_on(cli: Results) -> None:
-    result = cli["set-unknown"]  # --set bogus=1 --set init.other=2
+def test_set_keys_the_model_does_not_declare_are_one_line_errors(cli: Results) -> None:
+    """Issue 28: ``--set hiden=256`` stops (exit 2) naming the close name and what the
+    model declares, instead of a warning and a run with the default."""
+    message = assert_one_line_error(cli["set-typo"], "run")
+    assert message == ("--set 'hiden=256': Digits declares no option 'hiden' (did you mean "
+                       "'hidden'?); init options: hidden, seed; setup options: lr, batch_size")
+    message = assert_one_line_error(cli["set-setup-typo"], "describe")
+    assert message == ("--set 'setup.l=0.1': Digits declares no setup option 'l' (did you "
+                       "mean 'lr'?); init options: hidden, seed; setup options: lr, batch_size")
+    message = assert_one_line_error(cli["set-unknown"], "run")
+    assert message == ("--set 'bogus=1': Tiny declares no option 'bogus'; init options: "
+                       "scale; setup options: lr, batch_size")
+    message = assert_one_line_error(cli["set-unknown-init"], "run")
+    assert message.startswith("--set 'init.other=2': Tiny declares no init option 'other'; ")
+
+
+def test_a_model_that_declares_no_options_gets_them_with_one_warning(cli: Results) -> None:
+    result = cli["set-free"]  # --set width=3 --set init.depth=2 --set setup.seed=1
+    assert result.returncode == 0, result.stderr
+    assert lines(result.stdout)[:2] == ["init options: [('depth', 2)]",
+                                        "setup options: [('seed', 1), ('width', 3)]"]
+    assert lines(result.stderr) == [
+        "runmodel: warning: Free declares no init options (init_defaults), so these go to it "
+        "unchecked: --set 'init.depth=2'",
+        "runmodel: warning: Free declares no setup options (setup_defaults), so these go to "
+        "it unchecked: --set 'width=3', --set 'setup.seed=1'"]
+    assert "UserWarning" not in result.stderr
+
+
+def test_training_shows_its_progress_by_default(cli: Results) -> None:
+    result = cli["train"]
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"train: completed after 4 steps, 1 epochs in \d+\.\d{2}s",
                         lines(result.stdout)[0])
     err = result.stderr
-    assert err.count("UserWarning") == 2, err
-    assert "UserWarning: Tiny: unknown setup option 'bogus' ignored" in err
-    assert "UserWarning: Tiny: unknown init option 'other' ignored" in err
     assert "setup options: lr=0.1 batch_size=16" in lines(err)
     assert "Traceback" not in err
-    # training shows its progress by default: off a terminal, a line per epoch
+    # off a terminal, a line per epoch
     assert re.fullmatch(r"train epoch 1  step 4  loss \S+  \(\d+\.\d+s\)", lines(err)[-1])
 
 

@@ -1,7 +1,8 @@
-"""``runmodel plot``: real config runs (``runmodel run CONFIG --set ...``) with different
-learning rates, their curves read back from the TensorBoard files they wrote, the figure
-checked line by line against the values each run logged in its run.log, and the PNG on
-disk checked as a PNG of the figure's size."""
+"""``runmodel plot`` (``runmodel/runs/plot.py``): real config runs (``runmodel run CONFIG
+--set ...``) with different learning rates, their curves read back from the TensorBoard
+files they wrote, the figure checked line by line against the values each run logged in
+its run.log, and the PNG on disk checked as a PNG of the figure's size; a script run's
+events where its own TensorBoard pack wrote them; a sweep's figure."""
 
 from __future__ import annotations
 
@@ -19,10 +20,25 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+import runmodel
 import runmodel.cli
-from runmodel.plot import add_arguments, figure, labels, load_runs, main, plot, read_curves
+from runmodel.packs import TensorBoard
+from runmodel.plot import (
+    Curve,
+    add_arguments,
+    event_folders,
+    figure,
+    labels,
+    load_runs,
+    main,
+    plot,
+    read_curves,
+    sweep_figure,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import dropout_mlp
+
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 PLOT = (sys.executable, "-m", "runmodel.plot")
 
@@ -124,36 +140,45 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_the_figure_has_a_panel_per_quantity_and_a_line_per_run(run_dirs: list[Path]) -> None:
+def test_train_and_eval_values_of_a_quantity_share_its_panel_a_colour_per_run(
+        run_dirs: list[Path]) -> None:
     fig = figure(run_dirs)
-    titles = [axes.get_title() for axes in fig.axes]
-    # the loss first; the learning rates only when asked for
-    assert titles == ["train/loss", "train/loss_step", "train/eval_loss",
-                      "train/eval_accuracy"]
+    # the loss first; the learning rates only when asked for; no train/ or eval_ prefix
+    assert [axes.get_title() for axes in fig.axes] == ["loss", "loss per step", "accuracy"]
+    assert [axes.get_ylabel() for axes in fig.axes] == ["loss", "loss", "accuracy"]
+    loss, per_step, accuracy = fig.axes
     expected_labels = list(RUNS.values())
+    assert [line.get_label() for line in loss.get_lines()] == [
+        f"{label} ({kind})" for label in expected_labels for kind in ("train", "eval")]
+    assert [line.get_linestyle() for line in loss.get_lines()] == ["-", "--"] * 3
+    colours = [line.get_color() for line in loss.get_lines()]
+    assert colours[0::2] == colours[1::2] and len(set(colours)) == 3  # one colour per run
+    for axes in (per_step, accuracy):
+        assert [line.get_label() for line in axes.get_lines()] == expected_labels
+        assert [line.get_color() for line in axes.get_lines()] == colours[0::2]
     for axes in fig.axes:
-        lines = axes.get_lines()
-        assert [line.get_label() for line in lines] == expected_labels
-        assert [t.get_text() for t in axes.get_legend().get_texts()] == expected_labels
+        shown = [line.get_label() for line in axes.get_lines()]
+        assert [t.get_text() for t in axes.get_legend().get_texts()] == shown
         assert axes.get_xlabel() == "step"
-    for run_dir, epochs in zip(run_dirs, (3, 3, 2), strict=True):
+        ticks = axes.get_xticks()  # steps are counts: whole-number ticks
+        assert len(ticks) > 1 and all(float(tick).is_integer() for tick in ticks), ticks
+    for index, (run_dir, epochs) in enumerate(zip(run_dirs, (3, 3, 2), strict=True)):
         log = logged(run_dir)
         assert set(log) == {"loss", "eval_loss", "eval_accuracy"}
-        index = run_dirs.index(run_dir)
-        for axes in fig.axes:
-            line = axes.get_lines()[index]
+        lines = {"loss": loss.get_lines()[2 * index], "eval_loss": loss.get_lines()[2 * index + 1],
+                 "eval_accuracy": accuracy.get_lines()[index]}
+        for name, line in lines.items():
             steps, values = list(line.get_xdata()), list(line.get_ydata())
-            name = axes.get_title().partition("/")[2]
-            if name == "loss_step":  # every 2nd step's loss, at 1-based steps
-                assert steps == list(range(2, 4 * epochs + 1, 2))
-                # the epochs' last steps: the loss run.log has for the epoch
-                at_epoch_end = [values[steps.index(s)] for s in log["loss"][0]]
-                assert at_epoch_end == pytest.approx(log["loss"][1], rel=1e-5)
-            else:
-                assert steps == log[name][0] == [4 * (e + 1) for e in range(epochs)]
-                assert values == pytest.approx(log[name][1], rel=1e-5)
+            assert steps == log[name][0] == [4 * (e + 1) for e in range(epochs)]
+            assert values == pytest.approx(log[name][1], rel=1e-5)
+        line = per_step.get_lines()[index]  # every 2nd step's loss, at 1-based steps
+        steps, values = list(line.get_xdata()), list(line.get_ydata())
+        assert steps == list(range(2, 4 * epochs + 1, 2))
+        # the epochs' last steps: the loss run.log has for the epoch
+        at_epoch_end = [values[steps.index(s)] for s in log["loss"][0]]
+        assert at_epoch_end == pytest.approx(log["loss"][1], rel=1e-5)
     # the runs differ: a faster learning rate ends at a lower loss here
-    final = [axes.get_lines()[i].get_ydata()[-1] for axes in fig.axes[:1] for i in range(2)]
+    final = [loss.get_lines()[2 * i].get_ydata()[-1] for i in range(2)]
     assert final[1] < final[0]
 
 
@@ -172,7 +197,8 @@ def test_plot_writes_a_png_of_the_figure_size(run_dirs: list[Path], tmp_path: Pa
 
 def test_metrics_choose_the_panels_in_their_order(run_dirs: list[Path]) -> None:
     fig = figure(run_dirs, ["eval_accuracy", "lr/group0"])
-    assert [axes.get_title() for axes in fig.axes] == ["train/eval_accuracy", "lr/group0"]
+    assert [axes.get_title() for axes in fig.axes] == ["accuracy", "learning rate, group0"]
+    assert [axes.get_ylabel() for axes in fig.axes] == ["accuracy", "learning rate"]
     rates = [list(line.get_ydata()) for line in fig.axes[1].get_lines()]
     assert rates == [pytest.approx([0.05] * 3), pytest.approx([0.3] * 3),
                      pytest.approx([0.3] * 2)]
@@ -180,8 +206,13 @@ def test_metrics_choose_the_panels_in_their_order(run_dirs: list[Path]) -> None:
 
 def test_one_run_is_labelled_by_its_name(run_dirs: list[Path]) -> None:
     fig = figure([run_dirs[0], run_dirs[0]])  # the same run twice counts once
-    assert [line.get_label() for line in fig.axes[0].get_lines()] == [run_dirs[0].name]
-    assert fig.axes[0].get_legend() is None
+    loss, per_step, accuracy = fig.axes
+    for axes in (per_step, accuracy):
+        assert [line.get_label() for line in axes.get_lines()] == [run_dirs[0].name]
+        assert axes.get_legend() is None
+    # one run's train and eval loss: told apart by the legend
+    assert [line.get_label() for line in loss.get_lines()] == ["train", "eval"]
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["train", "eval"]
 
 
 def test_labels_say_what_differs() -> None:
@@ -249,7 +280,7 @@ def test_the_command_prints_the_path(run_dirs: list[Path], tmp_path: Path) -> No
                            "--metrics", "loss, eval_loss"], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "runs.png\n", "")
-    assert png_size(tmp_path / "runs.png") == (1000, 350)
+    assert png_size(tmp_path / "runs.png") == (500, 350)  # train and eval loss: one panel
 
 
 def test_the_command_says_what_is_wrong_in_one_line(run_dirs: list[Path], tmp_path: Path,
@@ -276,3 +307,72 @@ def test_runmodel_plot_in_the_command(run_dirs: list[Path], tmp_path: Path,
     assert png_size(out) == (1000, 700)
     assert runmodel.cli.main(["plot", str(tmp_path)]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+# -- where a run's events are ------------------------------------------------------------------
+
+def test_a_script_runs_events_are_found_where_its_tensorboard_pack_wrote_them(
+        tmp_path: Path) -> None:
+    """A script run whose own TensorBoard pack writes to ``tb`` (relative: inside the run
+    folder), not the default ``tensorboard/``."""
+    engine = runmodel.Engine(progress=False)
+    engine.attach(TensorBoard("tb"))
+    engine.run(dropout_mlp(), epochs=2, run_dir=tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == ["tb"]
+    assert event_folders(tmp_path / "run") == [tmp_path / "run" / "tb"]
+    [loss] = figure([tmp_path / "run"]).axes
+    assert loss.get_title() == "loss"
+    assert list(loss.get_lines()[0].get_xdata()) == [4, 8]  # 4 batches an epoch
+
+
+def test_the_run_record_names_event_folders_outside_the_run_folder(tmp_path: Path) -> None:
+    """``run.json``'s ``"tensorboard"``: the folders a run's TensorBoard packs wrote to,
+    relative to the run folder or absolute (a pack given an absolute folder)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    elsewhere, run_dir = tmp_path / "logs" / "tb", tmp_path / "runs" / "a"
+    run_dir.mkdir(parents=True)
+    writer = SummaryWriter(str(elsewhere))
+    for step in (4, 8):
+        writer.add_scalar("train/loss", 1.0 / step, step)
+    writer.close()
+    (run_dir / "tensorboard").mkdir()  # empty: the record wins, not this
+    for named in (str(elsewhere), [str(elsewhere)], "../../logs/tb"):
+        (run_dir / "run.json").write_text(json.dumps(
+            {"script": str(tmp_path / "train.py"), "argv": [], "tensorboard": named}))
+        [found] = event_folders(run_dir)
+        assert found.resolve() == elsewhere
+        curve = load_runs([run_dir])[0].curves["train/loss"]
+        assert curve == Curve((4, 8), (pytest.approx(0.25), pytest.approx(0.125)))
+
+
+# -- a sweep's figure ----------------------------------------------------------------------------
+
+def test_a_sweeps_categorical_axis_is_sorted_and_counts_have_whole_number_ticks(
+        tmp_path: Path) -> None:
+    """Trials that drew a choice out of order: the axis lists the choices in order, and
+    an ``int`` space and the trial count have whole-number ticks."""
+    folder = tmp_path / "search"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({
+        "metric": "eval_accuracy", "direction": "max",
+        "params": {"optimizer.args.lr": {"choice": [0.3, 0.01, 0.1]},
+                   "model.args.hidden": {"int": [16, 19]}}}))
+    drawn = [(0.3, 17, 0.5), (0.01, 16, 0.7), (0.1, 19, 0.6), (0.01, 18, 0.8)]
+    for number, (lr, hidden, accuracy) in enumerate(drawn):
+        trial = folder / f"trial-{number}"
+        trial.mkdir()
+        (trial / "config.json").write_text(json.dumps({
+            "model": {"type": "tiny", "args": {"hidden": hidden}},
+            "optimizer": {"type": "sgd", "args": {"lr": lr}}}))
+        (trial / "metrics.json").write_text(json.dumps({"metrics": {"eval_accuracy": accuracy}}))
+        (trial / "status.json").write_text(json.dumps({"status": "finished",
+                                                       "started": 100.0 + number}))
+    lr, hidden, best = sweep_figure(folder).axes
+    assert [label.get_text() for label in lr.get_xticklabels()] == ["0.01", "0.1", "0.3"]
+    positions = [tuple(p) for p in lr.collections[0].get_offsets()]
+    assert positions == [(2, 0.5), (0, 0.7), (1, 0.6), (0, 0.8)]  # each at its choice
+    for axes in (hidden, best):
+        ticks = axes.get_xticks()
+        assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks), ticks
+    assert [list(line.get_ydata()) for line in best.get_lines()] == [[0.5, 0.7, 0.7, 0.8]]

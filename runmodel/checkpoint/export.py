@@ -1,0 +1,79 @@
+"""A checkpoint's model weights as one plain file (``runmodel export``), and a trained
+model's state from whatever holds it (``runmodel eval``/``infer``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write
+from .format import FormatError, load_values
+from .format import read as read_file
+from .names import Unreadable, first_readable, is_sharded
+from .sharded.loading import read_whole
+
+__all__ = ["export", "model_state", "module_weights"]
+
+
+def export(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write the full model state dict of the checkpoint at ``path`` to ``out``, one
+    plain ``torch.save`` file that ``torch.load(weights_only=True)`` loads into the bare
+    module. ``path`` is a checkpoint file, a sharded checkpoint folder, or a folder of
+    checkpoints (a Checkpoint pack's, or a run folder's): its newest readable one.
+    Returns the checkpoint used and ``out``."""
+    path, out = Path(path), Path(out)
+    if not path.exists():
+        raise FileNotFoundError(f"{str(path)!r}: no such checkpoint file or folder")
+    if out.is_dir():
+        raise IsADirectoryError(f"{str(out)!r} is a folder: the export is one file; give a "
+                                f"file path, such as {str(out / 'model.pt')!r}")
+    used, state = first_readable(path, module_weights, doing="export")
+    with atomic_write(out) as file:
+        torch.save(state, file)
+    return used, out
+
+
+def module_weights(checkpoint: Path) -> dict[str, Any]:
+    """The module's full state dict (whole tensors) in a checkpoint file or a sharded
+    checkpoint folder; ``Unreadable`` where it cannot be read."""
+    try:
+        if is_sharded(checkpoint):  # read whole, in this one process
+            weights: dict[str, Any] = read_whole(checkpoint, optimizer=False)["module"]
+            return weights
+        model = read_file(checkpoint).get("model")
+    except (Unreadable, FormatError):
+        raise
+    except Exception as error:  # a sharded one's unsafe or damaged index, shards
+        why = f"{type(error).__name__}: {error}"
+    else:
+        module = model.get("module") if isinstance(model, dict) else None
+        if not isinstance(module, dict):
+            raise Unreadable(checkpoint, "it holds no module weights (a model without a "
+                                         "module state)")
+        return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+                for key, value in module.items()}
+    raise Unreadable(checkpoint, why) from None  # one error: nothing chained, no context
+
+
+def model_state(path: str | os.PathLike[str]) -> Any:
+    """The model's state to evaluate with, its optimizer left out (``"optimizer": None``),
+    from a checkpoint file, a sharded checkpoint folder (read whole) or a file of the
+    module's weights alone (an export, a ``model.pt``). A file that is none of them is
+    one ``ValueError`` naming it and what is wrong with it."""
+    path = Path(path)
+    if is_sharded(path):
+        return {"module": module_weights(path), "optimizer": None}
+    try:
+        state = read_file(path).get("model")
+    except Unreadable as error:
+        if not error.foreign:
+            raise
+        return {"module": load_values(path), "optimizer": None}  # the weights alone
+    if state is None:
+        raise ValueError(f"{str(path)!r} holds no model weights")
+    if isinstance(state, dict) and "optimizer" in state:
+        return {**state, "optimizer": None}
+    return state

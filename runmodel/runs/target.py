@@ -1,0 +1,534 @@
+"""What a command runs: a target, opened from what the user named.
+
+    ConfigTarget   a config file (``.toml``/``.json``), or a config run's folder
+    ModelTarget    a model source: ``path/file.py``, ``file.py:Class``, ``package.module:Class``
+    ScriptTarget   a ``.py`` file that defines no ``Model`` (with its arguments), or the
+                   folder of a run a script started (``engine.run(..., run_dir=)``)
+
+``open_target(source)`` tells them apart; every command then asks the target, never the
+kind of source. A target runs an *action* one way, ``target.run_with(action)``: it makes
+the model and the engine as the source makes them and calls ``action(engine, model,
+arguments)``, ``arguments`` being ``engine.run``'s keyword arguments as the source gives
+them. A script runs as ``__main__`` up to its first ``engine.run``, which the action
+replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchmark,
+profile), ``Train`` (``runmodel run`` of a model), ``WithWeights`` (eval, infer with a
+trained run's weights) and ``Continue`` (resume a script run). ``target.run(request)`` and
+``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config
+runs in its run folder (``config_run.py``); a target that cannot do one says why.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from .._io import read_json
+from ..config import did_you_mean, is_config_file
+from ..config.registry import check_model_args, registries
+from ..config.runconfig import RunConfig, load_config, overridden_model_args
+from ..core import Pack, RunResult
+from ..engine import Engine
+from ..models import Model, configure_engine, load_model_class, resolve_options
+from . import torchrun
+from .config_run import (
+    PreparedRun,
+    build,
+    import_sources,
+    load_run_config,
+    prepare,
+    resume_dir,
+)
+from .evaluate import evaluate_model
+from .folder import is_script_run, read_status
+from .script import is_script, run_script
+
+__all__ = ["Action", "ConfigTarget", "Continue", "Describe", "Measure", "ModelTarget",
+           "RunRequest", "ScriptTarget", "Target", "TargetError", "Train", "WithWeights",
+           "open_run", "open_target"]
+
+#: ``engine.run``'s keyword arguments as a source gives them (mode, steps, epochs,
+#: setup_options, backend, resume, run_dir).
+Arguments = dict[str, Any]
+
+
+class TargetError(ValueError):
+    """What was named cannot be run, or not that way: bad input, said before any run."""
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Around what reads and builds a target (a source, a config, a run folder, options):
+    what goes wrong there is bad input, raised as one ``TargetError`` with the cause's
+    words (a ``KeyError``'s without its quotes)."""
+    try:
+        yield
+    except TargetError:
+        raise
+    except (OSError, ImportError, ValueError, TypeError, KeyError, SyntaxError) as error:
+        raise TargetError(_words(error)) from error
+
+
+def _words(error: BaseException) -> str:
+    """An error's message (a ``KeyError``'s without the quotes its ``str`` adds)."""
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])
+    return str(error)
+
+
+class Action(Protocol):
+    """What a command does with a source's model and engine."""
+
+    #: whether the action takes training steps: a config target then builds its backend
+    #: and optimizer (evaluating weights needs neither)
+    trains: ClassVar[bool]
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """How ``runmodel run`` (or ``resume``) asks for a run: its mode and length (for a
+    config: overrides of its values; for a resume: the length to continue to), whether to
+    show progress, packs to attach (``--timer``), the distributed backend under torchrun
+    (``--backend``), and for a config where its folder goes and what to do with a run
+    there."""
+
+    mode: str | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    progress: bool = True
+    packs: tuple[Pack, ...] = ()
+    backend: str | None = None
+    runs_dir: str = "runs"
+    resume: bool = False
+    restart: bool = False
+
+
+# -- actions --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Describe:
+    """The model (class, device, parameters, options in effect) and the resolved phase and
+    hook table of its engine; nothing runs."""
+
+    source: str
+    trains: ClassVar[bool] = False
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> str:
+        cls = type(model)
+        setup = arguments.get("setup_options")
+        if setup is None and getattr(cls, "setup_defaults", None):
+            setup = dict(cls.setup_defaults)  # what the run would be given
+        lines = [f"model: {cls.__qualname__} from {self.source}", f"device: {model.device}"]
+        native = model.model()
+        parameters = getattr(native, "parameters", None)
+        if callable(parameters):
+            count = sum(p.numel() for p in parameters())
+            lines.append(f"module: {type(native).__name__}, {count:,} parameters")
+        for kind, options in (("init", getattr(model, "init_options", None)), ("setup", setup)):
+            if options:
+                lines.append(f"{kind} options: "
+                             + ", ".join(f"{k}={v!r}" for k, v in options.items()))
+        return "\n".join(lines) + "\n\n" + engine.describe()
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A benchmark or profile run (``mode``, a ``Benchmark`` or ``Profile``) of ``steps``
+    steps, with ``packs`` attached."""
+
+    mode: Any
+    steps: int | None
+    packs: tuple[Pack, ...] = ()
+    trains: ClassVar[bool] = True
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+        engine.attach(*self.packs)
+        return engine.run(model, self.mode, steps=self.steps, backend=arguments["backend"],
+                          setup_options=arguments["setup_options"])
+
+
+@dataclass(frozen=True)
+class Train:
+    """``runmodel run`` of a model: ``request``'s mode (default train) and length, its
+    progress display and packs; under torchrun with the distributed backend."""
+
+    request: RunRequest
+    trains: ClassVar[bool] = True
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+        from ..packs import Progress
+
+        request = self.request
+        mode = request.mode or arguments["mode"]
+        if request.progress and mode == "train":
+            engine.attach(Progress())
+        engine.attach(*request.packs)
+        backend = (request.backend or "ddp") if torchrun.launched() else arguments["backend"]
+        return engine.run(model, mode, steps=request.steps, epochs=request.epochs,
+                          setup_options=arguments["setup_options"], backend=backend)
+
+
+@dataclass(frozen=True)
+class WithWeights:
+    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up."""
+
+    weights: Path
+    mode: str
+    trains: ClassVar[bool] = False
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+        return evaluate_model(model, self.weights, self.mode,
+                              setup_options=arguments["setup_options"])
+
+
+@dataclass(frozen=True)
+class Continue:
+    """A run continued in its folder ``run_dir`` from its newest checkpoint, to ``epochs``
+    (``steps``) from its start: more than it has extends it. The folder named here wins
+    over the one the script gives (a copied run folder continues in the copy)."""
+
+    run_dir: Path
+    epochs: int | None
+    steps: int | None
+    trains: ClassVar[bool] = True
+
+    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+        record = read_json(self.run_dir / "run.json")
+        epochs = self.epochs if self.epochs is not None else record.get(
+            "epochs", arguments["epochs"])
+        steps = self.steps if self.steps is not None else record.get("steps", arguments["steps"])
+        return engine.run(model, arguments["mode"], epochs=epochs, steps=steps,
+                          setup_options=arguments["setup_options"],
+                          backend=arguments["backend"], resume="auto", run_dir=self.run_dir)
+
+
+# -- targets --------------------------------------------------------------------------------
+
+class Target(abc.ABC):
+    """Something a command runs (see the module's docstring)."""
+
+    #: what it is, in words, for messages ("a script", "a config")
+    what: ClassVar[str]
+    source: str
+    #: the run folder it came from, if it was opened from one
+    directory: Path | None = None
+
+    @abc.abstractmethod
+    def run_with(self, action: Action) -> Any:
+        """The model and engine as the source makes them, given to ``action``."""
+
+    def describe(self) -> str:
+        text: str = self.run_with(Describe(self.source))
+        return text
+
+    @abc.abstractmethod
+    def run(self, request: RunRequest) -> RunResult:
+        """``runmodel run``."""
+
+    def resume(self, request: RunRequest) -> RunResult:
+        """``runmodel resume``: the run of this target's folder, continued."""
+        raise TargetError(f"{self.source} is {self.what}, not a run folder: `runmodel resume` "
+                          f"continues a run from its folder")
+
+    def processes(self) -> dict[str, Any] | None:
+        """How a continuation of this target's run is launched (``world_size``,
+        ``nproc_per_node``, ``nnodes``), where it needs torchrun; else None."""
+        return None
+
+
+@dataclass
+class ModelTarget(Target):
+    """A model source, with the command's ``--device`` and ``--set`` options."""
+
+    source: str
+    device: str | None = None
+    options: Sequence[str] = ()
+    what: ClassVar[str] = "a model source"
+
+    def run_with(self, action: Action) -> Any:
+        with loading():
+            cls = load_model_class(self.source)
+            init, setup = split_options(self.options, cls)
+            model = cls(device=self.device, init_options=init or None)
+            if getattr(cls, "setup_defaults", None):  # a bad setup option is bad input too
+                setup = resolve_options(model, "setup", setup, cls.setup_defaults)
+            engine = Engine(progress=False)  # the command attaches its own (--no-progress)
+            configure_engine(cls, engine)
+        return action(engine, model, _arguments(setup_options=setup or None))
+
+    def run(self, request: RunRequest) -> RunResult:
+        result: RunResult = self.run_with(Train(request))
+        return result
+
+
+@dataclass
+class ScriptTarget(Target):
+    """A script run as ``__main__`` with ``argv`` from ``cwd``; from a script run's folder,
+    as the run was started (its record, ``run.json``)."""
+
+    source: str
+    argv: Sequence[str] = ()
+    cwd: str = "."
+    directory: Path | None = None
+    what: ClassVar[str] = "a script"
+
+    @classmethod
+    def of_run(cls, directory: Path) -> ScriptTarget:
+        record = read_json(directory / "run.json")
+        script = record.get("script")
+        if not script or not Path(script).is_file():
+            raise TargetError(f"{directory} is a script run, and its script {script!r} is not "
+                              f"there to run")
+        return cls(script, record.get("argv") or [], record.get("cwd", "."), directory)
+
+    def run_with(self, action: Action) -> Any:
+        return run_script(self.source, self.argv, self.cwd, action)
+
+    def run(self, request: RunRequest) -> RunResult:
+        """``runmodel run`` takes a model source or a config: loading the script as a model
+        source says what it lacks (a Model subclass), or which import failed."""
+        with loading():
+            load_model_class(self.source)
+        raise TargetError(f"{self.source} is a script: run it with `python {self.source}`")
+
+    def resume(self, request: RunRequest) -> RunResult:
+        if self.directory is None:
+            return super().resume(request)
+        print(f"run directory: {self.directory} (a run of {self.source})", file=sys.stderr)
+        result: RunResult = self.run_with(Continue(self.directory, request.epochs,
+                                                   request.steps))
+        return result
+
+
+@dataclass
+class ConfigTarget(Target):
+    """A config (read from ``source`` with its overrides), or a config run's folder
+    (``directory``: the config it was started with). ``base`` is where the config's
+    relative imports are found; ``model_args`` the model options given on the command
+    line (checked against what the model declares)."""
+
+    source: str
+    config: RunConfig
+    base: Path
+    directory: Path | None = None
+    model_args: dict[str, str] = dataclasses.field(default_factory=dict)
+    what: ClassVar[str] = "a config"
+
+    @classmethod
+    def of_file(cls, path: str, overrides: Sequence[str] = ()) -> ConfigTarget:
+        base = Path(path).resolve().parent
+        return cls(path, load_config(path, overrides), base,
+                   model_args=overridden_model_args(overrides))
+
+    @classmethod
+    def of_run(cls, directory: Path) -> ConfigTarget:
+        config, base = load_run_config(directory)
+        return cls(str(directory), config, base, directory)
+
+    def _checked(self, request: RunRequest | None = None) -> RunConfig:
+        """The config with ``request``'s mode and length as overrides, its imports loaded
+        and its command-line model options checked against the model's."""
+        config = self.config
+        if request is not None:
+            config = config.with_overrides([f"{key}={value!r}" for key, value in (
+                ("mode", request.mode), ("epochs", request.epochs), ("steps", request.steps))
+                if value is not None], source=self.source)
+        if self.model_args:
+            import_sources(config, self.base)
+            unchecked = check_model_args(config.model, self.model_args)
+            if unchecked:
+                print(f"runmodel: warning: model {config.model.type_!r} declares no init "
+                      f"options (init_defaults), so these go to it unchecked: "
+                      f"{', '.join(self.model_args[name] for name in unchecked)}",
+                      file=sys.stderr)
+        return config
+
+    def run_with(self, action: Action) -> Any:
+        with loading():
+            config = self._checked()
+            if _distributed(config) and not torchrun.launched():  # one process, plain backend
+                config = dataclasses.replace(config, backend=None)
+            config, model, backend = build(config, self.base, backend=action.trains)
+            engine = Engine(progress=False)
+            configure_engine(registries["model"].get(config.model.type_), engine)
+        return action(engine, model, _arguments(
+            mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend))
+
+    def describe(self) -> str:
+        """The model and the engine a run of the config has: its packs (and the default
+        ones) as ``prepare`` attaches them, prepared in a throwaway folder (describing a
+        run writes nothing)."""
+        with loading(), tempfile.TemporaryDirectory(prefix="runmodel-describe-") as folder:
+            config = self._checked()
+            prepared = prepare(config, directory=Path(folder) / "run", base=self.base)
+        return Describe(f"{self.source} (model {config.model.type_!r})")(
+            prepared.engine, prepared.model, _arguments())
+
+    def run(self, request: RunRequest) -> RunResult:
+        if self.directory is not None:
+            raise TargetError(f"{self.source} is a run folder: continue its run with "
+                              f"`runmodel resume {self.source}`")
+        with loading():
+            if request.resume and request.restart:
+                raise TargetError("--resume and --restart exclude each other")
+            config = self._checked(request)
+            self._refuse_outside_torchrun(config, "run it")
+            prepared = prepare(config, request.runs_dir, resume=request.resume,
+                               restart=request.restart, progress=request.progress,
+                               packs=request.packs, base=self.base, backend=request.backend)
+        return _run_in_folder(prepared)
+
+    def resume(self, request: RunRequest) -> RunResult:
+        if self.directory is None:
+            return super().resume(request)
+        with loading():
+            self._refuse_outside_torchrun(self.config, "resume it")
+            prepared = resume_dir(self.directory, progress=request.progress,
+                                  epochs=request.epochs, steps=request.steps,
+                                  packs=request.packs)
+        return _run_in_folder(prepared)
+
+    def processes(self) -> dict[str, Any] | None:
+        """A run of ``ddp`` or ``fsdp`` continues under torchrun, in the processes its
+        status records; where the status does not say (it is damaged, or the run never
+        wrote it), in one process, as the config's backend or the run's sharded
+        checkpoints say it needs torchrun's process group."""
+        if self.directory is None:
+            return None
+        status = read_status(self.directory)
+        world = status.get("world_size")
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            world = 1
+        distributed = (status.get("backend") in torchrun.BACKENDS or _distributed(self.config)
+                       or _sharded(self.directory))
+        if world <= 1 and not distributed:
+            return None  # a one-process run of the plain (amp, compile...) backend
+        return {"world_size": world, "nproc_per_node": status.get("nproc_per_node", world),
+                "nnodes": status.get("nnodes", 1)}
+
+    def _refuse_outside_torchrun(self, config: RunConfig, doing: str) -> None:
+        """A ``ddp``/``fsdp`` run outside torchrun would fail at setup on a missing process
+        group: said at once, with how to start it."""
+        if _distributed(config) and not torchrun.launched():
+            assert config.backend is not None
+            raise TargetError(f"{self.source}: the config's backend is "
+                              f"{config.backend.type_!r}, which runs in processes torchrun "
+                              f"starts: {doing} with --nproc-per-node N (1 for one process)")
+
+
+def _distributed(config: RunConfig) -> bool:
+    """Whether the config's backend runs in processes torchrun starts."""
+    return config.backend is not None and config.backend.type_ in torchrun.BACKENDS
+
+
+def _arguments(**given: Any) -> Arguments:
+    """``engine.run``'s keyword arguments: ``given``, and the defaults for the rest."""
+    return {"mode": "train", "steps": None, "epochs": None, "setup_options": None,
+            "backend": None, "resume": None, "run_dir": None, **given}
+
+
+def _run_in_folder(prepared: PreparedRun) -> RunResult:
+    """A prepared config run, said where it runs (by rank 0). Ctrl-C ends it as any run
+    ends: saved, its folder saying how to go on, ``runmodel.Interrupted`` raised."""
+    if prepared.lead:
+        print(f"run directory: {prepared.directory}"
+              + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
+              file=sys.stderr)
+    return prepared.run()
+
+
+def _sharded(directory: Path) -> bool:
+    """Whether the run folder holds sharded checkpoints (an ``fsdp`` run's)."""
+    from ..checkpoint.names import checkpoints_in
+
+    return any(path.is_dir() for path in checkpoints_in(directory))
+
+
+def split_options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any],
+                                                                    dict[str, Any]]:
+    """``--set`` pairs as init and setup options of ``cls``. ``KEY`` is ``NAME``,
+    ``init.NAME`` or ``setup.NAME``; a bare ``NAME`` is an init option where the model
+    declares one of that name (``init_defaults``), else a setup option. A name the model
+    does not declare is an error with a did-you-mean; where the model declares no options
+    of that kind, it is passed through, with one warning."""
+    known = {"init": dict(getattr(cls, "init_defaults", None) or {}),
+             "setup": dict(getattr(cls, "setup_defaults", None) or {})}
+    given: dict[str, dict[str, Any]] = {"init": {}, "setup": {}}
+    unchecked: dict[str, list[str]] = {"init": [], "setup": []}
+    for pair in pairs:
+        key, value = _key_value(pair, "lr=0.01")
+        scope, _, name = key.rpartition(".")
+        if scope not in ("", "init", "setup"):
+            raise TargetError(f"--set {pair!r}: the key is NAME, init.NAME or setup.NAME")
+        if not scope:
+            scope = "init" if name in known["init"] else "setup"
+        if known[scope] and name not in known[scope]:
+            raise TargetError(_undeclared(pair, cls, name, known, scope if "." in key else ""))
+        if not known[scope]:  # the model reads them itself: none can be called unknown
+            close = did_you_mean(name, [*known["init"], *known["setup"]])
+            unchecked[scope].append(f"--set {pair!r}{close}")
+        given[scope][name] = value
+    for scope, said in unchecked.items():
+        if said:
+            print(f"runmodel: warning: {cls.__name__} declares no {scope} options "
+                  f"({scope}_defaults), so these go to it unchecked: {', '.join(said)}",
+                  file=sys.stderr)
+    return given["init"], given["setup"]
+
+
+def _key_value(pair: str, example: str) -> tuple[str, Any]:
+    import ast
+
+    key, sep, text = pair.partition("=")
+    if not sep or not key:
+        raise TargetError(f"--set {pair!r}: write KEY=VALUE, as in --set {example}")
+    try:
+        return key, ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return key, text
+
+
+def _undeclared(pair: str, cls: type[Model], name: str, known: dict[str, dict[str, Any]],
+                scope: str) -> str:
+    """The error for an option ``cls`` does not declare: the close names, and what it
+    declares."""
+    kinds = [scope] if scope else [kind for kind in ("init", "setup") if known[kind]]
+    names = [n for kind in kinds for n in known[kind]]
+    declared = "; ".join(f"{kind} options: {', '.join(known[kind]) or 'none'}"
+                         for kind in ("init", "setup"))
+    what = f"{scope} option" if scope else "option"
+    return (f"--set {pair!r}: {cls.__name__} declares no {what} {name!r}"
+            f"{did_you_mean(name, names)}; {declared}")
+
+
+def open_target(source: str, *, device: str | None = None, options: Sequence[str] = (),
+                argv: Sequence[str] = ()) -> Target:
+    """The target ``source`` names: a config file (``options`` are its ``--set``
+    overrides, ``device`` one more), a run folder (``open_run``), a script (run with
+    ``argv`` from here), or a model source (``device`` and ``options`` its own)."""
+    if Path(source).is_dir():
+        return open_run(source)
+    with loading():
+        if is_config_file(source):
+            overrides = [*options, *([f"device={device!r}"] if device is not None else [])]
+            return ConfigTarget.of_file(source, overrides)
+        if is_script(source):
+            return ScriptTarget(source, argv, os.getcwd())
+        return ModelTarget(source, device, options)
+
+
+def open_run(directory: str | os.PathLike[str]) -> Target:
+    """The target of a run folder: a script run's (its script, as it was started), else
+    a config run's (its config; a folder that holds none says so)."""
+    with loading():
+        found = Path(directory).resolve()
+        return ScriptTarget.of_run(found) if is_script_run(found) else ConfigTarget.of_run(found)
