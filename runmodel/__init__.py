@@ -32,6 +32,7 @@ _EXPORTS = {
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
+    "end_distributed": "backends.distributed.env",
 }
 _SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
                 "modes", "packs", "runs", "sweeps")
@@ -66,6 +67,7 @@ __all__ = [
     "Supervised",
     "TorchModel",
     "Train",
+    "end_distributed",
     "evaluate",
     "execute",
     "hook",
@@ -104,6 +106,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .backends import Backend
+    from .backends.distributed.env import end_distributed
     from .config.registry import (
         Spec,
         make_backend,

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import core
+from .backends.distributed import env
 from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
-from .core.state import current_rank
 from .models import declared_options
 from .modes import as_mode
 from .runs.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
@@ -114,7 +114,7 @@ class Engine(core.Engine):
         if setup_options is not None or getattr(model, "setup_defaults", None):
             setup_options = declared_options(model, "setup", setup_options,
                                              getattr(model, "setup_defaults", {}))
-        if folder is not None and not folder.claimed and current_rank() == 0:
+        if folder is not None and not folder.claimed and env.rank() == 0:
             folder.claim(resuming=resume is not None, auto=auto)
         bar = self._progress_for(mode) if self._loop is None else None
         if bar is not None:
@@ -128,7 +128,7 @@ class Engine(core.Engine):
         except core.Interrupted as interrupted:  # saved: now say so, in one line
             if folder is not None:
                 folder.finish(self, None, interrupted)
-            if current_rank() == 0:
+            if env.rank() == 0:
                 say(self._interrupted(interrupted, auto, folder))
             ends_as_its_signal(interrupted)  # uncaught, it ends the process as its signal
             raise interrupted.with_traceback(None) from None
@@ -228,7 +228,7 @@ class Engine(core.Engine):
                              'resume="DIR"')
         found = newest([c for f in folders if f.is_dir() for c in checkpoints_in(f)])
         if found is None:
-            if current_rank() == 0:  # once, not once per process
+            if env.rank() == 0:  # once, not once per process
                 print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
                       f"starting fresh", file=sys.stderr)
             return None

@@ -27,8 +27,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from ..backends.distributed import env
+from ..backends.distributed.failures import record_failure
 from ..core.state import REFUSED, refused_at_setup
-from . import launch
 from .commands import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -64,21 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_BROKEN_PIPE
     except UsageError as error:
-        launch.record_error(error)
+        record_failure(error)
         if args.debug:
             traceback.print_exception(error.__cause__ or error)
         print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
         _print_hint(error)
         return EXIT_USAGE
     except Exception as error:
-        launch.record_error(error)  # a process torchrun started: for the launcher's report
+        record_failure(error)  # a process torchrun started: for the launcher's report
         if args.debug:
             traceback.print_exception(error)
         elif refused_at_setup(error):  # bad input the run found before its first step
             print(f"runmodel {args.command}: error: {type(error).__name__}: {error} "
                   f"({REFUSED.removeprefix('runmodel: ')})", file=sys.stderr)
         else:
-            where = f" [rank {os.environ.get('RANK', '0')}]" if launch.under_torchrun() else ""
+            where = f" [rank {env.rank()}]" if env.launched() else ""
             print(f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
                   file=sys.stderr)
             for note in getattr(error, "__notes__", ()):

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.distributed import env
 from . import launch
 
 if TYPE_CHECKING:
@@ -81,15 +82,11 @@ def _request(args: argparse.Namespace, **given: Any) -> RunRequest:
                       packs=_packs(args), **given)
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0")) if launch.under_torchrun() else 0
-
-
 def report(result: RunResult, as_json: bool = False) -> None:
     """Print ``result``: as JSON, or as the summary (how the run ended, its metrics,
     timings and files). The processes of a distributed run have the same result: rank 0
     alone prints it."""
-    if _rank() == 0:
+    if env.rank() == 0:
         print(_json(result) if as_json else summary(result))
 
 
@@ -135,7 +132,7 @@ def _json(result: RunResult) -> str:
 def run(args: argparse.Namespace) -> int:
     """``runmodel run SOURCE``: a model, or a config in its run folder; with launcher
     options, the same in the processes torchrun starts."""
-    if args.backend and not (launch.asked_for(args) or launch.under_torchrun()):
+    if args.backend and not (launch.asked_for(args) or env.launched()):
         raise UsageError(f"--backend {args.backend} picks the distributed backend of a run "
                          f"in several processes: add --nproc-per-node N (a config may name "
                          f"its backend itself: backend = {{type = \"{args.backend}\"}})")
@@ -250,7 +247,7 @@ def resume(args: argparse.Namespace) -> int:
     of ``ddp``/``fsdp``) under torchrun again, in as many unless told otherwise."""
     with bad_input():
         target = _run_folder(args)
-        if not launch.under_torchrun() and _relaunch(args, target):
+        if not env.launched() and _relaunch(args, target):
             return _launch_config_run(args, "resume")
         result = target.resume(_request(args))
     report(result, args.json)

@@ -5,7 +5,7 @@ options to ``torch.distributed.run``, with ``-m runmodel`` and the command's own
 as the program: torchrun starts the processes (and, across machines, meets the others at
 its rendezvous), each runs ``runmodel run ...`` again, sees torchrun's environment and
 trains with the ``ddp`` backend. When a process fails, torchrun ends the others and this
-module reports the first failure.
+module reports the first failure (``backends/distributed/failures.py``).
 
 Nothing here imports torch until a run is launched, so ``runmodel --help`` stays fast.
 """
@@ -13,14 +13,14 @@ Nothing here imports torch until a run is launched, so ``runmodel --help`` stays
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "failure_text", "first_failure",
-           "launch", "record_error", "torchrun_arguments", "under_torchrun"]
+from ..backends.distributed import env
+from ..backends.distributed.failures import first_failure
+
+__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "launch", "torchrun_arguments"]
 
 
 class LaunchOption(NamedTuple):
@@ -85,14 +85,10 @@ def _checked(flag: str) -> Any:
     return check
 
 
-def under_torchrun() -> bool:
-    """Whether this process is one that torchrun started (then it runs, never launches)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ
-
-
 def asked_for(args: argparse.Namespace) -> bool:
-    """Whether ``args`` ask for a launch: a launcher option given, outside torchrun."""
-    return not under_torchrun() and any(
+    """Whether ``args`` ask for a launch: a launcher option given, outside torchrun (a
+    process torchrun started runs, never launches)."""
+    return not env.launched() and any(
         getattr(args, _dest(o.flag), None) not in (None, False) for o in LAUNCH_OPTIONS)
 
 
@@ -133,64 +129,3 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
             on_failure(rank, text)
         return 2 if failed.failures[rank].exitcode == 2 else 1
     return 0
-
-
-def failure_text(failed: Any) -> str:
-    """The first failure of a ``ChildFailedError``, as the launcher reports it."""
-    return first_failure(failed)[1] + "; every process was ended (their errors are above)"
-
-
-def first_failure(failed: Any) -> tuple[int, str]:
-    """The first failure of a ``ChildFailedError``: which process, and how it ended, why.
-    A process killed by a signal from outside came first; otherwise the ddp backend's
-    records of when each process failed, to the microsecond (``record_failure``), decide;
-    torchrun's own order goes by the second."""
-    # a process killed from outside (SIGKILL, the OOM killer) records nothing, and the
-    # others then fail (recording it) on the lost connection: the killed one came first;
-    # SIGTERM is how torchrun ends the processes left after a failure
-    killed = sorted(rank for rank, failure in failed.failures.items()
-                    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
-                    and _failed_at(failure) is None)
-    timed = [(at, rank) for rank, failure in failed.failures.items()
-             if (at := _failed_at(failure)) is not None]
-    if killed:
-        rank = killed[0]
-        first = failed.failures[rank]
-    elif timed:
-        rank = min(timed)[1]
-        first = failed.failures[rank]
-    else:
-        rank, first = failed.get_first_failure()
-    message = first.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    recorded = bool(first.error_file) and os.path.isfile(first.error_file)
-    why = str(message).strip().splitlines()[0] if message and recorded else ""
-    if first.exitcode < 0:
-        try:
-            ended = f"killed by {signal.Signals(-first.exitcode).name}"
-        except ValueError:
-            ended = f"killed by signal {-first.exitcode}"
-    else:
-        ended = f"exit code {first.exitcode}"
-    # a process that recorded its error may be ended by torchrun before it exits itself
-    return rank, (f"process rank {rank} failed: {why}" if why else
-                  f"process rank {rank} failed ({ended})")
-
-
-def _failed_at(failure: Any) -> float | None:
-    data = failure.error_file_data
-    try:
-        return float(data["message"]["extraInfo"]["runmodel_time"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def record_error(error: BaseException) -> None:
-    """In a process torchrun started: write ``error`` where torchrun reads why a process
-    failed, so that the launcher reports it (unless the run recorded it already)."""
-    if not under_torchrun() or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        return
-    from ..backends.distributed.ddp import record_failure
-
-    record_failure(error)

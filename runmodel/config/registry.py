@@ -307,16 +307,15 @@ def _accepted(factory: Callable[..., Any]) -> set[str] | None:
     return {p.name for p in params}
 
 
-_loaded = False
+_builtins_loaded: list[bool] = []  # one element once they are (a registration in it asks)
 
 
 def _load_builtins() -> None:
     """Register torch's optimizers and losses and runmodel's own interfaces, backends and
     packs, once, on first use."""
-    global _loaded
-    if _loaded:
+    if _builtins_loaded:
         return
-    _loaded = True
+    _builtins_loaded.append(True)
     for kind, table in builtins.BUILTINS.items():
         for name, factory in table.items():
             registries[kind].register(name, factory)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .._io import read_json
+from ..backends.distributed import env
 from ..checkpoint.names import checkpoints_in
 from ..config.registry import (
     Spec,
@@ -138,7 +139,7 @@ LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
 
 def _tell_launcher(run_dir: Path) -> None:
     path = os.environ.get(LAUNCH_RECORD)
-    if path and torchrun.distributed():
+    if path and env.several():
         with contextlib.suppress(OSError):
             Path(path).write_text(str(run_dir.resolve()))
 
@@ -209,7 +210,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
     tells the others (``torchrun.py``).
     """
-    if torchrun.distributed():
+    if env.several():
         config = torchrun.with_backend(config, backend)
     config, model, made_backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
@@ -221,8 +222,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     made = [*packs, *(make_pack(spec, directory=run_dir / spec.type_)
                       for spec in (*config.packs, *defaults))]
     status = {}
-    if torchrun.launched():  # what `runmodel resume` relaunches with (1 process too)
-        status = {**torchrun.world(), "backend": config.backend and config.backend.type_}
+    if env.launched():  # what `runmodel resume` relaunches with (1 process too)
+        status = {**env.launch_world(), "backend": config.backend and config.backend.type_}
     folder = RunFolder(run_dir, {"kind": "config", "digest": config.digest(),
                                  "base": str(Path(base).resolve()), "cwd": os.getcwd()},
                        files={"config.json": config.to_dict()}, status=status, claimed=True)
@@ -230,7 +231,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
         _claim(folder, resume=resume, restart=restart, take_over=take_over))})
     if Path(decision["directory"]).resolve() != run_dir.resolve():
         raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
-                         f"(rank {torchrun.rank()}) would in {run_dir}: start every process "
+                         f"(rank {env.rank()}) would in {run_dir}: start every process "
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
@@ -240,7 +241,7 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),
-                       lead=torchrun.rank() == 0)
+                       lead=env.rank() == 0)
 
 
 def _as_text(path: Path | None) -> str | None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from ..backends.distributed import env
 from ..core import Interrupted
 
 __all__ = ["IgnoreCtrlC", "ends_as_its_signal", "say", "signal_number", "watch_interrupts"]
@@ -73,7 +74,7 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
     preempting = [signal_number(s) for s in preempt]
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-            or int(os.environ.get("WORLD_SIZE", "1")) > 1):  # ranks must stop together
+            or env.several()):  # the processes of a ddp run must stop together
         yield None
         return
     owner = os.getpid()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from .._io import read_json
+from ..backends.distributed import env
 from ..config import did_you_mean, is_config_file
 from ..config.registry import check_model_args, registries
 from ..config.runconfig import RunConfig, load_config, overridden_model_args
@@ -172,7 +173,7 @@ class Train:
         if request.progress and mode == "train":
             engine.attach(Progress())
         engine.attach(*request.packs)
-        backend = (request.backend or "ddp") if torchrun.launched() else arguments["backend"]
+        backend = (request.backend or "ddp") if env.launched() else arguments["backend"]
         return engine.run(model, mode, steps=request.steps, epochs=request.epochs,
                           setup_options=arguments["setup_options"], backend=backend)
 
@@ -355,7 +356,7 @@ class ConfigTarget(Target):
     def run_with(self, action: Action) -> Any:
         with loading():
             config = self._checked()
-            if _distributed(config) and not torchrun.launched():  # one process, plain backend
+            if _distributed(config) and not env.launched():  # one process, plain backend
                 config = dataclasses.replace(config, backend=None)
             config, model, backend = build(config, self.base, backend=action.trains)
             engine = Engine(progress=False)
@@ -370,6 +371,7 @@ class ConfigTarget(Target):
         with loading(), tempfile.TemporaryDirectory(prefix="runmodel-describe-") as folder:
             config = self._checked()
             prepared = prepare(config, directory=Path(folder) / "run", base=self.base)
+        prepared.engine.attach(prepared.folder)  # what a run attaches: its folder's writer
         return Describe(f"{self.source} (model {config.model.type_!r})")(
             prepared.engine, prepared.model, _arguments())
 
@@ -418,7 +420,7 @@ class ConfigTarget(Target):
     def _refuse_outside_torchrun(self, config: RunConfig, doing: str) -> None:
         """A ``ddp``/``fsdp`` run outside torchrun would fail at setup on a missing process
         group: said at once, with how to start it."""
-        if _distributed(config) and not torchrun.launched():
+        if _distributed(config) and not env.launched():
             assert config.backend is not None
             raise TargetError(f"{self.source}: the config's backend is "
                               f"{config.backend.type_!r}, which runs in processes torchrun "

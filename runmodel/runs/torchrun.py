@@ -1,59 +1,34 @@
 """Config runs under torchrun (``runmodel run CONFIG --nproc-per-node N``): every process
 builds the run, process rank 0 alone decides where it goes (claims the run folder, picks
 the checkpoint to continue from) and tells the others through the store torchrun's
-processes meet at, before the backend makes its process group. Only rank 0 writes the run
-folder's files (under ``fsdp`` every rank writes its checkpoint shards)."""
+processes meet at (``backends/distributed/env.py``), before the backend makes its
+process group. Only rank 0 writes the run folder's files (under ``fsdp`` every rank
+writes its checkpoint shards)."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
+from ..backends.distributed import env
 from ..config.registry import Spec
 from ..config.runconfig import RunConfig
 
-__all__ = ["BACKENDS", "DecisionFailed", "decided", "distributed", "launched", "rank",
-           "with_backend", "world"]
+__all__ = ["BACKENDS", "DecisionFailed", "decided", "with_backend"]
 
 #: The backends a config run takes in several processes.
 BACKENDS = ("ddp", "fsdp")
 
-#: How long the other processes wait for rank 0's decision (it builds the model first,
-#: which may fetch a data set).
-WAIT = datetime.timedelta(minutes=30)
-
-_store: Any = None  # kept for the process's life: rank 0 may host the store's server
+#: Decisions made in this process: each has a key of its own in the store (every process
+#: asks for the same decisions, in the same order).
 _decisions = itertools.count()
 
 
 class DecisionFailed(ValueError):
     """Rank 0 could not start the run (its error is in the message)."""
-
-
-def launched() -> bool:
-    """Whether torchrun started this process (one of one, or of several)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ
-
-
-def distributed() -> bool:
-    """Whether this process is one of several that torchrun started."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0")) if distributed() else 0
-
-
-def world() -> dict[str, Any]:
-    """The processes the run runs in, as its status records them."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
-    return {"world_size": size, "nproc_per_node": local, "nnodes": max(1, size // local)}
 
 
 def with_backend(config: RunConfig, asked: str | None) -> RunConfig:
@@ -78,11 +53,11 @@ def decided(decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``decide()`` run on rank 0 alone; its result (JSON data) on every rank. An error on
     rank 0 is raised there and, as ``DecisionFailed``, on the others. Every process calls
     it at the same point (the decisions are numbered)."""
-    if not distributed():
+    if not env.several():
         return decide()
     key = f"decision-{next(_decisions)}"
-    store = _the_store()
-    if rank() == 0:
+    store = env.store()
+    if env.rank() == 0:
         try:
             value = decide()
         except Exception as error:
@@ -95,16 +70,3 @@ def decided(decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         raise DecisionFailed(f"process rank 0 could not start the run: {answer['error']}")
     told: dict[str, Any] = answer["value"]
     return told
-
-
-def _the_store() -> Any:
-    """The store of torchrun's rendezvous (env://: MASTER_ADDR, MASTER_PORT), under a
-    prefix of this launch's restart."""
-    global _store
-    if _store is None:
-        import torch.distributed as dist
-
-        store, _, _ = next(dist.rendezvous("env://", timeout=WAIT))
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        _store = dist.PrefixStore(f"runmodel.config_run/{restart}/", store)
-    return _store

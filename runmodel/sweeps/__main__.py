@@ -1,8 +1,8 @@
-"""``python -m runmodel.sweeps JOB``: one trial's process, started by the sweep."""
+"""``python -m runmodel.sweeps [--torchrun N] JOB``: one trial's process, started by the
+sweep."""
 
-import json
 import sys
 
-from . import _run_trial
+from .trial import process
 
-sys.exit(_run_trial(json.loads(sys.argv[1])))
+sys.exit(process(sys.argv[1:]))

@@ -8,7 +8,8 @@ backend's (``ddp.py``); what differs:
 - the module is sharded in place: each shard unit (by default every direct child that
   holds parameters, then the root) keeps 1/N of its parameters on each process and
   all-gathers them for its forward and backward; ``fully_shard`` cannot be undone, so the
-  module stays sharded after the run;
+  module stays sharded after the run (the process group lives on with it), and a later
+  run of the same module (an evaluation) takes it as it is;
 - the optimizer is made again over the sharded parameters, with its class, parameter
   groups and hyperparameters (and an LR scheduler in the model's attributes follows it);
 - every forward is a collective, so evaluation pads the processes' uneven shares of the
@@ -32,7 +33,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ...checkpoint.sharded import Sharded, ShardedStorage
-from .ddp import DDP, DistributedRun, EvalShard, _remade, shard_eval_data
+from . import env
+from .data import EvalShard, remade, shard_eval_data
+from .ddp import DDP, DistributedRun
 
 __all__ = ["FSDP", "PaddedEval", "rebuild_optimizer"]
 
@@ -92,29 +95,34 @@ class FSDP(DDP):
         """The run's sharded checkpoints (made by ``initialize``)."""
         return self._storage
 
-    def _run(self, model: Any, module: torch.nn.Module, owned: bool) -> DistributedRun:
-        return ShardedRun(model, module, owned, self.end_timeout)
+    def _run(self, model: Any, module: torch.nn.Module) -> DistributedRun:
+        return ShardedRun(model, module, self.end_timeout)
 
     def _wrap(self, model: Any, inner: torch.nn.Module, device: torch.device) -> None:
         from torch.distributed.fsdp import (
             CPUOffloadPolicy,
+            FSDPModule,
             MixedPrecisionPolicy,
             OffloadPolicy,
             fully_shard,
         )
 
+        # fully_shard cannot be undone: a module an earlier run sharded is taken as it is,
+        # with the optimizer model.setup() made over its sharded parameters
+        sharded_before = isinstance(inner, FSDPModule)
         names = {id(p): name for name, p in inner.named_parameters()}
         options: dict[str, Any] = {
             "reshard_after_forward": self.reshard_after_forward,
             "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype,
                                               reduce_dtype=self.reduce_dtype),
             "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()}
-        for unit in shard_units(inner, self.units):
-            fully_shard(unit, **options)
-        fully_shard(inner, **options)  # in place: the module keeps its identity
+        if not sharded_before:
+            for unit in shard_units(inner, self.units):
+                fully_shard(unit, **options)
+            fully_shard(inner, **options)  # in place: the module keeps its identity
         model.module = inner
         optimizer = getattr(model, "optimizer", None)
-        if isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(optimizer, torch.optim.Optimizer) and not sharded_before:
             model.optimizer = rebuild_optimizer(optimizer, names, inner)
             follow_schedulers(model, optimizer, model.optimizer)
         # checkpoints' collectives get a group of their own (an async save's run beside
@@ -135,18 +143,15 @@ class ShardedRun(DistributedRun):
     data padded to as many forwards on every process, and the module left sharded."""
 
     name = "fsdp"
-    agree_first = True
-
-    def __init__(self, model: Any, module: torch.nn.Module, owned: bool,
-                 end_timeout: float = 60.0) -> None:
-        super().__init__(model, module, owned, end_timeout)
+    def __init__(self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0) -> None:
+        super().__init__(model, module, end_timeout)
         self.sharded: Sharded | None = None
 
     def shard(self, seed: int | None) -> None:
         super().shard(seed)
         if "eval_data" in self.data:
             self.model.eval_data = padded_eval_data(self.model, self.data["eval_data"],
-                                                    dist.get_rank(), dist.get_world_size())
+                                                    env.rank(), env.world_size())
 
     def agree(self, engine: Any) -> None:
         try:
@@ -290,7 +295,7 @@ def padded_eval_data(model: Any, data: Any, rank: int, world: int) -> Any:
     forwards to as many batches on every process."""
     share = shard_eval_data(data, rank, world)
     if isinstance(data, DataLoader) and share is not data:
-        most = len(_remade(data, EvalShard(len(data.dataset), 0, world)))  # type: ignore[arg-type]
+        most = len(remade(data, EvalShard(len(data.dataset), 0, world)))  # type: ignore[arg-type]
         stand_in = data.collate_fn([data.dataset[0]])
     elif isinstance(data, (list, tuple)) and data:
         most, stand_in = len(data[0::world]), data[0]

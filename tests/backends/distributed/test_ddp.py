@@ -30,7 +30,6 @@ from torch.utils.data import DataLoader, Sampler
 
 import runmodel
 from runmodel.backends import DDP
-from runmodel.backends.distributed.ddp import shard_eval_data, shard_train_data
 from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
@@ -98,7 +97,9 @@ MODEL = with_child_net(textwrap.dedent('''
 
 RESUME = textwrap.dedent('''
     """Started by torchrun itself: resume the straight run from a checkpoint (a path), or
-    a run in this folder from its newest one ("auto")."""
+    a run in this folder from its newest one ("auto"); then, in the same script, an eval
+    run of the trained model."""
+    import json
     import os
     import sys
 
@@ -112,8 +113,11 @@ RESUME = textwrap.dedent('''
     model = Net()
     torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
     result = engine.run(model, epochs=3, backend="ddp", resume=sys.argv[1])
+    evaluated = runmodel.Engine().run(model, mode="eval", backend="ddp")
     if os.environ["RANK"] == "0":
         print(f"resumed: {result.ended} after {result.steps} steps")
+        print("then evaluated:", json.dumps({"metrics": evaluated.metrics,
+                                             "module": type(model.module).__name__}))
 ''')
 
 
@@ -389,6 +393,20 @@ def test_a_checkpoint_of_the_two_process_run_resumes_to_the_same_weights(runs: R
     assert "start train: 1 epoch, 10 steps done" in log[0]
 
 
+def test_after_the_run_the_same_script_evaluates_the_trained_model(runs: Runs) -> None:
+    """The process group the backend made lives on after the run: the script's eval run
+    (``backend="ddp"`` again) wraps the module for its own run only and gives the metrics
+    of the whole eval set, those the straight run's last evaluation had (the resumed
+    run's weights are the straight run's, bit for bit)."""
+    _, out, _, _ = runs.resumed()
+    line = next(line for line in out.splitlines() if line.startswith("then evaluated: "))
+    after = json.loads(line.removeprefix("then evaluated: "))
+    assert after["module"] == "Sequential"  # the model's own module back, not wrapped
+    trained = json.loads(runs.straight()[1])["metrics"]
+    assert after["metrics"]["accuracy"] == pytest.approx(trained["eval_accuracy"], abs=1e-9)
+    assert after["metrics"]["loss"] == pytest.approx(trained["eval_loss"], rel=1e-6)
+
+
 # -- failures -------------------------------------------------------------------------------
 
 
@@ -447,50 +465,6 @@ def test_the_ddp_backend_outside_torchrun_says_how_to_start_the_run(
         DDP(process_group="tcp")
     with pytest.raises(ValueError, match=r"timeout=0"):
         DDP(timeout=0)
-
-
-def test_data_that_cannot_be_dealt_out_is_refused_with_what_would_do() -> None:
-    from torch.utils.data import IterableDataset, TensorDataset, WeightedRandomSampler
-
-    dataset = TensorDataset(torch.arange(10.0))
-
-    class Stream(IterableDataset[int]):
-        def __iter__(self) -> Iterator[int]:
-            return iter(range(3))
-
-    refused = {
-        "IterableDataset": DataLoader(Stream()),
-        "own sampler": DataLoader(dataset, sampler=WeightedRandomSampler([1.0] * 10, 10)),
-        "own batch_sampler": DataLoader(dataset, batch_sampler=[[0, 1], [2, 3]]),
-        "with replacement": DataLoader(dataset, sampler=torch.utils.data.RandomSampler(
-            dataset, replacement=True)),
-    }
-    for what, loader in refused.items():
-        with pytest.raises(TypeError, match=r"DDP\(shard_data=False\)"):
-            shard_train_data(loader, 0, 2, seed=0)
-            pytest.fail(f"{what}: not refused")
-
-
-def test_a_loader_is_made_again_with_its_settings_and_a_distributed_sampler() -> None:
-    from torch.utils.data import DistributedSampler, TensorDataset
-
-    dataset = TensorDataset(torch.arange(21.0))
-    generator = torch.Generator().manual_seed(3)
-    loader = DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True,
-                        generator=generator, collate_fn=lambda rows: [r[0] for r in rows])
-    parts = [shard_train_data(loader, rank, 2, seed=7) for rank in (0, 1)]
-    for part in parts:
-        assert isinstance(part.sampler, DistributedSampler) and part.sampler.shuffle
-        assert (part.batch_size, part.drop_last, part.generator, part.collate_fn) == (
-            4, True, generator, loader.collate_fn)
-        assert len(part) == 2  # 11 samples (padded), batches of 4, the last dropped
-    evaluated = [shard_eval_data(DataLoader(dataset, batch_size=4), rank, 2) for rank in (0, 1)]
-    assert [len(list(e.sampler)) for e in evaluated] == [11, 10]  # no padding
-    assert sorted(i for e in evaluated for i in e.sampler) == list(range(21))
-    assert shard_train_data([1, 2, 3, 4], 1, 2, seed=0) == [2, 4]
-    with pytest.warns(UserWarning, match=r"the last 1 are left out"):
-        assert shard_train_data([1, 2, 3], 0, 2, seed=0) == [1]
-    assert shard_eval_data((1, 2, 3), 0, 2) == (1, 3)
 
 
 def net_module_from_text(text: str) -> ModuleType:

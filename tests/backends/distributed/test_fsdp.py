@@ -2,11 +2,13 @@
 
 Launching costs seconds, so the launches are made once per module, all at once, and
 shared: a straight 4-epoch run (async sharded checkpoints each epoch, best-K, an uneven
-eval set, clipping), the same run stopped after 2 epochs (its final save made at the
-stop, collective) and then resumed in 2 processes, a run whose rank 1 is SIGKILLed
-(through ``runmodel run --nproc-per-node 2 --backend fsdp``), and a run accumulating
-gradients. References are computed in this process, one process with the batches the
-two processes together drew.
+eval set, clipping; then, in the same script, an eval run of the trained model and its
+full weights gathered), the same run stopped after 2 epochs (its final save made at the
+stop, collective) and then resumed in 2 processes, a run resumed from a one-process
+checkpoint file, and a run accumulating gradients. Under the soak marker, a run whose
+rank 1 is SIGKILLed (through ``runmodel run --nproc-per-node 2 --backend fsdp``; the
+ddp tests kill a rank in the suite). References are computed in this process, one
+process with the batches the two processes together drew.
 """
 
 from __future__ import annotations
@@ -136,15 +138,36 @@ MODEL = with_child_net(textwrap.dedent('''
                 full_weights(engine, f"{out}/final.pt")
 
 
+    def evaluate_and_gather(model, out="."):
+        """After the run, in the same script, as a user would: an eval run of the trained
+        (sharded) module, then its full weights gathered; rank 0 writes both."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             get_model_state_dict)
+
+        module, parameters = model.module, [id(p) for p in model.module.parameters()]
+        evaluated = runmodel.Engine().run(model, mode="eval", backend="fsdp")
+        weights = get_model_state_dict(model.module, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        as_it_was = model.module is module and parameters == [
+            id(p) for p in model.module.parameters()]  # not sharded again
+        if os.environ["RANK"] == "0":
+            torch.save(weights, f"{out}/after.pt")
+            with open(f"{out}/after.json", "w") as f:
+                json.dump({"metrics": evaluated.metrics, "module_as_it_was": as_it_was}, f)
+
+
     if __name__ == "__main__":
         engine = runmodel.Engine()
         configure(engine)
         resume = sys.argv[2] if len(sys.argv) > 2 else None
         torch.manual_seed(12345)  # a resumed run: the checkpoint sets the generators
-        result = engine.run(Net(), epochs=int(sys.argv[1]), backend="fsdp", resume=resume)
+        model = Net()
+        result = engine.run(model, epochs=int(sys.argv[1]), backend="fsdp", resume=resume)
         if os.environ["RANK"] == "0":
             print(json.dumps({"ended": result.ended, "steps": result.steps,
                               "metrics": result.metrics}))
+        if os.environ.get("FSDP_TEST") == "straight":
+            evaluate_and_gather(model)
 ''')).replace("import os\n", "import json\nimport os\n", 1)
 
 
@@ -194,10 +217,6 @@ class Runs:
                                          FSDP_TEST="straight"))
         self._start("accumulate", torchrun(root, self.dirs["accumulate"], "2",
                                            FSDP_TEST="accumulate"))
-        self._start("killed", launch(
-            [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
-             "2", "--backend", "fsdp", "--epochs", "3", "--no-progress"],
-            self.dirs["killed"], FSDP_TEST="killed"))
         # a one-process run's checkpoint file, resumed under fsdp
         model = net_module(root).Net("cpu")
         engine = runmodel.Engine()
@@ -211,6 +230,14 @@ class Runs:
         # stopped after 2 epochs, then resumed: one after the other, in a thread
         self._stopped = threading.Thread(target=self._stop_and_resume, daemon=True)
         self._stopped.start()
+
+    def start_killed(self) -> None:
+        """The run whose rank 1 is SIGKILLed (soak only): started when a test asks."""
+        if "killed" not in self._threads:
+            self._start("killed", launch(
+                [sys.executable, "-m", "runmodel", "run", str(self.root / "net.py"),
+                 "--nproc-per-node", "2", "--backend", "fsdp", "--epochs", "3",
+                 "--no-progress"], self.dirs["killed"], FSDP_TEST="killed"))
 
     def _start(self, name: str, process: subprocess.Popen[str]) -> None:
         """Await ``process`` in a thread of its own: its output drained, the time it
@@ -383,6 +410,30 @@ def test_eval_metrics_are_those_of_the_whole_eval_set_with_uneven_shares(runs: R
     assert metrics["eval_loss"] == pytest.approx(whole["loss"], rel=1e-6)
 
 
+# -- the trained model in the same script ------------------------------------------------------
+
+
+def test_after_the_run_the_same_script_evaluates_and_gathers_the_sharded_module(
+        runs: Runs) -> None:
+    """The process group the backend made lives on after the run: the script's eval run
+    (``engine.run(model, mode="eval", backend="fsdp")``) takes the sharded module as it
+    is, not sharded again, and ``get_model_state_dict(..., full_state_dict=True)``
+    gathers it; every process exits 0 (torchrun's own exit code is 0 only then)."""
+    _, out, _ = runs.ok("straight")
+    after = json.loads((runs.dirs["straight"] / "after.json").read_text())
+    assert after["module_as_it_was"]
+    final = weights(runs.dirs["straight"] / "final.pt")  # gathered in the run's teardown
+    assert_equal_weights(weights(runs.dirs["straight"] / "after.pt"), final)
+    model = net_module(runs.root).Net("cpu")
+    model.setup()
+    model.module.load_state_dict(final)
+    whole = runmodel.evaluate(model)
+    assert after["metrics"]["accuracy"] == pytest.approx(whole["accuracy"], abs=1e-9)
+    assert after["metrics"]["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    trained = json.loads(out)["metrics"]  # the last epoch's Evaluate, of the same weights
+    assert after["metrics"]["loss"] == pytest.approx(trained["eval_loss"], rel=1e-6)
+
+
 # -- gradient accumulation ------------------------------------------------------------------
 
 
@@ -431,7 +482,9 @@ def test_accumulation_and_clipping_train_as_one_process_with_twice_the_batch(
 # -- failures -------------------------------------------------------------------------------
 
 
+@pytest.mark.soak  # the ddp tests kill a rank in the suite: the same launcher and backend code
 def test_a_killed_rank_ends_the_run_in_seconds_naming_it(runs: Runs) -> None:
+    runs.start_killed()
     code, _, err = runs.result("killed")
     ended = runs._cache["killed_ended"]
     assert code == 1, err[-3000:]
