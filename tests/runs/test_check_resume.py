@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from runmodel.cli import main
-from runmodel.runs.check_resume import _first_module, choose_step
+from runmodel.runs.check_resume import Verdict, _first_module, choose_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -187,3 +187,21 @@ def test_what_differs_first_in_a_step_run_again() -> None:
     assert "forward code of the model's module" in line
     line, module = _first_module(same, same) or ("", "")
     assert "every module's output agrees" in line and module is None
+
+
+def test_findings_are_said_once_when_every_process_agrees_else_per_rank() -> None:
+    verdict = Verdict("m.py", 6, 3, "mid-epoch: epoch 0, 3rd step of it", processes=2)
+    verdict.found(1, "weights: 1 of 2 tensors differ, the first 0.weight", "state")
+    verdict.found(1, "first step whose state differs: step 4")
+    text = verdict.text()
+    assert text.splitlines() == [
+        "check-resume m.py: 6 steps; saved at step 3 (mid-epoch: epoch 0, 3rd step of it), "
+        "killed in step 4, resumed: NOT exact",
+        "  rank 1: first step whose state differs: step 4",  # the steps first
+        "  rank 1: weights: 1 of 2 tensors differ, the first 0.weight"]
+    verdict.found(0, "weights: 1 of 2 tensors differ, the first 0.weight", "state")
+    verdict.found(0, "first step whose state differs: step 4")
+    assert verdict.text().splitlines()[1:] == [
+        "  first step whose state differs: step 4",
+        "  weights: 1 of 2 tensors differ, the first 0.weight",
+        "  (the same in each of the 2 processes)"]
