@@ -241,7 +241,11 @@ class RunFolder(Pack):
                                                             name="run_folder.trained"))
 
     def check_setup(self, engine: Any) -> None:
+        """Rank 0, which writes the folder, claims it (the other processes of a
+        distributed run follow it: they would see its claim as another live run's)."""
         self.began = False
+        if engine.state.rank != 0:
+            return
         if not self.claimed:
             self.claim(engine.resumed_from is not None)
         held = read_json(self.directory / RECORD).get("id")
