@@ -35,7 +35,7 @@ class TensorBoard(Pack):
     reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
 
     def __init__(self, directory: str | os.PathLike[str], every_steps: int | None = None) -> None:
-        whole_number(every_steps, "TensorBoard(every_steps=)", least=1, none=True)
+        whole_number(every_steps, "every_steps=", least=1, none=True)
         self.directory, self.every_steps = Path(directory), every_steps
         self.writer: Any = None
         self.hparams: dict[str, Any] | None = None
