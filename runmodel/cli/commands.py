@@ -323,12 +323,53 @@ def _check_weights(weights: Path) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
-    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file."""
+    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file
+    (``--averaged``: an EMA or SWA pack's average); ``--format pt2|onnx``: a run folder's
+    module as a program (``runs/export.py``), checked against the module on a batch."""
+    if args.format != "state_dict":
+        return _export_program(args)
+    if args.checkpoint is not None:
+        raise UsageError(f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
+                         f"for a state dict give the checkpoint itself as PATH "
+                         f"({args.checkpoint})")
     from ..checkpoint.export import export as export_weights
 
     with bad_input(OSError, ValueError):
-        used, out = export_weights(args.path, args.out)
-    print(f"exported {used} to {out}", file=sys.stderr)
+        used, out = export_weights(args.path, args.out, averaged=args.averaged)
+    print(f"exported {used}{' (its averaged weights)' if args.averaged else ''} to {out}",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+def _export_program(args: argparse.Namespace) -> int:
+    """``--format pt2|onnx``: the run folder's model, its chosen weights loaded, exported
+    and checked; a PATH that is no run folder, or a missing ONNX extra, is exit 2."""
+    from ..runs.folder import is_run
+
+    if not is_run(Path(args.path)):
+        raise UsageError(f"--format {args.format} exports a run's model, made as the run's "
+                         f"config, model source or script makes it: PATH must be a run "
+                         f"folder, and {args.path} is not one (a checkpoint alone holds "
+                         f"weights; --format state_dict exports those)")
+    from ..extras import require
+    from ..runs.evaluate import choose_weights
+    from ..runs.export import ExportProgram
+    from ..runs.target import open_run
+
+    if args.format == "onnx":
+        with bad_input(ModuleNotFoundError):
+            for name in ("onnx", "onnxscript", "onnxruntime"):
+                require(name, needed_by="runmodel export --format onnx")
+    with bad_input():
+        target = open_run(args.path)
+        assert target.directory is not None
+        with bad_input(FileNotFoundError):
+            weights = choose_weights(target.directory, args.checkpoint).resolve()
+        _check_weights(weights)
+        with bad_input(ValueError):
+            exported = target.run_with(ExportProgram(weights, Path(args.out).resolve(),
+                                                     args.format, args.averaged))
+    print(exported.summary(), file=sys.stderr)
     return EXIT_OK
 
 

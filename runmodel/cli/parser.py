@@ -181,13 +181,25 @@ def _infer(subcommands: Subcommands) -> None:
 
 def _export(subcommands: Subcommands) -> None:
     export = _subcommand(
-        subcommands, "export", "write a checkpoint's full model weights as one plain state "
-        "dict file", commands.export, "write the full model state dict of a checkpoint (a "
-        "file, a sharded checkpoint folder, a Checkpoint pack's folder or a run folder: its "
-        "newest readable checkpoint) to OUT, one torch.save file that "
-        "torch.load(weights_only=True) loads into the bare module")
+        subcommands, "export", "write a checkpoint's model weights as one plain state dict "
+        "file, or a run's model as a torch.export or ONNX program", commands.export,
+        "write the full model state dict of a checkpoint (a file, a sharded checkpoint "
+        "folder, a Checkpoint pack's folder or a run folder: its newest readable "
+        "checkpoint) to OUT, one torch.save file that torch.load(weights_only=True) loads "
+        "into the bare module; or, with --format pt2 or onnx, a run folder's module with "
+        "its best (else last, else final) weights as a program, checked against the module "
+        "on a batch of the run's data")
     export.add_argument("path", metavar="PATH")
     export.add_argument("out", metavar="OUT")
+    export.add_argument("--format", choices=("state_dict", "pt2", "onnx"), default="state_dict",
+                        help="state_dict (default, any checkpoint); pt2 (torch.export) or "
+                        "onnx (torch.onnx, dynamo; pip install 'runmodel[onnx]'), from a run "
+                        "folder, with a dynamic batch dimension")
+    export.add_argument("--averaged", action="store_true",
+                        help="the averaged weights an EMA or SWA pack kept in the checkpoint")
+    export.add_argument("--checkpoint", metavar="best|last|FILE",
+                        help="with --format pt2 or onnx: the run's weights to use (default: "
+                        "best, else last, else the final model.pt)")
     _debug(export)
 
 
