@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from ..core import RunResult
     from ..runs.target import RunRequest, Target
 
-__all__ = ["UsageError", "describe", "evaluate", "export", "measure", "plot", "report",
-           "resume", "run", "runs", "sweep"]
+__all__ = ["UsageError", "describe", "evaluate", "export", "lr_find", "measure", "plot",
+           "report", "resume", "run", "runs", "sweep"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -227,6 +227,28 @@ def describe(args: argparse.Namespace) -> int:
     """``runmodel describe SOURCE``: the model and its resolved hook table; nothing runs."""
     with bad_input():
         print(_target(args).describe())
+    return EXIT_OK
+
+
+def lr_find(args: argparse.Namespace) -> int:
+    """``runmodel lr-find SOURCE``: the learning-rate range test on the source's model,
+    which is left as it was; the suggestion printed, the loss drawn against the rate."""
+    from ..runs.lr_find import LRFind
+
+    plot = None if args.output is None else Path(args.output).resolve()
+    if plot is not None:
+        from ..extras import require
+
+        with bad_input(ModuleNotFoundError):
+            require("matplotlib", needed_by="runmodel lr-find")
+    with bad_input(), bad_input(ValueError, TypeError):
+        action = LRFind(args.start_lr, args.end_lr, args.steps, plot)
+        result = _target(args).run_with(action)
+    if args.json:
+        print(json.dumps({**vars(result), "plot": None if result.plot is None
+                          else str(result.plot)}, indent=2))
+    else:
+        print(result.summary())
     return EXIT_OK
 
 

@@ -26,8 +26,8 @@ def parser() -> argparse.ArgumentParser:
         "is a config (docs/config.md).")
     made.add_argument("--version", action="version", version=f"runmodel {__version__}")
     subcommands = made.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_run, _benchmark, _profile, _describe, _runs, _resume, _eval, _infer, _export,
-                _sweep, _plot):
+    for add in (_run, _benchmark, _profile, _describe, _lr_find, _runs, _resume, _eval, _infer,
+                _export, _sweep, _plot):
         add(subcommands)
     return made
 
@@ -69,7 +69,7 @@ def _on_a_source(subcommands: Subcommands, name: str, text: str,
                      "be init.NAME or setup.NAME, or a config's dotted key; VALUE is a Python "
                      "literal or a string")
     sub.add_argument("--debug", action="store_true", help="show full tracebacks")
-    if name != "describe":
+    if name not in ("describe", "lr-find"):
         sub.add_argument("--timer", action="store_true",
                          help="time each phase and hook (the Timer pack) and print it")
     return sub
@@ -127,6 +127,31 @@ def _profile(subcommands: Subcommands) -> None:
 def _describe(subcommands: Subcommands) -> None:
     _on_a_source(subcommands, "describe", "show a model and the resolved phase and hook table",
                  commands.describe)
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not above 0")
+    return value
+
+
+def _lr_find(subcommands: Subcommands) -> None:
+    find = _on_a_source(subcommands, "lr-find", "find a learning rate: the range test (the "
+                        "rate raised step by step until the loss diverges), the model left as "
+                        "it was", commands.lr_find)
+    find.add_argument("--start-lr", type=_rate, default=1e-7, help="default: 1e-7")
+    find.add_argument("--end-lr", type=_rate, default=10.0, help="default: 10")
+    find.add_argument("--steps", type=_count, default=100,
+                      help="steps at most, the rate raised exponentially over them "
+                      "(default: 100)")
+    find.add_argument("-o", "--output", default="lr_find.png",
+                      help="the PNG of the loss against the learning rate (default: "
+                      "lr_find.png)")
+    _json(find)
 
 
 def _runs(subcommands: Subcommands) -> None:
