@@ -313,15 +313,21 @@ def evaluate(args: argparse.Namespace) -> int:
         with bad_input(FileNotFoundError):
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
-        print(f"runmodel {args.command}: {run_dir.name} with {weights}", file=sys.stderr)
-        result = target.run_with(WithWeights(weights, args.command))
+        print(f"runmodel {args.command}: {run_dir.name} with {weights}"
+              + (" (its averaged weights)" if args.averaged else ""), file=sys.stderr)
+        if args.averaged:  # a checkpoint without an average: said in one line, before
+            from ..checkpoint.export import averaged_weights
+
+            with bad_input(ValueError):
+                averaged_weights(weights)
+        result = target.run_with(WithWeights(weights, args.command, args.averaged))
     if output is not None:
         import torch
 
         torch.save(result.outputs, output)
         result.files["outputs"] = str(output)
     else:
-        key = record_eval(run_dir, weights, result)
+        key = record_eval(run_dir, weights, result, args.averaged)
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     report(result, args.json)
     return EXIT_OK

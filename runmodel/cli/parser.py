@@ -189,6 +189,8 @@ def _trained(subcommands: Subcommands, name: str, text: str) -> argparse.Argumen
     trained.add_argument("--checkpoint", metavar="best|last|FILE",
                          help="the weights to use (default: best, else last, else the "
                          "final model.pt)")
+    trained.add_argument("--averaged", action="store_true",
+                         help="the averaged weights an EMA or SWA pack kept in the checkpoint")
     _json(trained)
     _debug(trained)
     return trained
