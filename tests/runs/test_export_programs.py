@@ -144,3 +144,29 @@ def test_averaged_exports_the_ema_weights(run_dir: Path, tmp_path: Path) -> None
     with torch.no_grad():
         torch.testing.assert_close(torch.export.load(out).module()(batch), module(batch))
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+
+
+def test_eval_averaged_evaluates_the_ema_weights(run_dir: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``runmodel eval RUN_DIR --averaged``: the EMA's weights, recorded apart in eval.json;
+    a run without an average says so in one line."""
+    assert main(["eval", str(run_dir), "--averaged", "--json"]) == 0
+    assert main(["eval", str(run_dir), "--json"]) == 0
+    evaluated = json.loads((run_dir / "eval.json").read_text())
+    [plain] = [key for key in evaluated if not key.endswith(" (averaged)")]
+    averaged = evaluated[f"{plain} (averaged)"]["metrics"]
+    assert averaged["loss"] != evaluated[plain]["metrics"]["loss"]
+    module, _ = digits_module(run_dir)
+    module.load_state_dict(averaged_weights(choose_weights(run_dir)))
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from digits import digits_split
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    x, y = digits_split(0)[1].tensors
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(module(x), y).item()
+    assert averaged["loss"] == pytest.approx(loss, rel=1e-5)
+    capsys.readouterr()
