@@ -43,6 +43,8 @@ class WeightAveraging(Pack):
         # averaged_weights() works on the trained model
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._remove: Callable[[], None] | None = None
+        self._averaging = False  # whether anything was averaged in yet (a Python bool:
+        # reading n_averaged would sync the device at each evaluation)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -70,6 +72,7 @@ class WeightAveraging(Pack):
         assert module is not None  # check_setup
         self.averaged = AveragedModel(module, multi_avg_fn=self.multi_avg_fn,
                                       use_buffers=self.use_buffers)
+        self._averaging = False
         if self._pending is not None:
             self._load(self._pending)
             self._pending = None
@@ -88,13 +91,17 @@ class WeightAveraging(Pack):
         module = unwrap(engine.model.module)
         assert self.averaged is not None and module is not None
         self.averaged.update_parameters(module)
+        self._averaging = True
 
     @contextlib.contextmanager
     def averaged_weights(self) -> Iterator[None]:
         """Within it, the module holds the averaged weights (and buffers); its own are
         back after. The tensors' storages are swapped, nothing is copied; the optimizer
-        must not step inside."""
-        self._before_use()
+        must not step inside. Before anything was averaged in (SWA before its ``start``),
+        the module keeps its own weights."""
+        if not self._averaging:
+            yield
+            return
         self._swap()
         try:
             yield
@@ -104,9 +111,6 @@ class WeightAveraging(Pack):
     def _swap(self) -> None:
         for mine, averaged in self._pairs:
             mine.data, averaged.data = averaged.data, mine.data
-
-    def _before_use(self) -> None:
-        """Make the average ready to be used (SWA: its batch-norm statistics)."""
 
     def _evaluate_averaged(self, phase: str, hook: Hook | None,
                            fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,6 +145,7 @@ class WeightAveraging(Pack):
             return
         self.averaged.module.load_state_dict(state[AVERAGED])
         self.averaged.n_averaged.copy_(state["n_averaged"])
+        self._averaging = int(state["n_averaged"]) > 0
 
 
 def _tensors(module: nn.Module) -> list[torch.Tensor]:

@@ -15,7 +15,6 @@ a model with batches of another form exports as it runs.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ class Exported:
 
     out: Path
     format: str
-    weights: Path
+    weights: Path | None
     batch_sizes: tuple[int, ...]
     max_abs_diff: float
     rtol: float
@@ -55,7 +54,8 @@ class Exported:
 
     def summary(self) -> str:
         sizes = " and ".join(str(n) for n in self.batch_sizes)
-        return (f"exported {self.weights} as {self.format} to {self.out}\n"
+        source = "the module" if self.weights is None else str(self.weights)
+        return (f"exported {source} as {self.format} to {self.out}\n"
                 f"checked: the exported program's outputs on batches of {sizes} match the "
                 f"module's (torch.testing.assert_close, rtol={self.rtol:g}, "
                 f"atol={self.atol:g}): largest difference {self.max_abs_diff:.3g}")
@@ -76,16 +76,17 @@ class ExportProgram:
         model.setup(arguments.get("setup_options"))
         try:
             model.load_state_dict(model_state(self.weights, averaged=self.averaged))
-            exported = export_module(model, self.out, self.format)
+            return export_module(model, self.out, self.format, weights=self.weights)
         finally:
             model.teardown()
-        return dataclasses.replace(exported, weights=self.weights)
 
 
-def export_module(model: Any, out: str | Path, format: str) -> Exported:
+def export_module(model: Any, out: str | Path, format: str,
+                  weights: Path | None = None) -> Exported:
     """Export ``model``'s module (a ``TorchModel``'s, set up: it has data) as ``format``
     (``"pt2"`` or ``"onnx"``) to ``out``, and check the program written against the
-    module on a batch of its data; ``AssertionError`` (``assert_close``'s) if it differs."""
+    module on a batch of its data; ``AssertionError`` (``assert_close``'s) if it differs.
+    ``weights``: where the module's weights came from, for the summary."""
     if format not in ("pt2", "onnx"):
         raise ValueError(f"format {format!r}: a program is 'pt2' or 'onnx'")
     if format == "onnx":  # said before any work
@@ -108,7 +109,7 @@ def export_module(model: Any, out: str | Path, format: str) -> Exported:
                     torch.export.save(program, file)
             else:
                 _export_onnx(module, args, kwargs, dynamic, out)
-            return check_program(module, out, format, args, kwargs)
+            return check_program(module, out, format, args, kwargs, weights)
     finally:
         module.train(training)
 
@@ -193,7 +194,7 @@ def _batch_dim(value: Any) -> Any:
 
 
 def check_program(module: nn.Module, out: Path, format: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Exported:
+                  kwargs: dict[str, Any], weights: Path | None = None) -> Exported:
     """Run the program written to ``out`` on the example batch and on its first half (the
     batch dimension is dynamic), and compare its outputs with the module's."""
     run = _load_pt2(out) if format == "pt2" else _load_onnx(out)
@@ -209,7 +210,7 @@ def check_program(module: nn.Module, out: Path, format: str, args: tuple[Any, ..
         for got, wanted in zip(actual, expected, strict=True):
             largest = max(largest, float((got.float() - wanted.float()).abs().max()))
         sizes.append(rows)
-    return Exported(out, format, out, tuple(sizes), largest, **tolerance)
+    return Exported(out, format, weights, tuple(sizes), largest, **tolerance)
 
 
 def _batched(value: Any) -> bool:

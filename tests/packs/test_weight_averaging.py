@@ -121,6 +121,21 @@ def test_use_averaged_evaluates_the_average_and_checkpoints_keep_it(tmp_path: Pa
     assert torch.equal(plain["2.bias"], model.module[2].bias)
 
 
+def test_before_swa_starts_evaluate_measures_the_module_s_own_weights() -> None:
+    """SWA(use_averaged=True) before its start epoch has nothing averaged: Evaluate sees the
+    module's weights; from the second averaged epoch on, the average (another loss)."""
+    swa, seen, own = SWA(start=2, use_averaged=True), [], []
+    engine = runmodel.Engine(swa, Evaluate())
+
+    def both(engine: runmodel.Engine) -> None:
+        seen.append(engine.state.metrics["eval_loss"])
+        own.append(runmodel.evaluate(engine.model)["loss"])
+    engine.on("epoch_end", both, priority=-10)
+    engine.run(Tiny(classes=3, hidden=8), epochs=4)
+    assert seen[:3] == own[:3]  # epochs 0 and 1: none; epoch 2: one epoch averaged
+    assert seen[3] != own[3]
+
+
 def test_a_checkpoint_without_an_average_says_so(tmp_path: Path) -> None:
     result = runmodel.Engine(Checkpoint(tmp_path)).run(Tiny(), epochs=1)
     with pytest.raises(ValueError, match=r"holds no averaged weights.*no EMA or SWA pack"):
