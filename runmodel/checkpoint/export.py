@@ -72,7 +72,14 @@ def averaged_weights(checkpoint: Path) -> dict[str, Any]:
     if is_sharded(checkpoint):
         raise ValueError(f"{str(checkpoint)!r} is a sharded checkpoint: it holds no averaged "
                          f"weights (EMA and SWA are refused under fsdp)")
-    packs = read_file(checkpoint).get("engine", {}).get("packs", {})
+    try:
+        packs = read_file(checkpoint).get("engine", {}).get("packs", {})
+    except Unreadable as error:
+        if not error.foreign:
+            raise
+        raise ValueError(f"{str(checkpoint)!r} is no checkpoint (the module's weights alone, "
+                         f"as a run's model.pt or an export): averaged weights are kept in "
+                         f"checkpoints; attach a Checkpoint pack to the run") from None
     found = {key: state[AVERAGED] for key, state in packs.items()
              if isinstance(state, dict) and isinstance(state.get(AVERAGED), dict)
              and int(state.get("n_averaged", 0)) > 0}  # 0: a copy, nothing averaged yet

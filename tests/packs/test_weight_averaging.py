@@ -140,6 +140,9 @@ def test_a_checkpoint_without_an_average_says_so(tmp_path: Path) -> None:
     result = runmodel.Engine(Checkpoint(tmp_path)).run(Tiny(), epochs=1)
     with pytest.raises(ValueError, match=r"holds no averaged weights.*no EMA or SWA pack"):
         averaged_weights(Path(result.files["last_checkpoint"]))
+    _, plain = export(tmp_path, tmp_path / "weights.pt")  # the module's weights alone
+    with pytest.raises(ValueError, match=r"is no checkpoint \(the module's weights alone"):
+        averaged_weights(plain)
     # SWA before its start: a copy, nothing averaged yet
     result = runmodel.Engine(SWA(start=5), Checkpoint(tmp_path / "swa")).run(Tiny(), epochs=1)
     with pytest.raises(ValueError, match="holds no averaged weights"):
