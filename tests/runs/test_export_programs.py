@@ -143,7 +143,7 @@ def test_averaged_exports_the_ema_weights(run_dir: Path, tmp_path: Path) -> None
     module.load_state_dict(ema)
     with torch.no_grad():
         torch.testing.assert_close(torch.export.load(out).module()(batch), module(batch))
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
 
 
 def test_eval_averaged_evaluates_the_ema_weights(run_dir: Path,
