@@ -31,6 +31,7 @@ _EXPORTS = {
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
+    "lr_find": "runs.lr_find",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
     "end_distributed": "backends.distributed.env",
 }
@@ -73,6 +74,7 @@ __all__ = [
     "hook",
     "load_config",
     "load_model",
+    "lr_find",
     "make_backend",
     "make_interface",
     "make_loss",
@@ -147,4 +149,5 @@ if TYPE_CHECKING:
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute
+    from .runs.lr_find import lr_find
     from .sweeps import sweep

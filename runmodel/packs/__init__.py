@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .checkpoint import Checkpoint
 from .early_stopping import EarlyStopping
+from .ema import EMA
 from .evaluate import Evaluate
 from .grad_accumulation import GradAccumulation
 from .grad_clip import GradClip
@@ -12,17 +13,18 @@ from .lr_schedule import LRSchedule
 from .nan_guard import NaNGuard
 from .progress import Progress
 from .run_log import RunLog
+from .swa import SWA
 from .tensorboard import TensorBoard
 from .timer import Timer
 from .unfreeze import Unfreeze
 
-__all__ = ["PACK_TYPES", "Checkpoint", "EarlyStopping", "Evaluate", "GradAccumulation",
-           "GradClip", "LRSchedule", "NaNGuard", "Progress", "RunLog", "TensorBoard", "Timer",
-           "Unfreeze"]
+__all__ = ["EMA", "PACK_TYPES", "SWA", "Checkpoint", "EarlyStopping", "Evaluate",
+           "GradAccumulation", "GradClip", "LRSchedule", "NaNGuard", "Progress", "RunLog",
+           "TensorBoard", "Timer", "Unfreeze"]
 
 #: The built-in packs by the name a config gives them.
 PACK_TYPES: dict[str, type] = {
-    "checkpoint": Checkpoint, "early_stopping": EarlyStopping, "evaluate": Evaluate,
+    "checkpoint": Checkpoint, "early_stopping": EarlyStopping, "ema": EMA, "evaluate": Evaluate,
     "grad_accumulation": GradAccumulation, "grad_clip": GradClip, "lr_schedule": LRSchedule,
-    "nan_guard": NaNGuard, "progress": Progress, "tensorboard": TensorBoard, "timer": Timer,
-    "unfreeze": Unfreeze}
+    "nan_guard": NaNGuard, "progress": Progress, "swa": SWA, "tensorboard": TensorBoard,
+    "timer": Timer, "unfreeze": Unfreeze}

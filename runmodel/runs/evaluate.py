@@ -75,32 +75,37 @@ def _newest(run_dir: Path, pattern: str) -> Path | None:
     return found[-1] if found else None
 
 
-def load_weights(model: Any, path: Path) -> None:
+def load_weights(model: Any, path: Path, averaged: bool = False) -> None:
     """Put the weights of ``path`` (a checkpoint, a sharded checkpoint's folder, or a
     ``model.pt`` state dict) into ``model``, set up already; its optimizer is left
-    alone. A file that holds no weights is one ``ValueError`` naming it and saying why."""
-    model.load_state_dict(model_state(path))
+    alone. A file that holds no weights is one ``ValueError`` naming it and saying why.
+    ``averaged``: the average an ``EMA`` or ``SWA`` pack kept in the checkpoint."""
+    model.load_state_dict(model_state(path, averaged=averaged))
 
 
 def evaluate_model(model: Any, weights: Path, mode: str, *,
                    setup_options: dict[str, Any] | None = None,
-                   engine: Engine | None = None) -> RunResult:
-    """Run ``model`` in ``mode`` (eval or infer) with ``weights`` loaded once it is set up."""
+                   engine: Engine | None = None, averaged: bool = False) -> RunResult:
+    """Run ``model`` in ``mode`` (eval or infer) with ``weights`` (``averaged``: their
+    EMA or SWA average) loaded once it is set up."""
     engine = engine or Engine()
-    handle = engine.on("setup", lambda e: load_weights(e.model, weights), priority=3000,
-                       name="runmodel.load_weights")
+    handle = engine.on("setup", lambda e: load_weights(e.model, weights, averaged),
+                       priority=3000, name="runmodel.load_weights")
     try:
         return engine.run(model, mode, setup_options=setup_options)
     finally:
         handle.detach()
 
 
-def record_eval(run_dir: Path, weights: Path, result: RunResult) -> str:
-    """Add ``result`` to the run's ``eval.json``, keyed by the weights used; the key."""
+def record_eval(run_dir: Path, weights: Path, result: RunResult,
+                averaged: bool = False) -> str:
+    """Add ``result`` to the run's ``eval.json``, keyed by the weights used (``averaged``:
+    `` (averaged)`` after the checkpoint's name); the key."""
     try:
         key = str(weights.resolve().relative_to(run_dir.resolve()))
     except ValueError:
         key = str(weights.resolve())
+    key += " (averaged)" if averaged else ""
     evaluated = read_json(run_dir / "eval.json")
     evaluated[key] = {"metrics": result.metrics, "steps": result.steps, "at": time.time()}
     write_json(run_dir / "eval.json", evaluated)
