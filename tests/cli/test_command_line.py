@@ -29,7 +29,7 @@ import runmodel
 import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 600  # seconds, for any one command (2 to 30 s here: 10x that and more, for a busy machine)
+TIMEOUT = 600  # seconds for one command (2 to 30 s here: 10x and more, for a busy machine)
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
 RUNMODEL = (sys.executable, "-m", "runmodel")
 
