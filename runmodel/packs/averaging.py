@@ -13,10 +13,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from ..checkpoint.export import AVERAGED
-from ..core import Hook, Pack, hook
+from ..core import Pack, hook
 from ..models import TorchModel
 from ..models.torchutil import unwrap
-from .evaluate import Evaluate
 
 __all__ = ["WeightAveraging"]
 
@@ -26,7 +25,8 @@ class WeightAveraging(Pack):
     train run starts), its state in checkpoints, and ``use_averaged``: the averaged
     weights stand in for the module's while an ``Evaluate`` pack of the run evaluates
     (so its ``eval_*`` metrics, and ``Checkpoint(best=)`` ranking by them, are the
-    averaged weights'). A subclass says when the average is updated."""
+    averaged weights'): between the ``eval_start`` and ``eval_end`` phases that every
+    evaluation pass of the run fires. A subclass says when the average is updated."""
 
     #: the AveragedModel's ``multi_avg_fn`` (None: the running mean, SWA's)
     multi_avg_fn: Callable[..., Any] | None = None
@@ -42,7 +42,7 @@ class WeightAveraging(Pack):
         # the module's tensors and the average's, pairwise: kept after the run, so that
         # averaged_weights() works on the trained model
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._remove: Callable[[], None] | None = None
+        self._swapped = False  # the average stands in the module's place now
         self._averaging = False  # whether anything was averaged in yet (a Python bool:
         # reading n_averaged would sync the device at each evaluation)
 
@@ -77,14 +77,24 @@ class WeightAveraging(Pack):
             self._load(self._pending)
             self._pending = None
         self._pairs = list(zip(_tensors(module), _tensors(self.averaged.module), strict=True))
-        if self.use_averaged:
-            self._remove = engine.instrument(self._evaluate_averaged)
+
+    @hook(modes="train")
+    def eval_start(self, engine: Any) -> None:
+        """``use_averaged``: an evaluation of the run (an ``Evaluate`` pack's) sees the
+        averaged weights in the module's place."""
+        if self.use_averaged and self._averaging and not self._swapped:
+            self._swap()
+            self._swapped = True
+
+    @hook(modes="train")
+    def eval_end(self, engine: Any) -> None:
+        if self._swapped:
+            self._swap()
+            self._swapped = False
 
     @hook(modes="train")
     def teardown(self, engine: Any) -> None:
-        if self._remove is not None:
-            self._remove()
-            self._remove = None
+        self.eval_end(engine)  # an evaluation that failed half-way: the module's own back
 
     def update(self, engine: Any) -> None:
         """Average the module's weights in now."""
@@ -111,18 +121,6 @@ class WeightAveraging(Pack):
     def _swap(self) -> None:
         for mine, averaged in self._pairs:
             mine.data, averaged.data = averaged.data, mine.data
-
-    def _evaluate_averaged(self, phase: str, hook: Hook | None,
-                           fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``engine.instrument``'s wrapper: an ``Evaluate`` pack's evaluation runs with
-        the averaged weights in the module."""
-        if hook is None or not isinstance(hook.pack, Evaluate) or phase == "setup":
-            return fn
-
-        def with_averaged(*args: Any) -> Any:
-            with self.averaged_weights():
-                return fn(*args)
-        return with_averaged
 
     # -- checkpoints ----------------------------------------------------------------------
 
