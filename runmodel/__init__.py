@@ -31,6 +31,7 @@ _EXPORTS = {
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
+    "seed": "models.seeding",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
     "end_distributed": "backends.distributed.env",
 }
@@ -86,6 +87,7 @@ __all__ = [
     "register_model",
     "register_optimizer",
     "register_pack",
+    "seed",
     "sweep",
 ]
 
@@ -145,6 +147,7 @@ if TYPE_CHECKING:
     )
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
+    from .models.seeding import seed
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute
     from .sweeps import sweep

@@ -25,14 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .._io import read_json
 from ..backends.distributed import env
@@ -51,6 +48,7 @@ from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
+from ..models.seeding import seed
 from ..packs import TensorBoard
 from . import torchrun
 from .folder import RunExists, RunFolder, read_status, record_status
@@ -71,17 +69,6 @@ DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
 
 def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     return Path(root) / config.run_name()
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
 
 
 def import_sources(config: RunConfig, base: Path) -> None:
@@ -164,7 +151,7 @@ def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: boo
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
     backend (ddp, fsdp) trained it."""
-    _seed(config.seed)
+    seed(config.seed)  # runmodel.seed: before the model is built
     import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
     config = dataclasses.replace(config, model=known_model_args(config.model))
