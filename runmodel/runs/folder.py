@@ -134,12 +134,16 @@ def versions() -> dict[str, str]:
 
 def start_record(packs: dict[str, Pack], mode: str) -> dict[str, Any]:
     """How a run is being started from a Python script: the script and its arguments,
-    the working folder, the packs attached (key and class), the mode."""
+    the working folder, the packs attached (key and class), the mode, and the seed the
+    script set with ``runmodel.seed`` (None: it set none)."""
+    from ..models.seeding import last_seed  # here: reading a run folder imports no torch
+
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
     return {"kind": "script", "script": None if script is None else str(Path(script).resolve()),
             "argv": list(sys.argv[1:]), "cwd": os.getcwd(), "mode": mode,
-            "packs": {key: type(pack).__name__ for key, pack in packs.items()}}
+            "packs": {key: type(pack).__name__ for key, pack in packs.items()},
+            "seed": last_seed()}
 
 
 class RunFolder(Pack):
