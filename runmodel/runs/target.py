@@ -180,15 +180,17 @@ class Train:
 
 @dataclass(frozen=True)
 class WithWeights:
-    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up."""
+    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up,
+    on the model's eval data (``split="test"``: its test data)."""
 
     weights: Path
     mode: str
+    split: str = "eval"
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         return evaluate_model(model, self.weights, self.mode,
-                              setup_options=arguments["setup_options"])
+                              setup_options=arguments["setup_options"], split=self.split)
 
 
 @dataclass(frozen=True)
