@@ -292,14 +292,14 @@ def evaluate(args: argparse.Namespace) -> int:
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
         print(f"runmodel {args.command}: {run_dir.name} with {weights}", file=sys.stderr)
-        result = target.run_with(WithWeights(weights, args.command))
+        result = target.run_with(WithWeights(weights, args.command, args.split))
     if output is not None:
         import torch
 
         torch.save(result.outputs, output)
         result.files["outputs"] = str(output)
     else:
-        key = record_eval(run_dir, weights, result)
+        key = record_eval(run_dir, weights, result, args.split)
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     report(result, args.json)
     return EXIT_OK

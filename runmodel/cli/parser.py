@@ -164,6 +164,9 @@ def _trained(subcommands: Subcommands, name: str, text: str) -> argparse.Argumen
     trained.add_argument("--checkpoint", metavar="best|last|FILE",
                          help="the weights to use (default: best, else last, else the "
                          "final model.pt)")
+    trained.add_argument("--split", choices=("eval", "test"), default="eval",
+                         help="the data: the model's eval_data (default) or its test_data "
+                         "(metrics named test_*)")
     _json(trained)
     _debug(trained)
     return trained
