@@ -13,7 +13,7 @@ from typing import Any
 from .._io import read_json, write_json
 from ..checkpoint.export import model_state
 from ..checkpoint.names import is_checkpoint
-from ..core import RunResult
+from ..core import Pack, RunResult
 from ..engine import Engine
 from .folder import read_status
 
@@ -98,8 +98,7 @@ def evaluate_model(model: Any, weights: Path, mode: str, *,
     handles = [engine.on("setup", lambda e: load_weights(e.model, weights), priority=3000,
                          name="runmodel.load_weights")]
     if split == "test":
-        handles.append(engine.on("setup", _on_test_data, priority=3000,
-                                 name="runmodel.test_split"))
+        handles.append(engine.attach(TestSplit()))
     try:
         result = engine.run(model, mode, setup_options=setup_options)
     finally:
@@ -110,17 +109,22 @@ def evaluate_model(model: Any, weights: Path, mode: str, *,
     return result
 
 
-def _on_test_data(engine: Engine) -> None:
-    """The model's test split as the data its eval (infer) steps read, once ``setup()``
-    made it."""
-    model = engine.model
-    data = getattr(model, "test_data", None)
-    if data is None:
-        raise ValueError(f"{type(model).__name__} has no test_data to evaluate on (--split "
-                         f"test): set self.test_data in its setup(), beside eval_data")
-    model.eval_data = data
-    if getattr(model, "infer_data", None) is not None:
-        model.infer_data = data
+class TestSplit(Pack):
+    """Puts the model's test split where its eval (and infer) steps read their data, once
+    ``setup()`` made it, before the run's first step; a model without one is refused
+    there."""
+
+    name = "test_split"
+
+    def check_setup(self, engine: Any) -> None:
+        model = engine.model
+        data = getattr(model, "test_data", None)
+        if data is None:
+            raise ValueError(f"{type(model).__name__} has no test_data to evaluate on (--split "
+                             f"test): set self.test_data in its setup(), beside eval_data")
+        model.eval_data = data
+        if getattr(model, "infer_data", None) is not None:
+            model.infer_data = data
 
 
 def record_eval(run_dir: Path, weights: Path, result: RunResult, split: str = "eval") -> str:

@@ -333,7 +333,7 @@ class RunFolder(Pack):
         finally:
             if kept is not None:
                 model.load_state_dict(kept)
-        used = Path(best) if kept is not None else self.directory / MODEL  # trained()'s
+        used = Path(str(best)) if kept is not None else self.directory / MODEL  # trained()'s
         if s.rank == 0 and used.exists():
             s.files["test_weights"] = str(used)
 
