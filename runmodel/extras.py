@@ -40,6 +40,8 @@ OPTIONAL: dict[str, Dependency] = {
     # only the dev extra installs it, so say the pip name
     "torchdata": Dependency("torchdata", None),
     "optuna": Dependency("optuna", "sweep"),
+    # the MLflow pack: MLflow's client (mlflow-skinny) and its local SQLite store
+    "mlflow": Dependency("mlflow-skinny", "mlflow"),
 }
 
 
