@@ -49,7 +49,7 @@ from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
 from ..models.seeding import seed
-from ..packs import TensorBoard
+from ..packs import MLflow, TensorBoard
 from . import torchrun
 from .folder import RunExists, RunFolder, read_status, record_status
 from .interrupt import say
@@ -222,9 +222,11 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
-        if isinstance(pack, TensorBoard):
+    for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
+        if isinstance(pack, (TensorBoard, MLflow)):
             pack.hparams = flatten(config.to_dict())
+        if isinstance(pack, MLflow) and pack.run_name is None:
+            pack.run_name = run_dir.name  # the MLflow run named as the run's folder
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),
