@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from ..core import RunResult
     from ..runs.target import RunRequest, Target
 
-__all__ = ["UsageError", "describe", "evaluate", "export", "measure", "plot", "report",
-           "resume", "run", "runs", "sweep"]
+__all__ = ["UsageError", "check_resume", "describe", "evaluate", "export", "measure", "plot",
+           "report", "resume", "run", "runs", "sweep"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -370,10 +370,25 @@ def plot(args: argparse.Namespace) -> int:
     return plotting.main(args)
 
 
+def check_resume(args: argparse.Namespace) -> int:
+    """``runmodel check-resume SOURCE``: a run straight, the same run killed and resumed,
+    compared (``runs/check_resume.py``); exit 0 when the resume is exact, else 1."""
+    from ..runs.check_resume import CheckRequest
+    from ..runs.check_resume import check_resume as check
+
+    with bad_input():
+        verdict = check(CheckRequest(
+            args.source, steps=args.steps, at=args.at, nproc_per_node=args.nproc_per_node,
+            backend=args.backend, directory=None if args.dir is None else Path(args.dir),
+            device=args.device, options=tuple(args.options), argv=tuple(args.extra)))
+    print(verdict.text())
+    return EXIT_OK if verdict.exact else EXIT_FAILED
+
+
 def script_arguments_allowed(args: argparse.Namespace) -> bool:
     """Whether arguments argparse did not know may be a script's: ``describe``,
-    ``benchmark`` and ``profile`` of a script pass them to it."""
-    if args.command not in ("describe", "benchmark", "profile"):
+    ``benchmark``, ``profile`` and ``check-resume`` of a script pass them to it."""
+    if args.command not in ("describe", "benchmark", "profile", "check-resume"):
         return False
     from ..runs.script import is_script
 

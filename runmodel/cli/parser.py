@@ -27,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--version", action="version", version=f"runmodel {__version__}")
     subcommands = made.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (_run, _benchmark, _profile, _describe, _runs, _resume, _eval, _infer, _export,
-                _sweep, _plot):
+                _sweep, _plot, _check_resume):
         add(subcommands)
     return made
 
@@ -229,3 +229,32 @@ def _plot(subcommands: Subcommands) -> None:
     plot = _subcommand(subcommands, "plot", "plot config runs' loss and metric curves (PNG)",
                        commands.plot, "plot the loss and metric curves of runs into one PNG")
     plotting.add_arguments(plot)
+
+
+def _check_resume(subcommands: Subcommands) -> None:
+    check = _subcommand(
+        subcommands, "check-resume", "check that a run of a model resumes exactly after a kill",
+        commands.check_resume, "train the run K steps straight; train it again, save at step "
+        "S, SIGKILL it in step S+1 and resume it, each in its own process; compare weights, "
+        "optimizer state and random generators bit for bit, name the first tensor and the "
+        "first step that differ, and the first module whose output differs in that step "
+        "(docs/check_resume.md). Exit 0 when the resume is exact, 1 when it is not")
+    check.add_argument("source", metavar="SOURCE", help="the model to load, a config or a script")
+    check.add_argument("--steps", type=_count, metavar="K",
+                       help="steps of each run (default 20; more than an epoch checks an "
+                       "epoch's end too)")
+    check.add_argument("--at", type=_count, metavar="S", help="save at step S (default: one "
+                       "mid-epoch, in an epoch after the first where the run has one, near "
+                       "the middle)")
+    check.add_argument("--nproc-per-node", type=_count, metavar="N",
+                       help="each run in N processes (torchrun), with the ddp backend (or "
+                       "--backend, or a config's own)")
+    check.add_argument("--backend", choices=("ddp", "fsdp"),
+                       help="with --nproc-per-node: ddp (default) or fsdp")
+    check.add_argument("--dir", help="keep the runs' folders, records and logs here (a new or "
+                       "empty folder; default: a temporary one, removed after)")
+    check.add_argument("--device", help="cpu, cuda, cuda:N, mps (default: the model's choice)")
+    check.add_argument("--set", dest="options", action="append", default=[],
+                       metavar="KEY=VALUE", help="an init or setup option (repeatable), or a "
+                       "config's dotted key, as for `runmodel run`")
+    _debug(check)

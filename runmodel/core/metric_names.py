@@ -26,13 +26,15 @@ if TYPE_CHECKING:
     from .table import HookTable
 
 __all__ = ["STEP_WRITES", "TEST_PREFIX", "check_metric_names", "check_not_test",
-           "closest_name", "declared_writes", "edit_distance"]
+           "closest_name", "declared_reads", "declared_writes", "edit_distance"]
 
 #: The prefix of a test split's metrics: reserved, read and written by no pack or hook.
 TEST_PREFIX = "test_"
 
-#: What every run's step declares: ``loss`` (the ``loss`` metric, or the last step's loss
-#: where no pack puts one; ``packs/_common.metric_value`` reads it so).
+#: What every run's step declares: ``loss`` (the ``loss`` metric: in a train run the
+#: epoch's mean loss, put there at each epoch's end when a hook or pack of the run declares
+#: reading it; in eval mode the evaluation's; else the last step's loss, as
+#: ``packs/_common.metric_value`` reads it).
 STEP_WRITES = ("loss",)
 
 
@@ -42,6 +44,12 @@ def declared_writes(table: HookTable, mode: str, rank: int, step_writes: Iterabl
     ``rank``), each with who declares it: the step (``step_writes``), then the hooks
     and packs that run in it."""
     return _declarations(table, mode, rank, step_writes)[0]
+
+
+def declared_reads(table: HookTable, mode: str, rank: int) -> set[str]:
+    """The metric names that the hooks and packs of a run of ``table`` (mode ``mode``,
+    process ``rank``) declare reading: what a mode computes only when it is read."""
+    return {name for _, name in _declarations(table, mode, rank, ())[1]}
 
 
 def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]

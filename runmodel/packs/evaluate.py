@@ -29,8 +29,10 @@ class Evaluate(Pack):
 
     From there TensorBoard logs them at epoch ends, a config run's metrics.json has them,
     and ``EarlyStopping``/``LRSchedule(metric=)`` read them. The random number generators
-    are put back after each evaluation, so evaluating does not change the training. Runs
-    in the modes ``modes`` names (train only by default).
+    are put back after each evaluation, so evaluating does not change the training. Each
+    pass fires the run's ``eval_start`` and ``eval_end`` phases around it (a model with
+    state that runs on from batch to batch starts it afresh there), and sums its loss in
+    double precision. Runs in the modes ``modes`` names (train only by default).
     """
 
     name = "evaluate"
@@ -109,7 +111,8 @@ class Evaluate(Pack):
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
         model: TorchModel = engine.model  # typed: mypy checks that it is Evaluable
-        values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
+        # fires eval_start and eval_end; leaves the generators as they were
+        values = evaluate(model, self.data, self._metrics, engine=engine)
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)
         return self.last

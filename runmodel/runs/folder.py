@@ -41,7 +41,7 @@ from typing import Any
 
 from .._io import DiskFullError, read_json, write_json
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
-from ..core.state import refused_at_setup
+from ..core.state import refused_at_setup, signal_name
 
 __all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
            "read_status", "resolve", "start_record"]
@@ -251,7 +251,11 @@ class RunFolder(Pack):
                                                            name="run_folder.tested"))
 
     def check_setup(self, engine: Any) -> None:
+        """Rank 0, which writes the folder, claims it (the other processes of a
+        distributed run follow it: they would see its claim as another live run's)."""
         self.began = False
+        if engine.state.rank != 0:
+            return
         if not self.claimed:
             self.claim(engine.resumed_from is not None)
         held = read_json(self.directory / RECORD).get("id")
@@ -403,7 +407,7 @@ class RunFolder(Pack):
                           "interrupted", error=str(error), step=engine.state.step,
                           files=_relative(self.directory, engine.state.files))
             if isinstance(error, Preempted):
-                status["signal"] = _signal_name(error.signal)
+                status["signal"] = signal_name(error.signal)
         elif error is not None:
             status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
                           else "failed", error=f"{type(error).__name__}: {error}",
@@ -460,15 +464,6 @@ def record_status(directory: Path, status: dict[str, Any], error: BaseException)
     """Write ``status`` for the run in ``directory`` outside its run (a launcher's word on
     a failed process): as the run's own writer does, reserve and all."""
     RunFolder(directory)._write_status(status, error)
-
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 def _traceback(error: BaseException) -> str:

@@ -513,7 +513,7 @@ def test_describe_shows_model_options_and_the_hook_table(cli: Results) -> None:
     assert any(re.fullmatch(r"epoch_start +- +\(no hooks\)", line) for line in table)
     assert [line.split()[0] for line in table[2:]] == [
         "setup", "epoch_start", "step_start", "runstep", "forward", "backward",
-        "optimizer_step", "epoch_end", "exception", "teardown"]
+        "optimizer_step", "epoch_end", "eval_start", "eval_end", "exception", "teardown"]
 
 
 def test_set_reaches_init_options(cli: Results) -> None:

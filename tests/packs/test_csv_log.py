@@ -30,11 +30,15 @@ def run(run_dir: Path, epochs: int, interrupt_at: int | None = None,
 def test_one_row_an_epoch_that_pandas_reads(tmp_path: Path) -> None:
     pandas = pytest.importorskip("pandas", reason="pandas is not installed (the dev extra "
                                  "has it)")
-    losses: list[float] = []
+    losses: list[float] = []  # the epoch's loss metric: its mean (CSV reads it)
+    steps: list[float] = []  # each step's loss
     engine = runmodel.Engine(Evaluate(every="2ep"), CSV(tmp_path / "log.csv", every_steps=3),
                              progress=False)
-    engine.on("epoch_end", lambda e: losses.append(e.state.loss.item()), priority=-10)
+    engine.on("runstep", lambda e: steps.append(e.state.loss.item()))
+    engine.on("epoch_end", lambda e: losses.append(float(e.state.metrics["loss"])),
+              priority=-10)
     result = engine.run(Tiny(classes=3), epochs=4)
+    assert losses == pytest.approx([sum(steps[i:i + 4]) / 4 for i in range(0, 16, 4)])
 
     table = pandas.read_csv(tmp_path / "log.csv")
     assert list(table.columns) == ["epoch", "step", "loss", "lr/group0", "eval_loss",
@@ -45,10 +49,11 @@ def test_one_row_an_epoch_that_pandas_reads(tmp_path: Path) -> None:
     # measured at epochs 2 and 4; a column first seen at epoch 2 is empty before it
     assert table["eval_accuracy"].isna().tolist() == [True, False, False, False]
     assert table["eval_accuracy"].iloc[-1] == result.metrics["eval_accuracy"]
-    steps = pandas.read_csv(tmp_path / "log_steps.csv")
-    assert list(steps.columns) == ["step", "epoch", "loss"]
-    assert steps["step"].tolist() == [3, 6, 9, 12, 15]
-    assert steps["epoch"].tolist() == [1, 2, 3, 3, 4]
+    rows_of_steps = pandas.read_csv(tmp_path / "log_steps.csv")
+    assert list(rows_of_steps.columns) == ["step", "epoch", "loss"]
+    assert rows_of_steps["step"].tolist() == [3, 6, 9, 12, 15]
+    assert rows_of_steps["epoch"].tolist() == [1, 2, 3, 3, 4]
+    assert rows_of_steps["loss"].tolist() == [steps[i - 1] for i in (3, 6, 9, 12, 15)]
 
 
 def test_a_resumed_run_writes_what_a_straight_run_writes(tmp_path: Path) -> None:
