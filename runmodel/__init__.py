@@ -32,6 +32,7 @@ _EXPORTS = {
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
     "lr_find": "runs.lr_find",
+    "seed": "models.seeding",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
     "end_distributed": "backends.distributed.env",
 }
@@ -88,6 +89,7 @@ __all__ = [
     "register_model",
     "register_optimizer",
     "register_pack",
+    "seed",
     "sweep",
 ]
 
@@ -147,6 +149,7 @@ if TYPE_CHECKING:
     )
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
+    from .models.seeding import seed
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute
     from .runs.lr_find import lr_find

@@ -44,6 +44,8 @@ OPTIONAL: dict[str, Dependency] = {
     "onnx": Dependency("onnx", "onnx"),
     "onnxscript": Dependency("onnxscript", "onnx"),
     "onnxruntime": Dependency("onnxruntime", "onnx"),
+    # the MLflow pack: MLflow's client (mlflow-skinny) and its local SQLite store
+    "mlflow": Dependency("mlflow-skinny", "mlflow"),
 }
 
 

@@ -320,14 +320,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
             with bad_input(ValueError):
                 averaged_weights(weights)
-        result = target.run_with(WithWeights(weights, args.command, args.averaged))
+        result = target.run_with(WithWeights(weights, args.command, args.averaged, args.split))
     if output is not None:
         import torch
 
         torch.save(result.outputs, output)
         result.files["outputs"] = str(output)
     else:
-        key = record_eval(run_dir, weights, result, args.averaged)
+        key = record_eval(run_dir, weights, result, args.averaged, args.split)
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     report(result, args.json)
     return EXIT_OK

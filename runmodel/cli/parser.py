@@ -191,6 +191,9 @@ def _trained(subcommands: Subcommands, name: str, text: str) -> argparse.Argumen
                          "final model.pt)")
     trained.add_argument("--averaged", action="store_true",
                          help="the averaged weights an EMA or SWA pack kept in the checkpoint")
+    trained.add_argument("--split", choices=("eval", "test"), default="eval",
+                         help="the data: the model's eval_data (default) or its test_data "
+                         "(metrics named test_*)")
     _json(trained)
     _debug(trained)
     return trained

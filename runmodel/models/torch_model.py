@@ -24,6 +24,9 @@ __all__ = ["TorchModel", "set_trainable", "trainable"]
 class TorchModel(Model):
     """A ``Model`` for ``torch.nn.Module``s: set ``module`` in ``__init__`` and
     ``optimizer``, ``loss_fn``, ``train_data`` (and ``eval_data``) in ``setup``.
+    ``test_data``, if set, is a held-out split that a train run with a run folder
+    evaluates once after training, with its best (else last) weights, as ``test_*``
+    metrics that no pack may read (``docs/runs.md``).
 
     ``module`` lives on ``self.device``: assigning it moves it there. The parts of a step
     are methods a subclass may override: ``compute_output(batch)``, ``target(batch)``,
@@ -39,6 +42,7 @@ class TorchModel(Model):
     train_data: Iterable[Any] | None = None
     eval_data: Iterable[Any] | None = None
     infer_data: Iterable[Any] | None = None
+    test_data: Iterable[Any] | None = None  # evaluated once, after training (run folders)
 
     def __init__(self, device: str | torch.device | None = None,
                  init_options: dict[str, Any] | None = None) -> None:
@@ -61,7 +65,8 @@ class TorchModel(Model):
                    loss_fn: Callable[..., torch.Tensor] | None = None,
                    train_data: Iterable[Any] | None = None, eval_data: Iterable[Any] | None = None,
                    infer_data: Iterable[Any] | None = None,
-                   device: str | torch.device | None = None) -> TorchModel:
+                   device: str | torch.device | None = None,
+                   test_data: Iterable[Any] | None = None) -> TorchModel:
         """A model from its parts, without writing a subclass: ``optimizer`` is an
         optimizer over ``module``'s parameters, or a factory called with them (as
         ``torch.optim.Adam`` or ``functools.partial(torch.optim.SGD, lr=0.1)``)."""
@@ -77,6 +82,7 @@ class TorchModel(Model):
             optimizer = optimizer(module.parameters())
         model.optimizer, model.loss_fn = optimizer, loss_fn
         model.train_data, model.eval_data, model.infer_data = train_data, eval_data, infer_data
+        model.test_data = test_data
         return model
 
     def model(self) -> nn.Module | None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core import Hook, HookOptions, Pack
+from ..core.metric_names import TEST_PREFIX
 from ..core.options import parse_duration
 from ..models import TorchModel, evaluate
 
@@ -55,6 +56,12 @@ class Evaluate(Pack):
         if not isinstance(prefix, str):
             raise TypeError(f"Evaluate(prefix=) must be a string such as 'eval_' or 'val_'; "
                             f"got {prefix!r}")
+        if prefix.startswith(TEST_PREFIX):  # a test split is evaluated once, after training
+            raise ValueError(f"Evaluate(prefix={prefix!r}): the {TEST_PREFIX!r} prefix is "
+                             f"reserved for the test split (TorchModel.test_data), which a run "
+                             f"folder evaluates once after training with the best weights; "
+                             f"metrics measured during training are validation metrics: use "
+                             f"'eval_' or 'val_'")
         self.prefix = prefix
         self.modes = HookOptions.of(modes=modes).modes
         self.last: dict[str, Any] = {}  # the latest evaluation's values, prefixed

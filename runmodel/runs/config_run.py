@@ -25,14 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .._io import read_json
 from ..backends.distributed import env
@@ -51,7 +48,8 @@ from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
-from ..packs import TensorBoard
+from ..models.seeding import seed
+from ..packs import MLflow, TensorBoard
 from . import torchrun
 from .folder import RunExists, RunFolder, read_status, record_status
 from .interrupt import say
@@ -71,17 +69,6 @@ DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
 
 def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     return Path(root) / config.run_name()
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
 
 
 def import_sources(config: RunConfig, base: Path) -> None:
@@ -164,7 +151,7 @@ def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: boo
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
     backend (ddp, fsdp) trained it."""
-    _seed(config.seed)
+    seed(config.seed)  # runmodel.seed: before the model is built
     import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
     config = dataclasses.replace(config, model=known_model_args(config.model))
@@ -235,9 +222,11 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
-        if isinstance(pack, TensorBoard):
+    for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
+        if isinstance(pack, (TensorBoard, MLflow)):
             pack.hparams = flatten(config.to_dict())
+        if isinstance(pack, MLflow) and pack.run_name is None:
+            pack.run_name = run_dir.name  # the MLflow run named as the run's folder
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),

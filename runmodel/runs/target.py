@@ -181,16 +181,19 @@ class Train:
 @dataclass(frozen=True)
 class WithWeights:
     """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up
-    (``averaged``: the average an EMA or SWA pack kept in the checkpoint)."""
+    (``averaged``: the average an EMA or SWA pack kept in the checkpoint), on the model's
+    eval data (``split="test"``: its test data)."""
 
     weights: Path
     mode: str
     averaged: bool = False
+    split: str = "eval"
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         return evaluate_model(model, self.weights, self.mode,
-                              setup_options=arguments["setup_options"], averaged=self.averaged)
+                              setup_options=arguments["setup_options"], averaged=self.averaged,
+                              split=self.split)
 
 
 @dataclass(frozen=True)
