@@ -5,54 +5,41 @@ but they do for circles (a circle of type hints is a circle of meaning; a ``Prot
 the lower module ends it), except inside ``runmodel.core``, whose parts name the engine
 that holds them in their type hints.
 
-    core                  phases, hooks, tables, packs, state, the engine's loop; it
-                          declares the protocols it runs through (a mode, a backend,
-                          checkpoint storage) and imports nothing else of runmodel
-    checkpoint            the file format, names, writers, storage, sharded folders (fsdp)
-    models                Model, TorchModel, Interface, evaluation, loading by source
-    modes | backends      what a step does per mode | how a model is prepared
-    packs | integrations  packs of hooks | the pytorch-ignite view
-    config.builtins, .registry, .runconfig   things by name, runs as data
-    engine                runmodel.Engine: the core engine with modes and backends by name
-    runs                  run folders: a config run in its folder, a script run's folder,
-                          the runs table (above the engine; config/ stays data below it)
-    sweeps                many config runs searched, pruned and resumed on Optuna
-    runmodel (__init__), plot   the package's names | plots of config runs' curves
-    launch                runmodel run --nproc-per-node: the hand-off to torchrun
-    cli, __main__
+The layers are README's "Layout" table, read here: the map a reader trusts first is the
+one the test checks.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "runmodel"
 
+README = PACKAGE.parent / "README.md"
+
+
+def read_layers(readme: Path) -> list[tuple[str, ...]]:
+    """README's Layout table, bottom to top: each row's first cell names its modules
+    (``core``, ``runs.folder``; ``runmodel`` is the package's ``__init__``)."""
+    text = readme.read_text()
+    section = text[text.index("## Layout"):]
+    section = section[:section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+    layers = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) < 3 or not cells[1].strip().startswith("`"):
+            continue
+        names = re.findall(r"`([\w.]+)`", cells[1])
+        layers.append(tuple(n if n == "runmodel" else f"runmodel.{n}" for n in names))
+    return layers
+
+
 # Modules in one layer are peers: neither imports the other.
-LAYERS: list[tuple[str, ...]] = [
-    ("runmodel._io",),  # atomic writes, locks, JSON, stale temporary files, disk-full errors
-    # config's __init__ is only a docstring; extras names optional dependencies (stdlib only)
-    ("runmodel.config", "runmodel.extras"),
-    ("runmodel.core",),
-    ("runmodel.checkpoint",),  # the storage a backend gives a run, above the core's protocol
-    ("runmodel.models",),
-    ("runmodel.modes", "runmodel.backends"),
-    ("runmodel.packs", "runmodel.integrations"),
-    # what every run has, below the engine that gives it to run_dir= runs
-    ("runmodel.runs.folder", "runmodel.runs.interrupt"),
-    ("runmodel.config.builtins",),
-    ("runmodel.config.registry",),
-    ("runmodel.config.runconfig",),
-    ("runmodel.engine",),
-    ("runmodel.runs",),
-    ("runmodel.sweeps",),  # runmodel sweep: config runs searched on Optuna
-    ("runmodel", "runmodel.plot"),  # the package's __init__ alone (lazy exports, __version__)
-    ("runmodel.cli",),
-    ("runmodel.__main__",),
-]
+LAYERS = read_layers(README)
 
 
 def module_name(path: Path) -> str:
@@ -286,3 +273,12 @@ def test_no_global_statement_and_no_imported_module_changed(module: str) -> None
 def test_the_package_top_holds_at_most_four_modules() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert set(top) <= {"engine", "_io", "extras", "plot"}, top
+
+
+def test_the_layers_are_readmes_and_core_imports_nothing_else() -> None:
+    assert LAYERS[0] == ("runmodel._io",) and LAYERS[-1] == ("runmodel.__main__",)
+    assert len({n for layer in LAYERS for n in layer}) == sum(map(len, LAYERS))
+    core = [m for m in MODULES if m.startswith("runmodel.core")]
+    outside = {m: sorted(t for t in imports(m, typing=True) if not t.startswith(
+        "runmodel.core")) for m in core}
+    assert not any(outside.values()), {m: t for m, t in outside.items() if t}

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from ..core import RunResult
     from ..runs.target import RunRequest, Target
 
-__all__ = ["UsageError", "describe", "evaluate", "export", "last_words", "measure", "plot",
-           "preempt_signals", "quiet", "report", "resume", "run", "runs", "sweep"]
+__all__ = ["UsageError", "check_resume", "describe", "evaluate", "export", "last_words",
+           "lr_find", "measure", "plot", "preempt_signals", "quiet", "report", "resume", "run",
+           "runs", "sweep"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -262,6 +263,26 @@ def describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def lr_find(args: argparse.Namespace) -> int:
+    """``runmodel lr-find SOURCE``: the learning-rate range test on the source's model,
+    which is left as it was; the suggestion printed, the loss drawn against the rate."""
+    from ..runs.lr_find import LRFind
+
+    plot = None if args.output is None else Path(args.output).resolve()
+    if plot is not None:
+        from ..extras import require
+
+        with bad_input(ModuleNotFoundError):
+            require("matplotlib", needed_by="runmodel lr-find")
+    with bad_input(), bad_input(ValueError, TypeError):
+        action = LRFind(args.start_lr, args.end_lr, args.steps, plot)
+        result = _target(args).run_with(action)
+    last_words(json.dumps({**vars(result), "plot": None if result.plot is None
+                           else str(result.plot)}, indent=2) if args.json
+               else result.summary(), sys.stdout)
+    return EXIT_OK
+
+
 # -- run folders: runs, resume, eval, infer, export ---------------------------------------------
 
 def runs(args: argparse.Namespace) -> int:
@@ -323,15 +344,21 @@ def evaluate(args: argparse.Namespace) -> int:
         with bad_input(FileNotFoundError):
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
-        last_words(f"runmodel {args.command}: {run_dir.name} with {weights}")
-        result = target.run_with(WithWeights(weights, args.command))
+        last_words(f"runmodel {args.command}: {run_dir.name} with {weights}"
+                   + (" (its averaged weights)" if args.averaged else ""))
+        if args.averaged:  # a checkpoint without an average: said in one line, before
+            from ..checkpoint.export import averaged_weights
+
+            with bad_input(ValueError):
+                averaged_weights(weights)
+        result = target.run_with(WithWeights(weights, args.command, args.averaged, args.split))
     if output is not None:
         import torch
 
         torch.save(result.outputs, output)
         result.files["outputs"] = str(output)
     else:
-        key = record_eval(run_dir, weights, result)
+        key = record_eval(run_dir, weights, result, args.averaged, args.split)
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     report(result, args.json)
     return EXIT_OK
@@ -355,12 +382,52 @@ def _check_weights(weights: Path) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
-    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file."""
+    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file
+    (``--averaged``: an EMA or SWA pack's average); ``--format pt2|onnx``: a run folder's
+    module as a program (``runs/export.py``), checked against the module on a batch."""
+    if args.format != "state_dict":
+        return _export_program(args)
+    if args.checkpoint is not None:
+        raise UsageError(f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
+                         f"for a state dict give the checkpoint itself as PATH "
+                         f"({args.checkpoint})")
     from ..checkpoint.export import export as export_weights
 
     with bad_input(OSError, ValueError):
-        used, out = export_weights(args.path, args.out)
-    last_words(f"exported {used} to {out}")
+        used, out = export_weights(args.path, args.out, averaged=args.averaged)
+    last_words(f"exported {used}{' (its averaged weights)' if args.averaged else ''} to {out}")
+    return EXIT_OK
+
+
+def _export_program(args: argparse.Namespace) -> int:
+    """``--format pt2|onnx``: the run folder's model, its chosen weights loaded, exported
+    and checked; a PATH that is no run folder, or a missing ONNX extra, is exit 2."""
+    from ..runs.folder import is_run
+
+    if not is_run(Path(args.path)):
+        raise UsageError(f"--format {args.format} exports a run's model, made as the run's "
+                         f"config, model source or script makes it: PATH must be a run "
+                         f"folder, and {args.path} is not one (a checkpoint alone holds "
+                         f"weights; --format state_dict exports those)")
+    from ..extras import require
+    from ..runs.evaluate import choose_weights
+    from ..runs.export import ExportProgram
+    from ..runs.target import open_run
+
+    if args.format == "onnx":
+        with bad_input(ModuleNotFoundError):
+            for name in ("onnx", "onnxscript", "onnxruntime"):
+                require(name, needed_by="runmodel export --format onnx")
+    with bad_input():
+        target = open_run(args.path)
+        assert target.directory is not None
+        with bad_input(FileNotFoundError):
+            weights = choose_weights(target.directory, args.checkpoint).resolve()
+        _check_weights(weights)
+        with bad_input(ValueError):
+            exported = target.run_with(ExportProgram(weights, Path(args.out).resolve(),
+                                                     args.format, args.averaged))
+    last_words(exported.summary())
     return EXIT_OK
 
 
@@ -403,10 +470,25 @@ def plot(args: argparse.Namespace) -> int:
     return plotting.main(args)
 
 
+def check_resume(args: argparse.Namespace) -> int:
+    """``runmodel check-resume SOURCE``: a run straight, the same run killed and resumed,
+    compared (``runs/check_resume.py``); exit 0 when the resume is exact, else 1."""
+    from ..runs.check_resume import CheckRequest
+    from ..runs.check_resume import check_resume as check
+
+    with bad_input():
+        verdict = check(CheckRequest(
+            args.source, steps=args.steps, at=args.at, nproc_per_node=args.nproc_per_node,
+            backend=args.backend, directory=None if args.dir is None else Path(args.dir),
+            device=args.device, options=tuple(args.options), argv=tuple(args.extra)))
+    last_words(verdict.text(), sys.stdout)
+    return EXIT_OK if verdict.exact else EXIT_FAILED
+
+
 def script_arguments_allowed(args: argparse.Namespace) -> bool:
     """Whether arguments argparse did not know may be a script's: ``describe``,
-    ``benchmark`` and ``profile`` of a script pass them to it."""
-    if args.command not in ("describe", "benchmark", "profile"):
+    ``benchmark``, ``profile`` and ``check-resume`` of a script pass them to it."""
+    if args.command not in ("describe", "benchmark", "profile", "check-resume"):
         return False
     from ..runs.script import is_script
 

@@ -28,8 +28,8 @@ def parser() -> argparse.ArgumentParser:
         "is a config (docs/config.md).")
     made.add_argument("--version", action="version", version=f"runmodel {__version__}")
     subcommands = made.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_run, _benchmark, _profile, _describe, _runs, _resume, _eval, _infer, _export,
-                _sweep, _plot):
+    for add in (_run, _benchmark, _profile, _describe, _lr_find, _runs, _resume, _eval, _infer,
+                _export, _sweep, _plot, _check_resume):
         add(subcommands)
     return made
 
@@ -93,7 +93,7 @@ def _on_a_source(subcommands: Subcommands, name: str, text: str,
                      "be init.NAME or setup.NAME, or a config's dotted key; VALUE is a Python "
                      "literal or a string")
     sub.add_argument("--debug", action="store_true", help="show full tracebacks")
-    if name != "describe":
+    if name not in ("describe", "lr-find"):
         sub.add_argument("--timer", action="store_true",
                          help="time each phase and hook (the Timer pack) and print it")
     return sub
@@ -160,6 +160,31 @@ def _describe(subcommands: Subcommands) -> None:
                  commands.describe)
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not above 0")
+    return value
+
+
+def _lr_find(subcommands: Subcommands) -> None:
+    find = _on_a_source(subcommands, "lr-find", "find a learning rate: the range test (the "
+                        "rate raised step by step until the loss diverges), the model left as "
+                        "it was", commands.lr_find)
+    find.add_argument("--start-lr", type=_rate, default=1e-7, help="default: 1e-7")
+    find.add_argument("--end-lr", type=_rate, default=10.0, help="default: 10")
+    find.add_argument("--steps", type=_count, default=100,
+                      help="steps at most, the rate raised exponentially over them "
+                      "(default: 100)")
+    find.add_argument("-o", "--output", default="lr_find.png",
+                      help="the PNG of the loss against the learning rate (default: "
+                      "lr_find.png)")
+    _json(find)
+
+
 def _runs(subcommands: Subcommands) -> None:
     runs = _subcommand(subcommands, "runs", "list runs: what differs, metrics, status",
                        commands.runs, "list the runs under DIR (of configs, model sources and "
@@ -197,6 +222,11 @@ def _trained(subcommands: Subcommands, name: str, text: str) -> argparse.Argumen
     trained.add_argument("--checkpoint", metavar="best|last|FILE",
                          help="the weights to use (default: best, else last, else the "
                          "final model.pt)")
+    trained.add_argument("--averaged", action="store_true",
+                         help="the averaged weights an EMA or SWA pack kept in the checkpoint")
+    trained.add_argument("--split", choices=("eval", "test"), default="eval",
+                         help="the data: the model's eval_data (default) or its test_data "
+                         "(metrics named test_*)")
     _json(trained)
     _debug(trained)
     return trained
@@ -214,13 +244,25 @@ def _infer(subcommands: Subcommands) -> None:
 
 def _export(subcommands: Subcommands) -> None:
     export = _subcommand(
-        subcommands, "export", "write a checkpoint's full model weights as one plain state "
-        "dict file", commands.export, "write the full model state dict of a checkpoint (a "
-        "file, a sharded checkpoint folder, a Checkpoint pack's folder or a run folder: its "
-        "newest readable checkpoint) to OUT, one torch.save file that "
-        "torch.load(weights_only=True) loads into the bare module")
+        subcommands, "export", "write a checkpoint's model weights as one plain state dict "
+        "file, or a run's model as a torch.export or ONNX program", commands.export,
+        "write the full model state dict of a checkpoint (a file, a sharded checkpoint "
+        "folder, a Checkpoint pack's folder or a run folder: its newest readable "
+        "checkpoint) to OUT, one torch.save file that torch.load(weights_only=True) loads "
+        "into the bare module; or, with --format pt2 or onnx, a run folder's module with "
+        "its best (else last, else final) weights as a program, checked against the module "
+        "on a batch of the run's data")
     export.add_argument("path", metavar="PATH")
     export.add_argument("out", metavar="OUT")
+    export.add_argument("--format", choices=("state_dict", "pt2", "onnx"), default="state_dict",
+                        help="state_dict (default, any checkpoint); pt2 (torch.export) or "
+                        "onnx (torch.onnx, dynamo; pip install 'runmodel[onnx]'), from a run "
+                        "folder, with a dynamic batch dimension")
+    export.add_argument("--averaged", action="store_true",
+                        help="the averaged weights an EMA or SWA pack kept in the checkpoint")
+    export.add_argument("--checkpoint", metavar="best|last|FILE",
+                        help="with --format pt2 or onnx: the run's weights to use (default: "
+                        "best, else last, else the final model.pt)")
     _debug(export)
 
 
@@ -262,3 +304,32 @@ def _plot(subcommands: Subcommands) -> None:
     plot = _subcommand(subcommands, "plot", "plot config runs' loss and metric curves (PNG)",
                        commands.plot, "plot the loss and metric curves of runs into one PNG")
     plotting.add_arguments(plot)
+
+
+def _check_resume(subcommands: Subcommands) -> None:
+    check = _subcommand(
+        subcommands, "check-resume", "check that a run of a model resumes exactly after a kill",
+        commands.check_resume, "train the run K steps straight; train it again, save at step "
+        "S, SIGKILL it in step S+1 and resume it, each in its own process; compare weights, "
+        "optimizer state and random generators bit for bit, name the first tensor and the "
+        "first step that differ, and the first module whose output differs in that step "
+        "(docs/check_resume.md). Exit 0 when the resume is exact, 1 when it is not")
+    check.add_argument("source", metavar="SOURCE", help="the model to load, a config or a script")
+    check.add_argument("--steps", type=_count, metavar="K",
+                       help="steps of each run (default 20; more than an epoch checks an "
+                       "epoch's end too)")
+    check.add_argument("--at", type=_count, metavar="S", help="save at step S (default: one "
+                       "mid-epoch, in an epoch after the first where the run has one, near "
+                       "the middle)")
+    check.add_argument("--nproc-per-node", type=_count, metavar="N",
+                       help="each run in N processes (torchrun), with the ddp backend (or "
+                       "--backend, or a config's own)")
+    check.add_argument("--backend", choices=("ddp", "fsdp"),
+                       help="with --nproc-per-node: ddp (default) or fsdp")
+    check.add_argument("--dir", help="keep the runs' folders, records and logs here (a new or "
+                       "empty folder; default: a temporary one, removed after)")
+    check.add_argument("--device", help="cpu, cuda, cuda:N, mps (default: the model's choice)")
+    check.add_argument("--set", dest="options", action="append", default=[],
+                       metavar="KEY=VALUE", help="an init or setup option (repeatable), or a "
+                       "config's dotted key, as for `runmodel run`")
+    _debug(check)

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .continuing import check_length, check_world, run_record
+from .checks import whole_number
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
-from .metric_names import STEP_WRITES, check_metric_names
 from .options import HookOptions, check_phase
 from .pack import Pack
-from .plan import Backend, CheckpointStorage, FineTuneSpec, Mode, StepPlan, Wrapper
+from .plan import Backend, CheckpointStorage, Mode, StepPlan, Wrapper
+from .setup import check, prepare
 from .snapshot import Snapshots
-from .state import Interrupted, Preempted, RunResult, State, StopRun, current_rank
+from .state import RunResult, State, StopRun
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -142,11 +141,7 @@ class Engine(Snapshots):
         Returns False, doing nothing, when no run is under way."""
         if self._loop is None:
             return False
-        if reason is None:
-            reason = ("interrupted: Ctrl-C" if signal is None else
-                      f"preempted: {_signal_name(signal)}")
-        self._loop.stop(reason, "interrupted" if signal is None else "preempted")
-        self._loop.interrupted, self._loop.preempted_by = True, signal
+        self._loop.interrupt(reason, signal)
         return True
 
     def end_epoch(self) -> None:
@@ -188,7 +183,7 @@ class Engine(Snapshots):
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
-            self._check(loop, plan, model, mode, saved)
+            check(self, loop, plan, saved)
             self.fire("setup")
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
@@ -196,11 +191,7 @@ class Engine(Snapshots):
                 loop.position.data_begins(first_epoch_begun=False)
                 with contextlib.suppress(StopRun):  # how the budget and stop() end a run
                     model.run(loop.runstep(mode.kind), steps)
-                loop.finish()
-                if loop.interrupted:
-                    said = f"{loop.reason} (after step {self.state.step})"
-                    raise (Interrupted(said) if loop.preempted_by is None
-                           else Preempted(said, loop.preempted_by))
+                loop.finish()  # raises Interrupted where engine.interrupt() ended the run
             extras = plan.finish(self)
         except BaseException as error:
             loop.failed(error, self._run_packs() if loop.refusing else None)
@@ -239,73 +230,16 @@ class Engine(Snapshots):
             self._loop, self.storage = None, self._own_storage
             self.table.stop()
 
-    def _check(self, loop: Loop, plan: StepPlan, model: Any, mode: Mode,
-               saved: dict[str, Any] | None) -> None:
-        """The run's setup-time checks, before any hook runs: a resumed run's checkpoint
-        fits the model and the length asked for, then every attached pack's
-        ``check_setup``, in attach order, then the metric names read against those
-        declared (``metric_names.py``). A refusal ends the run with no ``exception`` or
-        ``teardown`` hook but those of the packs attached for the run (a backend's
-        cleanup)."""
-        loop.refusing = True
-        check_state = getattr(model, "check_state_dict", None)
-        if saved is not None and isinstance(saved.get("model"), dict) and callable(check_state):
-            check_state(saved["model"])  # before the setup hooks, not when restoring
-        if self._loaded_run is not None and mode.kind == "train":
-            check_world(self.state, self._loaded_run, self.resumed_from)
-            self.extension = check_length(self.state, loop.budget, loop.max_epochs,
-                                          self._loaded_run, self.resumed_from)
-        for pack in list(self.table.packs.values()):
-            pack.check_setup(self)
-        check_metric_names(self.table, self.state.mode, self.state.rank,
-                           (*STEP_WRITES, *plan.writes))
-        loop.refusing = False
+    def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
+                 backend: Backend | None, resume: str | os.PathLike[str] | None
+                 ) -> tuple[StepPlan, dict[str, Any] | None]:
+        """Before the first step: ``setup.prepare`` (what a subclass may add to)."""
+        return prepare(self, model, mode, setup_options, backend, resume)
 
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""
         return {id(p) for handle in self._for_run for p in handle.packs}
 
-    def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
-                 backend: Backend | None, resume: str | os.PathLike[str] | None
-                 ) -> tuple[StepPlan, dict[str, Any] | None]:
-        """Set the model up, let the backend prepare it, read the checkpoint to resume
-        (counters and packs now; weights, optimizer and RNG once the setup hooks ran),
-        build the mode's plan."""
-        model.setup(setup_options)
-        if backend is not None:
-            backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, self.state))
-            if (pack := backend.pack()) is not None:
-                self._for_run.append(self.attach(pack))
-        given = backend.storage() if backend is not None else None
-        self.storage = given if given is not None else self._own_storage
-        saved = None
-        if resume is not None:
-            if self.storage is None:
-                raise ValueError("resume= reads the checkpoint through the engine's checkpoint "
-                                 "storage, and this engine has none: use runmodel.Engine, or "
-                                 "give runmodel.core.Engine(storage=...)")
-            self.resumed_from, saved = self.storage.load(resume, model)
-            if self.announce_resume and current_rank() == 0:  # once, not once per process
-                print(f"runmodel: resuming from {self.resumed_from}", file=sys.stderr)
-            self.load_state_dict(saved["engine"])
-            self._resuming = False  # these counters are this run's, not the next one's
-        self.run_record = run_record(self._loaded_run)
-        plan = mode.plan(self, model)  # after setup, which makes what the mode needs
-        if self._loop is not None:
-            self._loop.position.tracker = plan.data
-        self.table.start(self.state, plan)  # filters start counting here
-        return plan, saved
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
 
 def _count(value: int | None, name: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name}= must be a whole number >= 0 or None, got {value!r}")
-    return value
+    return whole_number(value, f"{name}=", none=True)

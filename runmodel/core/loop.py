@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .options import describe_fn
 from .position import Position
-from .state import REFUSED, Interrupted, RunStep, StopRun
+from .state import REFUSED, Interrupted, Preempted, RunStep, StopRun, signal_name
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -60,6 +60,15 @@ class Loop:
         if self.state.stopping is None:
             self.state.stopping = why
         self.stopping, self.guard = True, -1
+
+    def interrupt(self, reason: str | None, signal: int | None) -> None:
+        """``engine.interrupt()``: stop after this step, then raise ``Interrupted``
+        (``Preempted`` for a preemption ``signal``) once the model's loop has ended."""
+        if reason is None:
+            reason = ("interrupted: Ctrl-C" if signal is None else
+                      f"preempted: {signal_name(signal)}")
+        self.stop(reason, "interrupted" if signal is None else "preempted")
+        self.interrupted, self.preempted_by = True, signal
 
     def end_epoch(self) -> None:
         if not self.epoch_open:
@@ -185,11 +194,16 @@ class Loop:
         self.guard = -1
 
     def finish(self) -> None:
-        """After the model's loop returned (or the budget or stop() ended it)."""
+        """After the model's loop returned (or the budget or stop() ended it); an
+        interrupt's exception is raised now, the open epoch ended."""
         if self.stopping:
             self.ended = "stopped"
         if self.epoch_open:
             self.end_epoch_now(completed=self.ended == "completed")
+        if self.interrupted:
+            said = f"{self.reason} (after step {self.state.step})"
+            raise (Interrupted(said) if self.preempted_by is None
+                   else Preempted(said, self.preempted_by))
 
     # -- errors and teardown -------------------------------------------------------------
 

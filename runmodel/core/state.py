@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 __all__ = ["REFUSED", "Interrupted", "Preempted", "RunResult", "RunStep", "State", "StopRun",
-           "current_rank", "refused_at_setup"]
+           "current_rank", "refused_at_setup", "signal_name"]
 
 #: The note on an error raised by the setup-time checks (a checkpoint that does not fit,
 #: a pack's ``check_setup``, a metric name): the run was refused before its first step.
@@ -45,6 +46,16 @@ class Preempted(Interrupted):
     def __init__(self, message: str, signal: int) -> None:
         super().__init__(message)
         self.signal = signal
+
+
+def signal_name(number: int) -> str:
+    """``SIGTERM`` for 15: a signal's name, as messages and run folders give it."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 # shown as runmodel.Interrupted in tracebacks (the name users catch)
@@ -112,10 +123,9 @@ class State:
 
 def current_rank() -> int:
     """This process's rank: torch.distributed's once it is initialised, else ``$RANK``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
+    dist = sys.modules.get("torch.distributed")  # no group without it: not imported here
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
     return int(os.environ.get("RANK", "0"))
 
 

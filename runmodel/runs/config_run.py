@@ -25,14 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .._io import read_json
 from ..backends.distributed import env
@@ -51,15 +48,15 @@ from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
-from ..packs import TensorBoard
+from ..models.seeding import seed
+from ..packs import MLflow, TensorBoard
 from . import torchrun
 from .folder import RunExists, RunFolder, read_status, record_status
 from .interrupt import say
 from .table import flatten
 
 __all__ = ["INTERRUPTED", "PreparedRun", "RunExists", "claim_folder", "execute", "prepare",
-           "record_launch_failure", "resume_dir", "run_dir_for", "seed_everything",
-           "tell_launcher"]
+           "record_launch_failure", "resume_dir", "run_dir_for", "tell_launcher"]
 
 #: What an interrupted run's ``reason`` says (a run interrupted by Ctrl-C raises
 #: ``runmodel.Interrupted``: no result carries it any more).
@@ -72,18 +69,6 @@ DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
 
 def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     return Path(root) / config.run_name()
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, torch's and numpy's generators, as a run of the command is seeded."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
 
 
 def import_sources(config: RunConfig, base: Path) -> None:
@@ -169,7 +154,7 @@ def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: boo
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
     backend (ddp, fsdp) trained it."""
-    seed_everything(config.seed)
+    seed(config.seed)  # runmodel.seed: before the model is built
     import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
     config = dataclasses.replace(config, model=known_model_args(config.model))
@@ -240,9 +225,11 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
-        if isinstance(pack, TensorBoard):
+    for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
+        if isinstance(pack, (TensorBoard, MLflow)):
             pack.hparams = flatten(config.to_dict())
+        if isinstance(pack, MLflow) and pack.run_name is None:
+            pack.run_name = run_dir.name  # the MLflow run named as the run's folder
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),

@@ -43,6 +43,7 @@ from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import Model, configure_engine, load_model_class, resolve_options
+from ..models.seeding import seed as seed_generators
 from . import torchrun
 from .config_run import (
     PreparedRun,
@@ -51,7 +52,6 @@ from .config_run import (
     load_run_config,
     prepare,
     resume_dir,
-    seed_everything,
 )
 from .evaluate import evaluate_model
 from .folder import RECORD, is_script_run, read_status
@@ -191,15 +191,20 @@ class Train:
 
 @dataclass(frozen=True)
 class WithWeights:
-    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up."""
+    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up
+    (``averaged``: the average an EMA or SWA pack kept in the checkpoint), on the model's
+    eval data (``split="test"``: its test data)."""
 
     weights: Path
     mode: str
+    averaged: bool = False
+    split: str = "eval"
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         return evaluate_model(model, self.weights, self.mode,
-                              setup_options=arguments["setup_options"])
+                              setup_options=arguments["setup_options"], averaged=self.averaged,
+                              split=self.split)
 
 
 @dataclass(frozen=True)
@@ -331,7 +336,7 @@ class ModelTarget(Target):
         else:
             init, setup = split_options(self.options, cls)
         if self.seed is not None:
-            seed_everything(self.seed)
+            seed_generators(self.seed)
         model = cls(device=self.device, init_options=init or None)
         resolved = setup
         if getattr(cls, "setup_defaults", None):  # a bad setup option is bad input too
