@@ -185,6 +185,13 @@ def test_a_run_moved_aside_moved_or_copied_uses_its_own_checkpoints(
     aside.rename(moved)  # mv
     _uses_its_own_checkpoints(moved, EPOCHS + 2, tmp_path, capsys)
     assert _files(first) == original  # the run they came from: untouched
+    # the table of runs reads a model source's run as it reads a config's
+    capsys.readouterr()
+    assert _command("runs", runs, "--columns", "run,status,epochs,steps") == 0
+    table = capsys.readouterr().out.splitlines()[2:]
+    assert sorted(row.split() for row in table) == sorted([
+        ["copied", "finished", "3", "12"], [first.name, "finished", "2", "8"],
+        ["moved", "finished", "4", "16"]])
 
 
 def test_a_script_run_moved_or_copied_uses_its_own_checkpoints(
