@@ -1,6 +1,7 @@
 """Why a process of a distributed run failed, written where torchrun reads it and read back
 by the launcher (``runmodel run --nproc-per-node``), which reports the first failure: the
-one the others followed from.
+one the others followed from; and, in a group torchrun restarted (``--max-restarts``),
+which process each restart followed from (``restarts``), for the run's status.
 
 Each process records its failure in ``$TORCHELASTIC_ERROR_FILE`` (as
 ``torch.distributed.elastic``'s ``@record`` does), with the time to the microsecond;
@@ -16,9 +17,10 @@ import os
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
-__all__ = ["first_failure", "record_failure"]
+__all__ = ["first_failure", "record_failure", "restarts"]
 
 
 def record_failure(error: BaseException) -> None:
@@ -83,3 +85,72 @@ def _failed_at(failure: Any) -> float | None:
         return float(data["message"]["extraInfo"]["runmodel_time"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+# -- restarts ------------------------------------------------------------------------------
+
+
+def restarts() -> dict[str, Any]:
+    """What a run's status records of torchrun's restarts of its group (``--max-restarts``),
+    in a process of a restarted group: how many so far (``restarts``, from
+    ``$TORCHELASTIC_RESTART_COUNT``) and, for each, the process whose failure it followed
+    (``restarted_after``: ``{"attempt", "rank", "why"}``, ``rank`` ``"unknown"`` where it
+    cannot be known). On one machine torchrun keeps each attempt's error files side by
+    side, so the previous attempts' are read: a process that recorded nothing while
+    others recorded their lost connection was killed from outside (SIGKILL, the OOM
+    killer) and came first; else the earliest record. On several machines this machine
+    sees its own processes' only: ``unknown``. Empty outside a restarted group."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return {}
+    try:
+        count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return {}
+    if count <= 0:
+        return {}
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    one_machine = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    attempts = Path(error_file).parents[2] if error_file and one_machine else None
+    return {"restarts": count, "restarted_after": [
+        _failed_in(attempts / f"attempt_{attempt}" if attempts else None, attempt)
+        for attempt in range(count)]}
+
+
+def _failed_in(folder: Path | None, attempt: int) -> dict[str, Any]:
+    """Which process of one attempt failed first, from its error files (local ranks are
+    the ranks on one machine)."""
+    unknown = {"attempt": attempt, "rank": "unknown", "why": "not known on this machine"}
+    if folder is None:
+        return unknown
+    try:
+        ranks = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+    except OSError:
+        ranks = []
+    if not ranks:
+        return unknown
+    recorded: dict[int, tuple[float, str]] = {}
+    for rank in ranks:
+        record = _read_record(folder / str(rank) / "error.json")
+        if record is not None:
+            recorded[rank] = record
+    silent = [rank for rank in ranks if rank not in recorded]
+    if recorded and silent:
+        return {"attempt": attempt, "rank": silent[0], "why": "ended from outside (killed: "
+                "it recorded no error, and the others recorded losing it)"}
+    if recorded:
+        rank = min(recorded, key=lambda r: (recorded[r][0], r))
+        return {"attempt": attempt, "rank": rank, "why": recorded[rank][1]}
+    return {**unknown, "why": "no process recorded an error"}
+
+
+def _read_record(path: Path) -> tuple[float, str] | None:
+    """(when, what) of an error file ``record_failure`` (or torch's ``@record``) wrote."""
+    try:
+        data = json.loads(path.read_text())
+        message = data["message"]
+        info = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+        at = float(info.get("runmodel_time") or info.get("timestamp") or 0)
+        text = message.get("message", "") if isinstance(message, dict) else str(message)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return at, str(text).strip().splitlines()[0][:300] if str(text).strip() else "an error"
