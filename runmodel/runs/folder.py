@@ -242,6 +242,8 @@ class RunFolder(Pack):
 
     def check_setup(self, engine: Any) -> None:
         self.began = False
+        if engine.state.rank != 0:  # rank 0 alone claims the folder (and writes it)
+            return
         if not self.claimed:
             self.claim(engine.resumed_from is not None)
         held = read_json(self.directory / RECORD).get("id")
