@@ -366,6 +366,8 @@ class DistributedRun(Pack):
         if self.checking:
             self.checking = False
             REQUEST.checks -= 1
+        if self.stop_check is not None:  # no reference to a group outlives the run
+            self.stop_check.group = None
         model = self.model
         for name, data in self.data.items():
             setattr(model, name, data)

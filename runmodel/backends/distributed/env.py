@@ -176,17 +176,18 @@ _made = _MadeGroup()
 def gloo_group(purpose: str, timeout: float | None = None) -> Any:
     """A gloo process group over every process of the default group, for collectives that
     must wait on no device (a check of the CPU) or must not interleave with training's (a
-    checkpoint's, run in the background): the default group itself where it is gloo and
-    no ``timeout`` (seconds) of its own is asked, else a group of its own for ``purpose``.
+    checkpoint's, run in the background): None (the default group, as torch.distributed's
+    functions take it) where that is gloo and no ``timeout`` (seconds) of its own is
+    asked, else a group of its own for ``purpose``.
     Made at the first ask (a collective: every process asks at the same point, as every
     process makes the same runs) and kept for the process's later runs while the default
     group lives, so a script's runs do not each leave one behind; it ends with the default
     group (``end_distributed``)."""
     import torch.distributed as dist
 
-    world = dist.group.WORLD
     if timeout is None and dist.get_backend() == "gloo":
-        return world
+        return None  # (no reference to it: one held after its end keeps its threads alive)
+    world = dist.group.WORLD
     if _made.side_of is not world:  # another default group: the old ones ended with theirs
         _made.side, _made.side_of = {}, world
     key = (purpose, timeout)

@@ -56,8 +56,8 @@ REQUEST = StopRequest()
 class StopCheck:
     """The ``runstep`` hook (``every=preempt_check_every``) that stops every process of
     the run at the same step once any of them recorded a signal: an all-reduce (MAX) of
-    the signal's number over ``group`` (the default group when it is gloo; else a gloo
-    group of its own, so the check never waits on a device). ``fired`` says the run was
+    the signal's number over ``group`` (None: the default group, when it is gloo; else a
+    gloo group of its own, so the check never waits on a device). ``fired`` says the run was
     stopped here, on every process: its end is agreed, not a failure."""
 
     __slots__ = ("fired", "flag", "group")
