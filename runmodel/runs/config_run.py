@@ -198,10 +198,14 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
 
     Under torchrun the run takes the config's ``ddp`` or ``fsdp`` backend, else
     ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
-    tells the others (``torchrun.py``).
+    tells the others (``torchrun.py``). A group torchrun restarted after a failure
+    (``--max-restarts``) continues the run from its newest checkpoint, as ``runmodel
+    resume`` would (with none yet, it starts over, the old folder kept beside it).
     """
     if env.several():
         config = torchrun.with_backend(config, backend)
+    if env.restarted():  # torchrun started the group again (--max-restarts): continue
+        resume, restart, take_over = True, False, True
     config, model, made_backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     named = {spec.type_ for spec in config.packs}

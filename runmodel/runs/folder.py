@@ -8,7 +8,9 @@ files the same way (``docs/runs.md``).
                    (as extended), library versions
     config.json    a config run's canonical config (its hash names the folder)
     status.json    running / finished / failed / interrupted / preempted, times, pid,
-                   host, the run's id, epochs and steps, the best and last checkpoints
+                   host, the run's id, epochs and steps, the best and last checkpoints;
+                   in a group torchrun restarted, the restarts and whose failure each
+                   followed
     metrics.json   the final result: metrics (``eval_*`` measured once training is done;
                    ``test_*``: the model's ``test_data``, evaluated once with the best
                    weights), steps, epochs, how it ended
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import DiskFullError, read_json, write_json
+from ..backends.distributed.failures import restarts
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup, signal_name
 
@@ -203,8 +206,8 @@ class RunFolder(Pack):
             raise RunExists(f"{self.directory} is the folder of a run that is running now (pid "
                             f"{pid} on {status.get('host')}); two processes never share a run "
                             f"folder: wait for it, stop it, or {self._elsewhere()}")
-        if resuming or not self.holds_run():
-            return
+        if resuming or not self.holds_run() or restarts():
+            return  # (a group torchrun restarted goes on with its run, or starts it over)
         if auto:
             raise RunExists(
                 f"{self.directory} holds a run, but none of its checkpoints to continue it "
@@ -259,7 +262,7 @@ class RunFolder(Pack):
         """Rank 0, which writes the folder, claims it (the other processes of a
         distributed run follow it: they would see its claim as another live run's)."""
         self.began = False
-        if engine.state.rank != 0:
+        if engine.state.rank != 0:  # rank 0 alone claims the folder (and writes it)
             return
         if not self.claimed:
             self.claim(engine.resumed_from is not None)
@@ -295,7 +298,8 @@ class RunFolder(Pack):
                         "host": socket.gethostname(), "started": time.time(),
                         "run_started": run.get("started"), "epochs": s.max_epochs,
                         "steps": s.max_steps, "extensions": extensions,
-                        "resumed_from": self._inside(engine.resumed_from), **self.extra}
+                        "resumed_from": self._inside(engine.resumed_from), **restarts(),
+                        **self.extra}
         self._write_status(self._status)
         self.began = True
 
