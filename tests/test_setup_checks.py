@@ -26,7 +26,7 @@ from helpers import Tiny
 def counted(engine: runmodel.Engine) -> list[int]:
     """A list that holds the number of steps begun (``step_start`` calls)."""
     began = [0]
-    engine.on("step_start", lambda e: began.__setitem__(0, began[0] + 1))
+    engine.on("step_start", lambda e: began.__setitem__(0, began[0] + 1), writes=())
     return began
 
 
@@ -60,6 +60,24 @@ def test_a_pack_reading_a_misspelt_metric_stops_the_run_with_a_did_you_mean(
     assert message.startswith(
         f"{who} reads the metric 'eval_acuracy', which nothing in this run writes. Did you "
         f"mean 'eval_accuracy' (written by Evaluate)? Declared: eval_accuracy, eval_loss, ")
+
+
+@pytest.mark.parametrize(("make", "who"), [
+    (lambda: EarlyStopping("val_score", patience=2, mode="max"), "EarlyStopping"),
+    (lambda: Checkpoint(tempfile.mkdtemp(), best=("val_score", "max")), "Checkpoint"),
+    (lambda: LRSchedule(lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
+                        interval="epoch", metric="val_score"), "LRSchedule"),
+])
+def test_a_pack_reading_a_metric_nothing_writes_stops_the_run_at_setup(
+        make: Callable[[], runmodel.Pack], who: str) -> None:
+    """Far from every declared name, and no hook of the user's that could write it
+    undeclared: found before the first step, not after a whole epoch."""
+    engine = runmodel.Engine()
+    engine.attach(Evaluate(), make())
+    message = refused(engine, ValueError)
+    assert message.startswith(
+        f"{who} reads the metric 'val_score', which nothing in this run writes. Declared: "
+        f"eval_accuracy, eval_loss, ")
 
 
 def test_a_hook_declares_what_it_reads_and_writes() -> None:

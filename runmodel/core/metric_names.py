@@ -3,9 +3,12 @@
 Packs declare the keys of ``state.metrics`` they read and write (``Pack.reads`` and
 ``Pack.writes``), hooks with ``reads=``/``writes=``, and the step its own (``loss``, and
 what the mode's plan puts there). A name read that nothing declares but that is a typo
-away from one declared (``eval_acuracy``) stops the run before its first step; any other
-undeclared name is left to the reader, which says so when it finds no such metric (a
-hook may write metrics without declaring them).
+away from one declared (``eval_acuracy``) stops the run before its first step, and so
+does any other name nothing declares when every hook of the run declares what it writes
+(``Checkpoint(best=("eval_accuracy", "max"))`` with no Evaluate attached; ``writes=()``
+declares that a hook writes none). A hook of the user's may write metrics without
+declaring them: where one runs, a name far from every declared one is left to its
+reader, which says so at its first check.
 
 The ``test_`` prefix is reserved: ``test_*`` metrics are a test split's, measured once
 after training (``runs/folder.py``), and a pack or hook that declares reading or
@@ -54,21 +57,33 @@ def declared_reads(table: HookTable, mode: str, rank: int) -> set[str]:
 
 def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
                        ) -> None:
-    """Refuse a read metric name close to, but not one of, the names declared written by
-    the packs and hooks of this run (mode ``mode``, process ``rank``) and the step."""
-    written, readers = _declarations(table, mode, rank, step_writes)
+    """Refuse a read metric name that is not one of the names declared written by the
+    packs and hooks of this run (mode ``mode``, process ``rank``) and the step: always
+    when it is close to one of them; else when every hook of the user's that runs declares
+    what it writes (``writes=``, ``writes=()`` for none)."""
+    written, readers, undeclared = _declarations(table, mode, rank, step_writes)
     for who, name in readers:
         check_not_test(name, who, "reads")
         if name in written:
             continue
         close = closest_name(name, written)
-        if close is not None:
-            declared = ", ".join(sorted(written))
-            raise ValueError(
-                f"{who} reads the metric {name!r}, which nothing in this run writes. Did you "
-                f"mean {close!r} (written by {written[close]})? Declared: {declared}. If a "
-                f"hook of yours writes {name!r}, declare it: engine.on(phase, fn, "
-                f"writes=[{name!r}]), or in a pack, writes = [{name!r}]")
+        if close is None and undeclared:
+            continue  # one of those hooks may write it: its reader says so if none does
+        guess = (f"Did you mean {close!r} (written by {written[close]})? " if close is not None
+                 else _where_from(name))
+        raise ValueError(
+            f"{who} reads the metric {name!r}, which nothing in this run writes. {guess}"
+            f"Declared: {', '.join(sorted(written))}. If a hook of yours writes {name!r}, "
+            f"declare it: engine.on(phase, fn, writes=[{name!r}]), or in a pack, "
+            f"writes = [{name!r}]")
+
+
+def _where_from(name: str) -> str:
+    """What usually writes a metric named like ``name``."""
+    if not name.startswith("eval_"):
+        return ""
+    return (f"Evaluation metrics come from an Evaluate pack: engine.attach(Evaluate()) "
+            f"measures {name!r} from the model's metric {name[len('eval_'):]!r}. ")
 
 
 def check_not_test(name: str, who: str, does: str = "reads") -> None:
@@ -90,10 +105,12 @@ def check_not_test(name: str, who: str, does: str = "reads") -> None:
 
 
 def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
-                  ) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """(name written -> who declares it, [(who, name read)]) of a run."""
+                  ) -> tuple[dict[str, str], list[tuple[str, str]], bool]:
+    """(name written -> who declares it, [(who, name read)], whether a hook of the user's
+    that declares no writes runs) of a run."""
     written: dict[str, str] = dict.fromkeys(step_writes, "the step")
     readers: list[tuple[str, str]] = []  # (who, name)
+    undeclared = False
     running: set[int] = set()  # the packs with a hook that runs in this run
     hooks = [h for phase in (table.hooks, table.overrides) for hs in phase.values() for h in hs]
     for h in hooks:
@@ -102,9 +119,13 @@ def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[
         who = f"hook {h.name!r}"
         running.add(id(h.pack))
         readers += [(who, n) for n in h.options.reads]
-        for n in h.options.writes:
+        writes = h.options.writes
+        if writes is None:
+            undeclared = undeclared or h.pack is None  # a pack's hooks: its writes count
+            continue
+        for n in writes:
             check_not_test(n, who, "writes")
-        written.update((n, written.get(n, who)) for n in h.options.writes)
+        written.update((n, written.get(n, who)) for n in writes)
     for key, pack in table.packs.items():
         if id(pack) not in running and any(h.pack is pack for h in hooks):
             continue  # none of its hooks runs in this run: its names do not count
@@ -114,7 +135,7 @@ def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[
         for n in writes:
             check_not_test(n, who, "writes")
         written.update((n, written.get(n, who)) for n in writes)
-    return written, readers
+    return written, readers, undeclared
 
 
 def _applies(hook: Hook, mode: str, rank: int) -> bool:

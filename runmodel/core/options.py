@@ -76,8 +76,9 @@ class HookOptions:
     rank: frozenset[int] | None = None
     name: str | None = None
     # the metrics (keys of state.metrics) the hook reads and writes: checked at setup
+    # (writes None: not declared; the hook may write any)
     reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ()
+    writes: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, **args: Unpack[HookArgs]) -> HookOptions:
@@ -109,7 +110,8 @@ class HookOptions:
                    once=None if once is None else parse_duration(once, "once"),
                    when=when, modes=_modes(args.get("modes")), rank=_ranks(args.get("rank")),
                    name=name, reads=metric_names(args.get("reads"), "reads"),
-                   writes=metric_names(args.get("writes"), "writes"))
+                   writes=None if args.get("writes") is None
+                   else metric_names(args.get("writes"), "writes"))
 
     def replace(self, **changes: Any) -> HookOptions:
         """A copy with some fields changed (already in their checked form)."""

@@ -177,14 +177,32 @@ def test_a_misspelt_metric_stops_the_run_at_setup_with_a_did_you_mean() -> None:
     assert engine.state.step == 0  # before the first step
 
 
-def test_an_unknown_metric_far_from_any_declared_fails_at_the_first_check() -> None:
+def test_a_metric_nothing_writes_stops_the_run_at_setup_naming_where_it_comes_from() -> None:
     engine = runmodel.Engine()
-    engine.attach(EarlyStopping("eval_los", patience=2))  # no Evaluate: nothing close
+    engine.attach(EarlyStopping("eval_accuracy", patience=2))  # no Evaluate attached
+    with pytest.raises(ValueError) as caught:
+        engine.run(Tiny(), epochs=3)
+    assert str(caught.value).startswith(
+        "EarlyStopping reads the metric 'eval_accuracy', which nothing in this run writes. "
+        "Evaluation metrics come from an Evaluate pack: engine.attach(Evaluate()) measures "
+        "'eval_accuracy' from the model's metric 'accuracy'. Declared: loss.")
+    assert engine.state.step == 0  # before the first step
+
+
+def test_beside_a_hook_that_declares_no_writes_an_unknown_metric_fails_at_the_first_check(
+        ) -> None:
+    engine = runmodel.Engine()
+    engine.attach(EarlyStopping("eval_los", patience=2))  # nothing close is declared
+
+    @engine.on("epoch_end")
+    def score(engine: runmodel.Engine) -> None:  # may write metrics without declaring them
+        engine.state.metrics["score"] = 1.0
+
     with pytest.raises(ValueError) as caught:
         engine.run(Tiny(), epochs=3)
     assert str(caught.value) == (
         "EarlyStopping: no metric 'eval_los' in state.metrics at the end of epoch 0. There are: "
-        "none (attach Evaluate() for eval_loss and the other eval_ metrics; a hook that puts a "
+        "score (attach Evaluate() for eval_loss and the other eval_ metrics; a hook that puts a "
         "metric there can declare it with writes=)")
     assert engine.state.step == 4  # the first epoch ran, nothing after
 
