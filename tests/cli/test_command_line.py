@@ -422,6 +422,8 @@ def test_run_json(cli: Results) -> None:
     assert set(data) == JSON_KEYS
     assert isinstance(data["seconds"], float) and data["seconds"] > 0
     del data["seconds"]
+    # the last epoch's mean training loss (its packs read it): Tiny's logits are fixed
+    assert data["metrics"].pop("loss") == pytest.approx(eval_loss(5), rel=0.05)
     # its run folder: named by the source and its first options, a checkpoint every epoch,
     # the eval_* metrics measured on the trained weights
     [folder] = (cli.models / "runs").glob("tiny-batch-size32-lr0.01_*")
