@@ -1,4 +1,4 @@
-"""The training that tests/test_exact_resume.py kills and resumes: run in processes of
+"""The training that tests/faults/test_exact_resume.py kills and resumes: run in processes of
 their own (forked from a forkserver that imported torch once), killed with SIGKILL.
 
 A small MLP with dropout, Adam, a shuffled DataLoader of 60 samples in batches of 8 (8

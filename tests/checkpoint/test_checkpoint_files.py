@@ -2,7 +2,8 @@
 file and says what is wrong with it (cut short, not a torch file, holding code), never
 a raw error of torch's reader; ``runmodel eval`` with such a file reads it through the
 same reader. The file format's own behaviour (contents, atomic writes, hostile and
-foreign files while resuming) is in tests/test_resume.py and test_damaged_checkpoints.py.
+foreign files while resuming) is in test_resume_from_files.py and
+test_damaged_checkpoints.py.
 """
 
 from __future__ import annotations

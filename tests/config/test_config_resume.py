@@ -101,7 +101,7 @@ def straight(project: Path) -> dict[str, torch.Tensor]:
     return weights(project / "straight" / load_config(project / "run.toml").run_name())
 
 
-# (the kill matrix of tests/faults and tests/test_exact_resume.py covers many more points;
+# (the kill matrix of tests/faults and tests/faults/test_exact_resume.py covers many more points;
 # here the command line's path: mid-epoch, and during a save)
 @pytest.mark.parametrize("kill", ["step:9", "save:14"])
 def test_a_killed_config_run_resumed_with_runmodel_resume_ends_bit_identical(

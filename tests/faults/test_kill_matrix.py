@@ -5,7 +5,7 @@ that fills up. Each ends bit-identical to one straight run, with no temporary fi
 or with one clear error and every earlier checkpoint intact.
 
 The training is ``resume_run.py``'s (forked from a forkserver that imported torch once);
-the full 20-point matrix of ``tests/test_exact_resume.py`` is the opt-in soak
+the full 20-point matrix of ``tests/faults/test_exact_resume.py`` is the opt-in soak
 (``pytest -m soak``).
 """
 

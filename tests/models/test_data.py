@@ -5,7 +5,7 @@ and one at an epoch's last step must end with the parameters of the straight run
 bit: a shuffled DataLoader with dropout (with a generator of its own, with workers, with
 its indices skipped and never loaded), a DistributedSampler's shard, torchdata's
 StatefulDataLoader, an iterable-style dataset (replayed, with a warning) and a list of
-batches (replayed, quietly). tests/test_exact_resume.py kills real processes with SIGKILL.
+batches (replayed, quietly). tests/faults/test_exact_resume.py kills real processes with SIGKILL.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ DATA: dict[str, Callable[[], Any]] = {
     "shuffled": lambda: loader(shuffle=True),
     "own generator": lambda: loader(shuffle=True,
                                     generator=torch.Generator().manual_seed(7)),
-    # (persistent workers: tests/test_exact_resume.py, whose processes end as runs do; here,
+    # (persistent workers: tests/faults/test_exact_resume.py, whose processes end as runs do; here,
     # a persistent iterator the garbage collector finalises waits seconds for its workers)
     "workers": lambda: loader(shuffle=True, num_workers=2),
     "no batching": lambda: DataLoader(Counted(*tensors()), batch_size=None, shuffle=True),

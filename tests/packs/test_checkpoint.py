@@ -2,7 +2,7 @@
 
 The model (``helpers.dropout_mlp``) trains a small MLP with dropout and Adam on 4 fixed
 batches an epoch. What a checkpoint file holds, and resuming from it, are tested in
-tests/test_resume.py.
+tests/checkpoint/test_resume_from_files.py.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def test_bad_async_save_fails_at_construction(tmp_path: Path) -> None:
 
 # -- SIGKILL in the middle of a background write -----------------------------------------
 
-# processes forked from a forkserver that imported torch once (as tests/test_exact_resume.py)
+# processes forked from a forkserver that imported torch once (as tests/faults/test_exact_resume.py)
 CONTEXT = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["torch", "runmodel", "resume_run"])
 

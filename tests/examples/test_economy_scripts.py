@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ECONOMY = ROOT / "benchmarks" / "economy"
 _spec = importlib.util.spec_from_file_location("economy_count", ECONOMY / "count.py")
 assert _spec is not None and _spec.loader is not None

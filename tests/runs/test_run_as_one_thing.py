@@ -27,7 +27,7 @@ from runmodel.runs import list_runs
 
 from helpers import RUN_FOLDER, dropout_mlp, train_with_checkpoints
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS_CONFIG = ROOT / "examples" / "configs" / "digits.toml"
 TIMEOUT = 180
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1",

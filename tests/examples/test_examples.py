@@ -18,7 +18,7 @@ import torch
 
 import runmodel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 # one thread: the examples' models are tiny, and torch's thread pool only contends with
 # the other processes of a busy 2-core test machine
