@@ -15,6 +15,7 @@ import torch
 
 from .._io import atomic_write, naming_disk_full, prepare_folder
 from ..core import Hook, HookOptions, Pack
+from ..core.checks import whole_number
 
 __all__ = ["CSV"]
 
@@ -50,10 +51,8 @@ class CSV(Pack):
     def __init__(self, path: str | os.PathLike[str] = "metrics.csv",
                  every_steps: int | None = None, step_path: str | os.PathLike[str] | None = None,
                  modes: str | Iterable[str] = "train") -> None:
-        if every_steps is not None and (isinstance(every_steps, bool)
-                                        or not isinstance(every_steps, int) or every_steps < 1):
-            raise ValueError(f"CSV(every_steps=) must be a whole number >= 1 or None, got "
-                             f"{every_steps!r}")
+        whole_number(every_steps, "CSV(every_steps=)", least=1, none=True,
+                     meaning="a row every that many steps")
         self.path = Path(path)
         if self.path.suffix != ".csv":
             raise ValueError(f"CSV(path=) names the .csv file to write, such as 'metrics.csv'; "

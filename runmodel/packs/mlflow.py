@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..core import Hook, HookOptions, Interrupted, Pack
+from ..core.checks import whole_number
 from ..extras import require
 
 __all__ = ["MLflow"]
@@ -63,10 +64,8 @@ class MLflow(Pack):
                  tags: Mapping[str, Any] | None = None, every_steps: int | None = None,
                  artifacts: bool = True, artifact_location: str | None = None,
                  modes: str | Iterable[str] = "train") -> None:
-        if every_steps is not None and (isinstance(every_steps, bool)
-                                        or not isinstance(every_steps, int) or every_steps < 1):
-            raise ValueError(f"MLflow(every_steps=) must be a whole number >= 1 or None, got "
-                             f"{every_steps!r}")
+        whole_number(every_steps, "MLflow(every_steps=)", least=1, none=True,
+                     meaning="a row every that many steps")
         for name, given in (("params", params), ("tags", tags)):
             if given is not None and not (isinstance(given, Mapping)
                                           and all(isinstance(k, str) for k in given)):

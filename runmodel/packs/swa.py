@@ -12,6 +12,7 @@ from torch.optim.swa_utils import SWALR, update_bn
 from torch.utils.data import DataLoader
 
 from ..core import hook
+from ..core.checks import whole_number
 from .averaging import WeightAveraging
 
 __all__ = ["SWA"]
@@ -48,9 +49,7 @@ class SWA(WeightAveraging):
     def __init__(self, start: int = 0, swa_lr: float | list[float] | None = None,
                  anneal_epochs: int = 10, anneal_strategy: str = "cos",
                  use_averaged: bool = False) -> None:
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"SWA(start=) is the first epoch averaged (from 0), a whole "
-                             f"number >= 0; got {start!r}")
+        whole_number(start, "SWA(start=)", meaning="the first epoch averaged, from 0")
         rates = swa_lr if isinstance(swa_lr, (list, tuple)) else [swa_lr]
         if swa_lr is not None and not (rates and all(
                 isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0
@@ -58,10 +57,7 @@ class SWA(WeightAveraging):
             raise ValueError(f"SWA(swa_lr=) is the learning rate to anneal to: a number > 0, "
                              f"one per param group, or None (leave the rate alone); got "
                              f"{swa_lr!r}")
-        if isinstance(anneal_epochs, bool) or not isinstance(anneal_epochs, int) or \
-                anneal_epochs < 0:
-            raise ValueError(f"SWA(anneal_epochs=) must be a whole number >= 0; got "
-                             f"{anneal_epochs!r}")
+        whole_number(anneal_epochs, "SWA(anneal_epochs=)")
         if anneal_strategy not in ANNEALING:
             raise ValueError(f"SWA(anneal_strategy=) is 'cos' or 'linear'; got "
                              f"{anneal_strategy!r}")

@@ -4,7 +4,6 @@ it) read and checked, its spaces as Optuna distributions, and each trial's confi
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import os
 import tomllib
@@ -20,6 +19,7 @@ from ..config.runconfig import (
     load_config,
     read_config_file,
 )
+from ..core.checks import closest, is_whole_number
 from ..extras import require
 from ..runs.config_run import import_sources
 from ..runs.torchrun import with_backend
@@ -149,15 +149,15 @@ def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | Non
 
 
 def _whole(value: Any, key: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_whole_number(value, least=1):
         raise SweepError(f"{key} is a whole number >= 1 ({what}), got {value!r}")
     return value
 
 
 def close_to(word: str, choices: Sequence[str]) -> str:
     """`` (did you mean 'X'?)`` for the choice nearest ``word``, or nothing."""
-    found = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {found[0]!r}?)" if found else ""
+    found = closest(word, choices)
+    return f" (did you mean {found!r}?)" if found is not None else ""
 
 
 def _choice(kind: str, value: Any, known: Mapping[str, str]) -> Spec:
@@ -249,8 +249,7 @@ def _names_something(path: Path, base: RunConfig, key: str) -> None:
     if parts[0] in SPEC_FIELDS and len(parts) == 2 and parts[1] not in ("type", "args"):
         spec = getattr(base, parts[0])
         declared = sorted(_declared(path, base, spec, parts[0]) or ())
-        close = difflib.get_close_matches(parts[1], declared, n=1)
-        hint = f"{parts[0]}.args.{close[0] if close else parts[1]}"
+        hint = f"{parts[0]}.args.{closest(parts[1], declared) or parts[1]}"
         raise SweepError(f"[sweep.params] {key!r}: a {parts[0]}'s options are under its "
                          f"args (did you mean {hint!r}?)")
 
