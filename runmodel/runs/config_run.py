@@ -221,13 +221,8 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     folder = RunFolder(run_dir, {"kind": "config", "digest": config.digest(),
                                  "base": str(Path(base).resolve()), "cwd": os.getcwd()},
                        files={"config.json": config.to_dict()}, status=status, claimed=True)
-    decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": _as_text(
-        claim_folder(folder, resume=resume, restart=restart, take_over=take_over))})
-    if Path(decision["directory"]).resolve() != run_dir.resolve():
-        raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
-                         f"(rank {env.rank()}) would in {run_dir}: start every process "
-                         f"with the same config, in the same working folder")
-    checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
+    checkpoint = claim_folder(folder, resume=resume, restart=restart, take_over=take_over,
+                              same="config")
     engine = engine or Engine(progress=False)  # progress= above decides
     for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
         if isinstance(pack, (TensorBoard, MLflow)):
@@ -240,15 +235,25 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                        lead=env.rank() == 0)
 
 
-def _as_text(path: Path | None) -> str | None:
-    return None if path is None else str(path)
-
-
-def claim_folder(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool
-                 ) -> Path | None:
+def claim_folder(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool,
+                 same: str = "config") -> Path | None:
     """Claim the folder of a config's (or a model source's) run for a new run, or find
     the checkpoint to continue its run from (``resume``, ``take_over``), or move its run
-    aside (``restart``): see ``prepare``. Returns the checkpoint to continue from."""
+    aside (``restart``): see ``prepare``. Returns the checkpoint to continue from. Under
+    torchrun rank 0 alone claims it and tells the others, which must have derived the
+    same folder (from the same ``same``: config, source and options)."""
+    run_dir = folder.directory
+    decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": (
+        None if (found := _claim(folder, resume, restart, take_over)) is None else str(found))})
+    if Path(decision["directory"]).resolve() != run_dir.resolve():
+        raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
+                         f"(rank {env.rank()}) would in {run_dir}: start every process "
+                         f"with the same {same}, in the same working folder")
+    return None if decision["checkpoint"] is None else Path(decision["checkpoint"])
+
+
+def _claim(folder: RunFolder, resume: bool, restart: bool, take_over: bool) -> Path | None:
+    """``claim_folder`` in the process that claims it."""
     run_dir = folder.directory
     if folder.holds_run():
         status = read_status(run_dir)

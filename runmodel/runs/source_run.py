@@ -34,7 +34,6 @@ from ..config.registry import Spec, make_pack
 from ..config.runconfig import sanitize
 from ..core import Pack, RunResult
 from ..engine import Engine
-from . import torchrun
 from .config_run import DEFAULT_PACKS, claim_folder, tell_launcher
 from .folder import RunFolder
 
@@ -135,17 +134,8 @@ def prepare(engine: Engine, model: Any, record: dict[str, Any], run_dir: Path, *
     if env.launched():  # what `runmodel resume` relaunches with (1 process too)
         status = {**env.launch_world(), "backend": record.get("backend")}
     folder = RunFolder(run_dir, record, status=status, claimed=True)
-    decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": _text(
-        claim_folder(folder, resume=resume, restart=restart, take_over=False))})
-    if Path(decision["directory"]).resolve() != run_dir.resolve():
-        raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
-                         f"(rank {env.rank()}) would in {run_dir}: start every process with "
-                         f"the same source and options, in the same working folder")
-    checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
+    checkpoint = claim_folder(folder, resume=resume, restart=restart, take_over=False,
+                              same="source and options")
     return SourceRun(folder, engine, model, checkpoint, setup_options, record.get("backend"),
                      epochs, steps)
-
-
-def _text(path: Path | None) -> str | None:
-    return None if path is None else str(path)
 
