@@ -36,6 +36,36 @@ def raise_background_error(error: BaseException, what: str, path: Path | None) -
                        f"{type(error).__name__}: {error}") from error
 
 
+class _Copy:
+    """The CPU copy of one storage: its buffer, and the tensors over it that saves staged,
+    by dtype, offset, size, stride, grad flag and class: the same state saved again finds
+    its tensors ready, so a save costs the copy, not the making of views."""
+
+    __slots__ = ("buffer", "views")
+
+    def __init__(self, buffer: torch.UntypedStorage) -> None:
+        self.buffer = buffer
+        self.views: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def new_view(self, key: tuple[Any, ...]) -> torch.Tensor:
+        """A staged tensor over this copy with the dtype, offset, size, stride, grad flag
+        and class in ``key``, kept for the next saves."""
+        dtype, offset, size, stride, grad, kind = key
+        staged = torch.empty(0, dtype=dtype).set_(self.buffer, offset, size, stride)
+        # a Parameter stays one (a synchronous save pickles it so), over the copy
+        staged = staged.requires_grad_(grad) if kind is torch.Tensor else kind(staged, grad)
+        if len(self.views) >= _MOST_VIEWS:  # a state whose views keep changing: start over
+            self.views.clear()
+        self.views[key] = staged
+        return staged
+
+
+_MOST_VIEWS = 64  # kept per storage
+_Copies = dict[tuple[torch.device, int, int], _Copy]
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_QUANTIZED = frozenset((torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4))
+
+
 class Writer:
     """Write checkpoints in a background thread, one at a time.
 
@@ -51,7 +81,7 @@ class Writer:
     __slots__ = ("_buffers", "_error", "_path", "_thread")
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[str, int, int], torch.UntypedStorage] = {}
+        self._buffers: _Copies = {}
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._path: Path | None = None
@@ -67,7 +97,7 @@ class Writer:
         waits for the write before, and raises its error."""
         self.wait()
         check_loadable(snapshot)
-        fresh: dict[tuple[str, int, int], torch.UntypedStorage] = {}
+        fresh: _Copies = {}
         devices: set[torch.device] = set()
         staged = _stage(snapshot, self._buffers, fresh, devices)
         self._buffers = fresh  # buffers this snapshot did not use are freed
@@ -109,53 +139,69 @@ class Writer:
             raise_background_error(error, "checkpoint", self._path)
 
 
-def _stage(value: Any, buffers: dict[tuple[str, int, int], torch.UntypedStorage],
-           fresh: dict[tuple[str, int, int], torch.UntypedStorage],
-           devices: set[torch.device]) -> Any:
+def _stage(value: Any, buffers: _Copies, fresh: _Copies, devices: set[torch.device]) -> Any:
     """``value`` with every container rebuilt and every tensor copied to the CPU, into
     ``buffers`` where one fits (moved to ``fresh``). Tensors that shared a storage share
     the copy, so the file is the one ``save`` writes."""
+    with torch.no_grad():  # the staged copies of parameters are leaves that keep their flag
+        return _stage_value(value, buffers, fresh, devices)
+
+
+def _stage_value(value: Any, buffers: _Copies, fresh: _Copies,
+                 devices: set[torch.device]) -> Any:
     if isinstance(value, torch.Tensor):
         return _stage_tensor(value, buffers, fresh, devices)
+    if type(value) is dict:
+        return {key: _stage_value(item, buffers, fresh, devices) for key, item in value.items()}
     if isinstance(value, dict):
         staged = copy.copy(value)  # keeps an OrderedDict's _metadata (module versions)
         for key, item in value.items():
-            staged[key] = _stage(item, buffers, fresh, devices)
+            staged[key] = _stage_value(item, buffers, fresh, devices)
         return staged
     if isinstance(value, list):
-        return [_stage(item, buffers, fresh, devices) for item in value]
+        return [_stage_value(item, buffers, fresh, devices) for item in value]
     if isinstance(value, tuple):
-        items = [_stage(item, buffers, fresh, devices) for item in value]
+        items = [_stage_value(item, buffers, fresh, devices) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, (str, int, float, bool, type(None), bytes)):
         return value
     return copy.deepcopy(value)
 
 
-def _stage_tensor(tensor: torch.Tensor,
-                  buffers: dict[tuple[str, int, int], torch.UntypedStorage],
-                  fresh: dict[tuple[str, int, int], torch.UntypedStorage],
+def _stage_tensor(tensor: torch.Tensor, buffers: _Copies, fresh: _Copies,
                   devices: set[torch.device]) -> torch.Tensor:
-    if (type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided
-            or tensor.is_quantized or tensor.is_conj() or tensor.is_neg()
-            or tensor.device.type == "meta"):
+    dtype, device = tensor.dtype, tensor.device
+    if (type(tensor) not in _PLAIN_TENSORS or tensor.layout != torch.strided
+            or dtype in _QUANTIZED or device.type == "meta" or tensor.is_conj()
+            or tensor.is_neg()):
         return tensor.detach().to("cpu", copy=True)  # rare kinds: a plain blocking copy
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes == 0:
-        return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype)
-    key = (str(tensor.device), storage.data_ptr(), nbytes)
-    buffer = fresh.get(key)
-    if buffer is None:  # the first tensor of this storage: copy the whole storage
-        buffer = buffers.pop(key, None)
-        cuda = tensor.device.type == "cuda"
-        if buffer is None:
-            buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda).untyped_storage()
-        source = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
-        torch.empty(0, dtype=torch.uint8).set_(buffer).copy_(source, non_blocking=cuda)
+        return torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype)
+    key = (device, storage.data_ptr(), nbytes)
+    target = fresh.get(key)
+    copied = target is not None  # by an earlier tensor of this storage in this snapshot
+    if target is None:
+        target = buffers.pop(key, None)
+        if target is None:
+            target = _Copy(torch.empty(nbytes, dtype=torch.uint8,
+                                       pin_memory=device.type == "cuda").untyped_storage())
+        fresh[key] = target
+    offset = tensor.storage_offset()
+    view_key = (dtype, offset, tensor.size(), tensor.stride(), tensor.requires_grad,
+                type(tensor))
+    staged = target.views.get(view_key)
+    if staged is None:
+        staged = target.new_view(view_key)
+    if not copied:  # the whole storage, once: its other tensors (views, ties) share it
+        cuda = device.type == "cuda"
+        if offset == 0 and tensor.nbytes == nbytes and tensor.is_contiguous():
+            staged.copy_(tensor, non_blocking=cuda)  # the tensor is the storage
+        else:
+            source = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+            torch.empty(0, dtype=torch.uint8).set_(target.buffer).copy_(source,
+                                                                        non_blocking=cuda)
         if cuda:
-            devices.add(tensor.device)
-        fresh[key] = buffer
-    staged = torch.empty(0, dtype=tensor.dtype).set_(buffer, tensor.storage_offset(),
-                                                     tensor.size(), tensor.stride())
-    return staged.requires_grad_() if tensor.requires_grad else staged
+            devices.add(device)
+    return staged
