@@ -2,10 +2,10 @@
 
 ``Writer`` writes plain checkpoint files: the snapshot's tensors are copied into CPU
 buffers kept from one save to the next (the training goes on changing the originals),
-and a thread writes the copy as ``format.save`` does. (Sharded checkpoints have their
-own, ``sharded.saving.ShardedWriter``, over ``torch.distributed.checkpoint``'s async
-save.) An error a background write met is raised by the next ``wait``:
-``raise_background_error``.
+and a thread writes the copy as ``format.save`` does. ``Stager`` is that copy; the
+sharded writer (``sharded.saving.ShardedWriter``) stages its shards with it too, then
+``torch.distributed.checkpoint`` writes them. An error a background write met is raised
+by the next ``wait``: ``raise_background_error``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from .._io import DiskFullError, raise_if_disk_full
 from .format import check_loadable, write
 
-__all__ = ["Writer", "raise_background_error"]
+__all__ = ["Stager", "Writer", "raise_background_error"]
 
 
 def raise_background_error(error: BaseException, what: str, path: Path | None) -> None:
@@ -78,10 +78,10 @@ class Writer:
     state in CPU memory.
     """
 
-    __slots__ = ("_buffers", "_error", "_path", "_thread")
+    __slots__ = ("_error", "_path", "_stager", "_thread")
 
     def __init__(self) -> None:
-        self._buffers: _Copies = {}
+        self._stager = Stager()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._path: Path | None = None
@@ -97,15 +97,7 @@ class Writer:
         waits for the write before, and raises its error."""
         self.wait()
         check_loadable(snapshot)
-        fresh: _Copies = {}
-        devices: set[torch.device] = set()
-        staged = _stage(snapshot, self._buffers, fresh, devices)
-        self._buffers = fresh  # buffers this snapshot did not use are freed
-        events = []
-        for device in devices:  # the copies are queued on the device's stream
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            events.append(event)
+        staged, events = self._stager.stage(snapshot)
         self._path = Path(path)
         self._thread = threading.Thread(target=self._run, args=(self._path, staged, events, then),
                                         name=f"runmodel checkpoint writer {self._path.name}",
@@ -139,69 +131,96 @@ class Writer:
             raise_background_error(error, "checkpoint", self._path)
 
 
-def _stage(value: Any, buffers: _Copies, fresh: _Copies, devices: set[torch.device]) -> Any:
-    """``value`` with every container rebuilt and every tensor copied to the CPU, into
-    ``buffers`` where one fits (moved to ``fresh``). Tensors that shared a storage share
-    the copy, so the file is the one ``save`` writes."""
-    with torch.no_grad():  # the staged copies of parameters are leaves that keep their flag
-        return _stage_value(value, buffers, fresh, devices)
+class Stager:
+    """Copies of states into CPU buffers kept from one call to the next: ``stage(value)``
+    is ``value`` with every container rebuilt and every tensor copied to the CPU, into a
+    buffer of the previous call's where one fits (the buffers it did not use are freed).
+    Tensors that shared a storage share the copy, so the file is the one ``save``
+    writes. ``other(tensor, stage_tensor)``, for tensors of another class than
+    ``torch.Tensor`` and ``Parameter``, stages them (the sharded writer's DTensors:
+    their local shard through ``stage_tensor``); by default they are copied plainly."""
 
+    def __init__(self, other: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]],
+                                       torch.Tensor | None] | None = None) -> None:
+        self._buffers: _Copies = {}
+        self._fresh: _Copies = {}
+        self._devices: set[torch.device] = set()
+        self._other = other
 
-def _stage_value(value: Any, buffers: _Copies, fresh: _Copies,
-                 devices: set[torch.device]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _stage_tensor(value, buffers, fresh, devices)
-    if type(value) is dict:
-        return {key: _stage_value(item, buffers, fresh, devices) for key, item in value.items()}
-    if isinstance(value, dict):
-        staged = copy.copy(value)  # keeps an OrderedDict's _metadata (module versions)
-        for key, item in value.items():
-            staged[key] = _stage_value(item, buffers, fresh, devices)
-        return staged
-    if isinstance(value, list):
-        return [_stage_value(item, buffers, fresh, devices) for item in value]
-    if isinstance(value, tuple):
-        items = [_stage_value(item, buffers, fresh, devices) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if isinstance(value, (str, int, float, bool, type(None), bytes)):
-        return value
-    return copy.deepcopy(value)
+    def stage(self, value: Any) -> tuple[Any, list[Any]]:
+        """``value`` staged, and the CUDA events its copies are queued before (to be
+        synchronized with before the copy is read: pinned buffers, copied without
+        waiting)."""
+        self._fresh, self._devices = {}, set()
+        try:
+            with torch.no_grad():  # staged copies of parameters are leaves keeping their flag
+                staged = self._stage_value(value)
+        finally:
+            self._buffers, self._fresh = self._fresh, {}  # the unused buffers are freed
+        events = []
+        for device in self._devices:  # the copies are queued on the device's stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return staged, events
 
+    def _stage_value(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.stage_tensor(value)
+        if type(value) is dict:
+            return {key: self._stage_value(item) for key, item in value.items()}
+        if isinstance(value, dict):
+            staged = copy.copy(value)  # keeps an OrderedDict's _metadata (module versions)
+            for key, item in value.items():
+                staged[key] = self._stage_value(item)
+            return staged
+        if isinstance(value, list):
+            return [self._stage_value(item) for item in value]
+        if isinstance(value, tuple):
+            items = [self._stage_value(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if isinstance(value, (str, int, float, bool, type(None), bytes)):
+            return value
+        return copy.deepcopy(value)
 
-def _stage_tensor(tensor: torch.Tensor, buffers: _Copies, fresh: _Copies,
-                  devices: set[torch.device]) -> torch.Tensor:
-    dtype, device = tensor.dtype, tensor.device
-    if (type(tensor) not in _PLAIN_TENSORS or tensor.layout != torch.strided
-            or dtype in _QUANTIZED or device.type == "meta" or tensor.is_conj()
-            or tensor.is_neg()):
-        return tensor.detach().to("cpu", copy=True)  # rare kinds: a plain blocking copy
-    storage = tensor.untyped_storage()
-    nbytes = storage.nbytes()
-    if nbytes == 0:
-        return torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype)
-    key = (device, storage.data_ptr(), nbytes)
-    target = fresh.get(key)
-    copied = target is not None  # by an earlier tensor of this storage in this snapshot
-    if target is None:
-        target = buffers.pop(key, None)
+    def stage_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``'s staged copy (during ``stage``)."""
+        dtype, device = tensor.dtype, tensor.device
+        if type(tensor) not in _PLAIN_TENSORS and self._other is not None:
+            staged_other = self._other(tensor, self.stage_tensor)
+            if staged_other is not None:
+                return staged_other
+        if (type(tensor) not in _PLAIN_TENSORS or tensor.layout != torch.strided
+                or dtype in _QUANTIZED or device.type == "meta" or tensor.is_conj()
+                or tensor.is_neg()):
+            return tensor.detach().to("cpu", copy=True)  # rare kinds: a plain blocking copy
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype)
+        key = (device, storage.data_ptr(), nbytes)
+        target = self._fresh.get(key)
+        copied = target is not None  # by an earlier tensor of this storage in this call
         if target is None:
-            target = _Copy(torch.empty(nbytes, dtype=torch.uint8,
-                                       pin_memory=device.type == "cuda").untyped_storage())
-        fresh[key] = target
-    offset = tensor.storage_offset()
-    view_key = (dtype, offset, tensor.size(), tensor.stride(), tensor.requires_grad,
-                type(tensor))
-    staged = target.views.get(view_key)
-    if staged is None:
-        staged = target.new_view(view_key)
-    if not copied:  # the whole storage, once: its other tensors (views, ties) share it
-        cuda = device.type == "cuda"
-        if offset == 0 and tensor.nbytes == nbytes and tensor.is_contiguous():
-            staged.copy_(tensor, non_blocking=cuda)  # the tensor is the storage
-        else:
-            source = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
-            torch.empty(0, dtype=torch.uint8).set_(target.buffer).copy_(source,
-                                                                        non_blocking=cuda)
-        if cuda:
-            devices.add(device)
-    return staged
+            target = self._buffers.pop(key, None)
+            if target is None:
+                target = _Copy(torch.empty(nbytes, dtype=torch.uint8,
+                                           pin_memory=device.type == "cuda").untyped_storage())
+            self._fresh[key] = target
+        offset = tensor.storage_offset()
+        view_key = (dtype, offset, tensor.size(), tensor.stride(), tensor.requires_grad,
+                    type(tensor))
+        staged = target.views.get(view_key)
+        if staged is None:
+            staged = target.new_view(view_key)
+        if not copied:  # the whole storage, once: its other tensors (views, ties) share it
+            cuda = device.type == "cuda"
+            if offset == 0 and tensor.nbytes == nbytes and tensor.is_contiguous():
+                staged.copy_(tensor, non_blocking=cuda)  # the tensor is the storage
+            else:
+                source = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+                torch.empty(0, dtype=torch.uint8).set_(target.buffer).copy_(source,
+                                                                            non_blocking=cuda)
+            if cuda:
+                self._devices.add(device)
+        return staged
