@@ -31,6 +31,8 @@ _EXPORTS = {
                     "config.registry"),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
+    "lr_find": "runs.lr_find",
+    "seed": "models.seeding",
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
     "end_distributed": "backends.distributed.env",
 }
@@ -73,6 +75,7 @@ __all__ = [
     "hook",
     "load_config",
     "load_model",
+    "lr_find",
     "make_backend",
     "make_interface",
     "make_loss",
@@ -86,6 +89,7 @@ __all__ = [
     "register_model",
     "register_optimizer",
     "register_pack",
+    "seed",
     "sweep",
 ]
 
@@ -145,6 +149,8 @@ if TYPE_CHECKING:
     )
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
+    from .models.seeding import seed
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute
+    from .runs.lr_find import lr_find
     from .sweeps import sweep

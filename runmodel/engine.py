@@ -174,6 +174,7 @@ class Engine(core.Engine):
                      folder: RunFolder | None) -> str:
         """What a run that an interrupt stopped says once it saved: where, how to go on."""
         from .packs.checkpoint import Checkpoint
+        from .runs.folder import COMMAND_KINDS
 
         what = ("Ctrl-C" if not isinstance(interrupted, core.Preempted)
                 else signal_number(interrupted.signal).name)
@@ -183,7 +184,7 @@ class Engine(core.Engine):
         if not saved:
             return (f"runmodel: {what} stopped the run after step {step}; nothing saved "
                     f"(attach a runmodel.packs.Checkpoint for a run that can go on)")
-        if folder is not None and folder.kind == "config":
+        if folder is not None and folder.kind in COMMAND_KINDS:
             again = f"continue it with `runmodel resume {folder.directory}`"
         elif auto:
             again = 'run the script again (resume="auto" continues from it)'

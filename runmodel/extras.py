@@ -40,6 +40,12 @@ OPTIONAL: dict[str, Dependency] = {
     # only the dev extra installs it, so say the pip name
     "torchdata": Dependency("torchdata", None),
     "optuna": Dependency("optuna", "sweep"),
+    # `runmodel export --format onnx`: the exporter (torch.onnx, dynamo) and the check
+    "onnx": Dependency("onnx", "onnx"),
+    "onnxscript": Dependency("onnxscript", "onnx"),
+    "onnxruntime": Dependency("onnxruntime", "onnx"),
+    # the MLflow pack: MLflow's client (mlflow-skinny) and its local SQLite store
+    "mlflow": Dependency("mlflow-skinny", "mlflow"),
 }
 
 

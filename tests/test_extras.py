@@ -122,7 +122,8 @@ def test_the_digits_example_without_scikit_learn(tmp_path: Path) -> None:
                            "1", "--no-progress"], cwd=tmp_path, env=without(tmp_path, "sklearn"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    lines = done.stderr.splitlines()
+    said, *lines = done.stderr.splitlines()  # first, where its run folder is
+    assert said.startswith("run directory: runs/digits_"), said
     assert lines[0] == f"runmodel run: error: ModuleNotFoundError: {NO_SKLEARN}"
     assert "raised in model.setup" in lines[1]
     assert "Traceback" not in done.stderr
@@ -160,8 +161,10 @@ def test_the_command_names_the_extra_for_any_missing_optional_module(
         "        self.module = torch.nn.Linear(2, 2)\n\n"
         "    def setup(self, setup_options=None):\n"
         "        from sklearn.datasets import load_digits  # noqa: F401\n")
-    assert runmodel.cli.main(["run", str(model), "--no-progress"]) == 1
-    lines = capsys.readouterr().err.splitlines()
+    assert runmodel.cli.main(["run", str(model), "--no-progress", "--runs-dir",
+                              str(tmp_path / "runs")]) == 1
+    said, *lines = capsys.readouterr().err.splitlines()  # first, where its run folder is
+    assert said.startswith(f"run directory: {tmp_path / 'runs' / 'bare_'}"), said
     assert lines[0].startswith("runmodel run: error: ModuleNotFoundError: ")
     assert ("  scikit-learn is an optional dependency: pip install 'runmodel[examples]'"
             in lines)

@@ -67,7 +67,7 @@ def test_a_checkpoint_holds_counters_weights_optimizer_and_rng(tmp_path: Path) -
     torch_rng, python_rng = torch.get_rng_state(), random.getstate()
     state = torch.load(tmp_path / "ckpt-00002-0000000008.pt", weights_only=True)
     assert sorted(state) == ["engine", "format", "model", "position", "rng"]
-    assert sorted(state["model"]) == ["module", "optimizer", "optimizer_class"]
+    assert sorted(state["model"]) == ["module", "optimizer", "optimizer_class", "requires_grad"]
     assert state["position"] == {"batches": 0}  # an epoch's end: the next one starts afresh
     assert state["format"] == 2
     assert state["engine"]["counters"] == {"step": 8, "epoch": 2, "epoch_step": 0, "skipped": 0}

@@ -132,7 +132,7 @@ def test_pack_declarations_are_compared() -> None:
     assert len(watch.seen) == 2
 
 
-def test_the_step_declares_loss_and_loss_is_the_last_steps_loss() -> None:
+def test_the_step_declares_loss_and_loss_is_the_epochs_mean_loss() -> None:
     engine = runmodel.Engine()
     engine.attach(EarlyStopping("los", patience=1))
     assert "Did you mean 'loss' (written by the step)?" in refused(engine, ValueError)
@@ -140,10 +140,13 @@ def test_the_step_declares_loss_and_loss_is_the_last_steps_loss() -> None:
     engine = runmodel.Engine()
     stopping = EarlyStopping("loss", patience=1)
     engine.attach(stopping)
-    losses: list[float] = []
-    engine.on("epoch_end", lambda e: losses.append(float(e.state.loss.detach())))
+    means: list[float] = []
+    steps: list[float] = []
+    engine.on("epoch_start", lambda e: steps.clear())
+    engine.on("runstep", lambda e: steps.append(float(e.state.loss.detach())))
+    engine.on("epoch_end", lambda e: means.append(sum(steps) / len(steps)))
     engine.run(Tiny(), epochs=2)
-    assert stopping.best == min(losses)
+    assert stopping.best == pytest.approx(min(means), rel=1e-12)
 
 
 def test_only_the_names_of_hooks_that_run_count() -> None:

@@ -17,12 +17,15 @@ the run (of a source, or of a config naming the model), to attach the hooks and 
 the file's model wants.
 
 Here: ``main``, and how an error becomes an exit code (``EXIT_*``): bad input 2, a failed
-run 1, Ctrl-C 130, a reader gone from the pipe 141.
+run 1, Ctrl-C 130, a run preempted by a signal 128 + its number (143 for SIGTERM), a reader
+gone from the pipe 141. What the command says last is said so that a closed stdout or
+stderr (``| tee`` ended by the same Ctrl-C) never changes its exit code (``last_words``).
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -36,6 +39,8 @@ from .commands import (
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
+    last_words,
+    quiet,
     script_arguments_allowed,
     unknown,
 )
@@ -56,19 +61,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.extra and not script_arguments_allowed(args):
         made.error(f"unrecognized arguments: {' '.join(args.extra)}")
     try:
+        return _run(args)
+    finally:
+        _flushed()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The subcommand's handler, its errors turned into exit codes."""
+    try:
         code: int = args.func(args)
         return code
-    except KeyboardInterrupt:  # runmodel.Interrupted included: the run saved and ended
-        print("runmodel: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stopped:  # runmodel.Interrupted included: saved and ended
+        return _interrupted(stopped)
     except BrokenPipeError:  # `runmodel runs | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        quiet(sys.stdout)  # no error at exit
         return EXIT_BROKEN_PIPE
     except UsageError as error:
         record_failure(error)
         if args.debug:
             traceback.print_exception(error.__cause__ or error)
-        print(f"runmodel {args.command}: error: {error}", file=sys.stderr)
+        last_words(f"runmodel {args.command}: error: {error}")
         _print_hint(error)
         return EXIT_USAGE
     except Exception as error:
@@ -76,17 +88,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exception(error)
         elif refused_at_setup(error):  # bad input the run found before its first step
-            print(f"runmodel {args.command}: error: {type(error).__name__}: {error} "
-                  f"({REFUSED.removeprefix('runmodel: ')})", file=sys.stderr)
+            last_words(f"runmodel {args.command}: error: {type(error).__name__}: {error} "
+                       f"({REFUSED.removeprefix('runmodel: ')})")
         else:
             where = f" [rank {env.rank()}]" if env.launched() else ""
-            print(f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
-                  file=sys.stderr)
-            for note in getattr(error, "__notes__", ()):
-                print(f"  {note}", file=sys.stderr)
+            last_words("\n".join([
+                f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
+                *(f"  {note}" for note in getattr(error, "__notes__", ()))]))
             _print_hint(error)
-            print("  (run with --debug for the traceback)", file=sys.stderr)
+            last_words("  (run with --debug for the traceback)")
         return EXIT_USAGE if refused_at_setup(error) else EXIT_FAILED
+
+
+def _interrupted(stopped: KeyboardInterrupt) -> int:
+    """Ctrl-C (130), or a preemption signal (``runmodel.Preempted``: 128 + its number,
+    143 for SIGTERM), as a shell reports a process that the signal ended."""
+    number = int(getattr(stopped, "signal", signal.SIGINT))
+    if number == signal.SIGINT:
+        last_words("runmodel: interrupted")
+        return EXIT_INTERRUPTED
+    last_words(f"runmodel: preempted by {signal.Signals(number).name}")
+    return 128 + number
+
+
+def _flushed() -> None:
+    """stdout and stderr flushed now; one whose reader is gone is pointed at the null
+    device, so that the flush at exit cannot turn the exit code into 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            quiet(stream)
 
 
 def _print_hint(error: BaseException) -> None:
@@ -95,7 +127,7 @@ def _print_hint(error: BaseException) -> None:
 
     text = hint(error)
     if text:
-        print(f"  {text}", file=sys.stderr)
+        last_words(f"  {text}")
 
 
 if __name__ == "__main__":

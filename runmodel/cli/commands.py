@@ -15,10 +15,11 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..backends.distributed import env
 from . import launch
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
     from ..core import RunResult
     from ..runs.target import RunRequest, Target
 
-__all__ = ["UsageError", "describe", "evaluate", "export", "measure", "plot", "report",
-           "resume", "run", "runs", "sweep"]
+__all__ = ["UsageError", "check_resume", "describe", "evaluate", "export", "last_words",
+           "lr_find", "measure", "plot", "preempt_signals", "quiet", "report", "resume", "run",
+           "runs", "sweep"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -52,11 +54,12 @@ def bad_input(*kinds: type[BaseException]) -> Iterator[None]:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    """The SOURCE the command names, with its ``--device``, ``--set`` and script
-    arguments."""
+    """The SOURCE the command names, with its ``--device``, ``--set``, ``--seed`` and
+    script arguments."""
     from ..runs.target import open_target
 
-    return open_target(args.source, device=args.device, options=args.options, argv=args.extra)
+    return open_target(args.source, device=args.device, options=args.options, argv=args.extra,
+                       seed=getattr(args, "seed", None))
 
 
 def _run_folder(args: argparse.Namespace) -> Target:
@@ -79,15 +82,44 @@ def _request(args: argparse.Namespace, **given: Any) -> RunRequest:
     from ..runs.target import RunRequest
 
     return RunRequest(epochs=args.epochs, steps=args.steps, progress=args.progress,
-                      packs=_packs(args), **given)
+                      packs=_packs(args), preempt=preempt_signals(args), **given)
+
+
+def preempt_signals(args: argparse.Namespace) -> tuple[int, ...]:
+    """The signals that preempt a run the command starts: SIGTERM (what schedulers send
+    before they kill), and those of ``--preempt-signal``."""
+    asked = [signal.SIGTERM, *(getattr(args, "preempt_signals", None) or ())]
+    return tuple(dict.fromkeys(int(sig) for sig in asked))
+
+
+def last_words(text: str, stream: TextIO | None = None) -> None:
+    """``text`` on ``stream`` (stderr), as the command's last words: a closed or broken
+    stream (``| tee`` ended by the same Ctrl-C, ``| head`` that read enough) drops it,
+    and is pointed at the null device so that Python's flush at exit cannot fail either
+    (which would turn the command's exit code into 120)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        quiet(stream)
+
+
+def quiet(stream: TextIO) -> None:
+    """Point a stream whose reader is gone at the null device (what is left in its
+    buffer goes there too)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
 
 
 def report(result: RunResult, as_json: bool = False) -> None:
     """Print ``result``: as JSON, or as the summary (how the run ended, its metrics,
-    timings and files). The processes of a distributed run have the same result: rank 0
-    alone prints it."""
+    timings and files), on stdout; a closed stdout costs the summary, never the exit
+    code (the run's files say the same). The processes of a distributed run have the
+    same result: rank 0 alone prints it."""
     if env.rank() == 0:
-        print(_json(result) if as_json else summary(result))
+        last_words(_json(result) if as_json else summary(result), sys.stdout)
 
 
 def summary(result: RunResult) -> str:
@@ -158,11 +190,11 @@ def _launch_run(args: argparse.Namespace) -> int:
 
     if is_config_file(args.source):
         _check_config_launch(args)
-        return _launch_config_run(args, "run")
-    source_file = args.source.partition(":")[0]
-    if source_file.endswith(".py") and not Path(source_file).is_file():
-        raise UsageError(f"{args.source}: no such file {source_file!r}")
-    return launch.launch(args, args.argv)
+    else:
+        source_file = args.source.partition(":")[0]
+        if source_file.endswith(".py") and not Path(source_file).is_file():
+            raise UsageError(f"{args.source}: no such file {source_file!r}")
+    return _launch_in_folder(args, "run")
 
 
 def _check_config_launch(args: argparse.Namespace) -> None:
@@ -177,9 +209,10 @@ def _check_config_launch(args: argparse.Namespace) -> None:
         with_backend(load_config(args.source, args.options), args.backend)
 
 
-def _launch_config_run(args: argparse.Namespace, command: str) -> int:
-    """A config run handed to torchrun; if a process fails, the run's status says which
-    failed first (rank 0 says where the run folder is)."""
+def _launch_in_folder(args: argparse.Namespace, command: str) -> int:
+    """A run (of a config, a model source) handed to torchrun; if a process fails, the
+    status of its run folder says which failed first (rank 0 says where the run folder
+    is)."""
     import tempfile
 
     from ..runs.config_run import LAUNCH_RECORD, record_launch_failure
@@ -230,6 +263,26 @@ def describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def lr_find(args: argparse.Namespace) -> int:
+    """``runmodel lr-find SOURCE``: the learning-rate range test on the source's model,
+    which is left as it was; the suggestion printed, the loss drawn against the rate."""
+    from ..runs.lr_find import LRFind
+
+    plot = None if args.output is None else Path(args.output).resolve()
+    if plot is not None:
+        from ..extras import require
+
+        with bad_input(ModuleNotFoundError):
+            require("matplotlib", needed_by="runmodel lr-find")
+    with bad_input(), bad_input(ValueError, TypeError):
+        action = LRFind(args.start_lr, args.end_lr, args.steps, plot)
+        result = _target(args).run_with(action)
+    last_words(json.dumps({**vars(result), "plot": None if result.plot is None
+                           else str(result.plot)}, indent=2) if args.json
+               else result.summary(), sys.stdout)
+    return EXIT_OK
+
+
 # -- run folders: runs, resume, eval, infer, export ---------------------------------------------
 
 def runs(args: argparse.Namespace) -> int:
@@ -248,7 +301,7 @@ def resume(args: argparse.Namespace) -> int:
     with bad_input():
         target = _run_folder(args)
         if not env.launched() and _relaunch(args, target):
-            return _launch_config_run(args, "resume")
+            return _launch_in_folder(args, "resume")
         result = target.resume(_request(args))
     report(result, args.json)
     return EXIT_OK
@@ -291,15 +344,21 @@ def evaluate(args: argparse.Namespace) -> int:
         with bad_input(FileNotFoundError):
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
-        print(f"runmodel {args.command}: {run_dir.name} with {weights}", file=sys.stderr)
-        result = target.run_with(WithWeights(weights, args.command))
+        last_words(f"runmodel {args.command}: {run_dir.name} with {weights}"
+                   + (" (its averaged weights)" if args.averaged else ""))
+        if args.averaged:  # a checkpoint without an average: said in one line, before
+            from ..checkpoint.export import averaged_weights
+
+            with bad_input(ValueError):
+                averaged_weights(weights)
+        result = target.run_with(WithWeights(weights, args.command, args.averaged, args.split))
     if output is not None:
         import torch
 
         torch.save(result.outputs, output)
         result.files["outputs"] = str(output)
     else:
-        key = record_eval(run_dir, weights, result)
+        key = record_eval(run_dir, weights, result, args.averaged, args.split)
         result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
     report(result, args.json)
     return EXIT_OK
@@ -323,12 +382,52 @@ def _check_weights(weights: Path) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
-    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file."""
+    """``runmodel export PATH OUT``: a checkpoint's full model weights, one plain file
+    (``--averaged``: an EMA or SWA pack's average); ``--format pt2|onnx``: a run folder's
+    module as a program (``runs/export.py``), checked against the module on a batch."""
+    if args.format != "state_dict":
+        return _export_program(args)
+    if args.checkpoint is not None:
+        raise UsageError(f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
+                         f"for a state dict give the checkpoint itself as PATH "
+                         f"({args.checkpoint})")
     from ..checkpoint.export import export as export_weights
 
     with bad_input(OSError, ValueError):
-        used, out = export_weights(args.path, args.out)
-    print(f"exported {used} to {out}", file=sys.stderr)
+        used, out = export_weights(args.path, args.out, averaged=args.averaged)
+    last_words(f"exported {used}{' (its averaged weights)' if args.averaged else ''} to {out}")
+    return EXIT_OK
+
+
+def _export_program(args: argparse.Namespace) -> int:
+    """``--format pt2|onnx``: the run folder's model, its chosen weights loaded, exported
+    and checked; a PATH that is no run folder, or a missing ONNX extra, is exit 2."""
+    from ..runs.folder import is_run
+
+    if not is_run(Path(args.path)):
+        raise UsageError(f"--format {args.format} exports a run's model, made as the run's "
+                         f"config, model source or script makes it: PATH must be a run "
+                         f"folder, and {args.path} is not one (a checkpoint alone holds "
+                         f"weights; --format state_dict exports those)")
+    from ..extras import require
+    from ..runs.evaluate import choose_weights
+    from ..runs.export import ExportProgram
+    from ..runs.target import open_run
+
+    if args.format == "onnx":
+        with bad_input(ModuleNotFoundError):
+            for name in ("onnx", "onnxscript", "onnxruntime"):
+                require(name, needed_by="runmodel export --format onnx")
+    with bad_input():
+        target = open_run(args.path)
+        assert target.directory is not None
+        with bad_input(FileNotFoundError):
+            weights = choose_weights(target.directory, args.checkpoint).resolve()
+        _check_weights(weights)
+        with bad_input(ValueError):
+            exported = target.run_with(ExportProgram(weights, Path(args.out).resolve(),
+                                                     args.format, args.averaged))
+    last_words(exported.summary())
     return EXIT_OK
 
 
@@ -345,21 +444,22 @@ def sweep(args: argparse.Namespace) -> int:
                        metric=args.metric, direction=args.direction, sampler=args.sampler,
                        pruner=args.pruner, seed=args.seed, storage=args.storage,
                        jobs=args.jobs, runs_dir=args.runs_dir, overrides=args.options,
-                       nproc_per_node=args.nproc_per_node)
+                       nproc_per_node=args.nproc_per_node, heartbeat=args.heartbeat)
     except KeyboardInterrupt:  # the running trials saved themselves
         return EXIT_INTERRUPTED
     except (SweepError, ImportError) as error:
         raise UsageError(str(error)) from error
     except SweepFailed as error:
-        print(f"runmodel sweep: error: {error}", file=sys.stderr)
+        last_words(f"runmodel sweep: error: {error}")
         return EXIT_FAILED
-    print(f"{result.complete} complete, {result.pruned} pruned, {result.failed} failed "
-          f"in {result.directory}")
+    said = (f"{result.complete} complete, {result.pruned} pruned, {result.failed} failed in "
+            f"{result.directory}")
     if result.best:
         best = result.best
-        print(f"best: trial {best['number']}, {result.metric} "
-              f"{best['value']:.4f}, " + ", ".join(f"{k}={v}" for k, v in best["params"].items())
-              + f"\n  {best['run_dir']}")
+        said += (f"\nbest: trial {best['number']}, {result.metric} {best['value']:.4f}, "
+                 + ", ".join(f"{k}={v}" for k, v in best["params"].items())
+                 + f"\n  {best['run_dir']}")
+    last_words(said, sys.stdout)
     return EXIT_OK
 
 
@@ -370,10 +470,25 @@ def plot(args: argparse.Namespace) -> int:
     return plotting.main(args)
 
 
+def check_resume(args: argparse.Namespace) -> int:
+    """``runmodel check-resume SOURCE``: a run straight, the same run killed and resumed,
+    compared (``runs/check_resume.py``); exit 0 when the resume is exact, else 1."""
+    from ..runs.check_resume import CheckRequest
+    from ..runs.check_resume import check_resume as check
+
+    with bad_input():
+        verdict = check(CheckRequest(
+            args.source, steps=args.steps, at=args.at, nproc_per_node=args.nproc_per_node,
+            backend=args.backend, directory=None if args.dir is None else Path(args.dir),
+            device=args.device, options=tuple(args.options), argv=tuple(args.extra)))
+    last_words(verdict.text(), sys.stdout)
+    return EXIT_OK if verdict.exact else EXIT_FAILED
+
+
 def script_arguments_allowed(args: argparse.Namespace) -> bool:
     """Whether arguments argparse did not know may be a script's: ``describe``,
-    ``benchmark`` and ``profile`` of a script pass them to it."""
-    if args.command not in ("describe", "benchmark", "profile"):
+    ``benchmark``, ``profile`` and ``check-resume`` of a script pass them to it."""
+    if args.command not in ("describe", "benchmark", "profile", "check-resume"):
         return False
     from ..runs.script import is_script
 

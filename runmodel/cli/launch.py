@@ -7,20 +7,35 @@ its rendezvous), each runs ``runmodel run ...`` again, sees torchrun's environme
 trains with the ``ddp`` backend. When a process fails, torchrun ends the others and this
 module reports the first failure (``backends/distributed/failures.py``).
 
+Preemption: torchrun handles the run's preemption signals (``--signals-to-handle``: its
+own, SIGTERM, SIGINT, SIGHUP, SIGQUIT, and those of ``--preempt-signal``) by sending the
+signal on to its processes, which stop together after a step and save; it waits
+``--preempt-grace`` seconds (``--shutdown-timeout``, default 30) before it sends them
+SIGKILL. The command then exits 128 + the signal's number (143 for SIGTERM), as a shell
+reports a process that the signal ended.
+
 Nothing here imports torch until a run is launched, so ``runmodel --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..backends.distributed import env
 from ..backends.distributed.failures import first_failure
+from ..runs.interrupt import say
 
-__all__ = ["LAUNCH_OPTIONS", "add_arguments", "asked_for", "launch", "torchrun_arguments"]
+__all__ = ["LAUNCH_OPTIONS", "PREEMPT_GRACE", "TORCHRUN_SIGNALS", "add_arguments",
+           "asked_for", "launch", "preemption_arguments", "torchrun_arguments"]
+
+#: Seconds torchrun gives its processes to save after a preemption signal, before SIGKILL.
+PREEMPT_GRACE = 30
+#: The signals torchrun handles (and sends on to its processes) by default.
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 class LaunchOption(NamedTuple):
@@ -66,6 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser, text: str | None = None) -> N
         else:
             group.add_argument(option.flag, dest=_dest(option.flag), action="store_true",
                                help=option.help)
+    group.add_argument("--preempt-grace", type=_seconds, default=PREEMPT_GRACE,
+                       metavar="SECONDS", help="after a preemption signal, how long torchrun "
+                       "lets the processes save before it sends SIGKILL (its "
+                       f"--shutdown-timeout; default {PREEMPT_GRACE})")
+
+
+def _seconds(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of seconds >= 1")
+    return int(text)
 
 
 def _checked(flag: str) -> Any:
@@ -109,18 +134,37 @@ def torchrun_arguments(args: argparse.Namespace) -> list[str]:
     return found
 
 
+def preemption_arguments(args: argparse.Namespace) -> list[str]:
+    """torchrun's options for the run's preemption: the signals it handles and sends on to
+    its processes (its own, and those of ``--preempt-signal``), and how long it waits for
+    them to save (``--preempt-grace``) before SIGKILL."""
+    asked = [signal.Signals(number).name for number in getattr(args, "preempt_signals", None)
+             or ()]
+    names = ",".join(dict.fromkeys([*TORCHRUN_SIGNALS, *asked]))
+    grace = getattr(args, "preempt_grace", None) or PREEMPT_GRACE
+    return ["--signals-to-handle", names, "--shutdown-timeout", str(grace)]
+
+
 def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
            on_failure: Callable[[int, str], Any] | None = None) -> int:
     """Run ``python -m runmodel ARGV`` in the processes ``args`` ask torchrun for; the
     exit code: 0, or the first failed process's when it is 2 (bad input, found at setup),
-    else 1 (the first failure is reported, and given to ``on_failure`` with its rank)."""
+    else 1 (the first failure is reported, and given to ``on_failure`` with its rank);
+    128 + N when signal N stopped the run (torchrun sent it on to its processes)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     options = get_args_parser().parse_args(
-        [*torchrun_arguments(args), "-m", "runmodel", *argv])
+        [*torchrun_arguments(args), *preemption_arguments(args), "-m", "runmodel", *argv])
     try:
         run(options)  # not torch.distributed.run.main, which prints its own report
+    except SignalException as stopped:  # torchrun handed it on to the processes
+        number = int(stopped.sigval)
+        say(f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
+            f"the run's processes, which stop after a step and save ("
+            f"{preemption_arguments(args)[-1]} s before torchrun ends them with SIGKILL)")
+        return 128 + number
     except ChildFailedError as failed:
         rank, text = first_failure(failed)
         print(f"runmodel {command}: error: {text}; every process was ended (their errors "

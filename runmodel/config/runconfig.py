@@ -41,7 +41,7 @@ from . import CONFIG_SUFFIXES, did_you_mean
 from .registry import ConfigError, Spec
 
 __all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config",
-           "overridden_model_args"]
+           "overridden_model_args", "sanitize"]
 
 
 _SPEC_FIELDS = ("model", "optimizer", "interface", "backend")

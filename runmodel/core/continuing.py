@@ -39,32 +39,51 @@ def run_record(loaded: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> None:
-    """A resume in another number of processes than wrote the checkpoint: refuse a
-    checkpoint taken mid-epoch (the data are dealt out over the processes, so a position
-    within an epoch means other batches now); else say in one line what carries over and
-    what differs (``docs/distributed.md``, "Resuming in another number of processes")."""
+    """A resume in another number of processes than wrote the checkpoint: say in one line
+    what carries over and what differs (``docs/distributed.md``, "Resuming in another
+    number of processes"). A checkpoint taken mid-epoch continues the epoch's rest, dealt
+    out anew over this run's processes, only where the run that wrote it had its data
+    dealt out by a distributed backend (its record's ``data`` is ``"dealt"``: what its
+    processes drew is a prefix of the epoch's order) and this run has a process group
+    (its backend deals the rest out; it refuses data it cannot deal); else it is refused."""
     saved, world = loaded.get("world_size"), world_size()
     if saved is None or int(saved) == world:  # unrecorded: a checkpoint from before
         return
     saved = int(saved)
     where = f" {resumed_from}" if resumed_from else ""
     drawn = bool(loaded.get("epoch_drawn"))  # after the epoch's last batch: a boundary
-    if s.epoch_step > 0 and not drawn:
+    middle = s.epoch_step > 0 and not drawn
+    if middle and (loaded.get("data") != "dealt" or not _grouped()):
+        why = ("this run has no distributed backend (ddp, fsdp) to deal the rest out"
+               if loaded.get("data") == "dealt" else
+               f"the training data of the run that wrote it were "
+               f"{loaded.get('data') or 'not dealt out by a ddp or fsdp backend'}")
         raise ValueError(f"the checkpoint{where} was written by {saved} process(es) in the "
                          f"middle of epoch {s.epoch + 1} (after {s.epoch_step} steps), and "
-                         f"this run has {world}: the data are dealt out over the processes, "
-                         f"so that position means other batches here. Resume in another "
-                         f"number of processes from a checkpoint taken at an epoch's end "
-                         f"(Checkpoint(every='1ep')), or in {saved} process(es)")
+                         f"this run has {world}: the rest of an epoch is dealt out anew over "
+                         f"another number of processes only for training data that a ddp or "
+                         f"fsdp backend dealt out (a DataLoader it made again, a list of "
+                         f"batches), in a run with one of them, and {why}. Resume in {saved} "
+                         f"process(es), or from a checkpoint taken at an epoch's end "
+                         f"(Checkpoint(every='1ep'))")
     if s.rank == 0:
         rng = ("each takes the generators of saved rank (its rank mod " f"{saved})"
                if loaded.get("sharded") else "each takes saved rank 0's generators")
+        data = (f"what the {saved} processes had not drawn of epoch {s.epoch + 1} is dealt out "
+                f"over {world} (the epoch trains on the samples a {saved}-process run's "
+                f"does, apart from padding), then from epoch {s.epoch + 2} on"
+                if middle else f"from epoch {s.epoch + (2 if drawn else 1)} on")
         print(f"runmodel: resuming in {world} process(es) a checkpoint written by {saved}: "
-              f"weights and optimizer state carry over exactly; from epoch "
-              f"{s.epoch + (2 if drawn else 1)} on "
-              f"the training data are dealt out over {world}, so the batches (and a "
-              f"step's batch size overall) differ from a {saved}-process run's; random "
-              f"generators: {rng}", file=sys.stderr, flush=True)
+              f"weights and optimizer state carry over exactly; {data} the training data "
+              f"are dealt out over {world}, so the batches (and a step's batch size overall) "
+              f"differ from a {saved}-process run's; random generators: {rng}",
+              file=sys.stderr, flush=True)
+
+
+def _grouped() -> bool:
+    """Whether a process group exists (a distributed backend made it, or the script)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def check_length(s: State, budget: float, max_epochs: float, planned: dict[str, Any],

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .checks import whole_number
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
@@ -241,6 +242,4 @@ class Engine(Snapshots):
 
 
 def _count(value: int | None, name: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name}= must be a whole number >= 0 or None, got {value!r}")
-    return value
+    return whole_number(value, f"{name}=", none=True)

@@ -11,21 +11,28 @@ Durations in another unit than the phase's own: epochs on a step phase mean the 
 step of those epochs; steps on ``epoch_end`` mean the steps of the epoch that ends. Where
 the counters cannot tell (seconds, steps on ``epoch_start`` or a run phase), they count
 from this run's start.
+
+Relative to the epoch: ``every="200est"`` on a step phase fires at the 200th, 400th...
+step of each epoch (``state.epoch_step`` 199, 399, ...), counting anew in every epoch:
+what a script writes as ``if (batch + 1) % 200 == 0``. Only step phases count steps of
+an epoch; on another phase it is refused when the hook is registered.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .options import Duration
 from .phases import PHASES
 
 if TYPE_CHECKING:
+    from .hooks import Hook
     from .state import State
+    from .table import HookTable
 
-__all__ = ["make_filter"]
+__all__ = ["check_unit", "make_filter", "moment_past", "past_once_hooks"]
 
 Filter = Callable[[], bool]
 
@@ -56,7 +63,8 @@ class _Crossing:
     def __init__(self, read: Callable[[], float], size: float, once: bool) -> None:
         self.read, self.size, self.once = read, size, once
         self.last = read()
-        self.done = once and self.last >= size  # reached before this run
+        # reached before this run (a run starting at it, as a fresh one at 0, reaches it)
+        self.done = once and self.last > size
 
     def __call__(self) -> bool:
         now, last = self.read(), self.last
@@ -73,9 +81,21 @@ def _counting(n: int, once: bool) -> Callable[[int], bool]:
     return (lambda p: p == n) if once else (lambda p: (p + 1) % n == 0)
 
 
+def check_unit(phase: str, duration: Duration, option: str) -> None:
+    """Refuse a unit that ``phase`` cannot count: steps of the epoch (``"est"``) are
+    counted by step phases only."""
+    if duration.unit == "est" and PHASES[phase].scope != "step":
+        steps = ", ".join(p for p, spec in PHASES.items() if spec.scope == "step")
+        raise ValueError(f"{option}={duration.text!r} on phase {phase!r}: 'est' counts the "
+                         f"steps of each epoch, which only a step phase sees ({steps}); hook "
+                         f"one of those, or count epochs ('1ep') or the run's steps ('500st')")
+
+
 def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Filter:
     """The filter for ``every=duration`` (``once=duration`` if ``once``) on ``phase``."""
     scope, unit, n = PHASES[phase].scope, duration.unit, int(duration.amount)
+    if unit == "est":  # the n-th, 2n-th, ... step of each epoch (a step phase: checked)
+        return _Position(lambda: state.step, lambda _: (state.epoch_step + 1) % n == 0)
     if unit == "s":
         t0 = time.monotonic()
         return _Crossing(lambda: time.monotonic() - t0, duration.amount, once)
@@ -91,7 +111,7 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
         if once:
             return lambda: state.step - state.epoch_step <= n < state.step
         return lambda: state.step // n > (state.step - state.epoch_step) // n
-    if scope == "run" and unit == "own":
+    if scope in ("run", "eval") and unit == "own":
         events = [-1]  # the phase's own events in this run
 
         def count() -> int:
@@ -99,3 +119,38 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
             return events[0]
         return _Position(count, test)
     return _Crossing((lambda: state.step) if unit == "st" else (lambda: state.epoch), n, once)
+
+
+def moment_past(phase: str, duration: Duration, state: State) -> bool:
+    """Whether ``once=duration`` on ``phase`` can no longer fire in a run that starts at
+    ``state``'s counters (a resumed run): its position lies before them. Mirrors
+    ``make_filter``; a time (``"10min"``) and a run phase's own count start with each run
+    and are never past."""
+    scope, unit, n = PHASES[phase].scope, duration.unit, int(duration.amount)
+    if unit == "s" or (scope in ("run", "eval") and unit == "own"):
+        return False
+    if scope == "step" and unit in ("own", "st"):
+        return n < state.step
+    if scope == "epoch" and unit in ("own", "ep"):
+        return n < state.epoch
+    if scope == "step":  # the first step of epoch n
+        return n < state.epoch or (n == state.epoch and state.epoch_step > 0)
+    if phase == "epoch_end" and unit == "st":  # within the epoch that ends
+        return n < state.step - state.epoch_step
+    # counted from the run's start (_Crossing): reached before this run
+    return (state.step if unit == "st" else state.epoch) > n
+
+
+def past_once_hooks(table: HookTable, state: State, phases: Iterable[str]) -> list[Hook]:
+    """The ``once=`` hooks and overrides on ``phases`` that apply to a run of
+    ``state.mode`` on ``state.rank`` and whose moment is past (``moment_past``)."""
+    found = []
+    for phase in phases:
+        for hook in (*table.hooks[phase], *table.overrides.get(phase, ())):
+            o = hook.options
+            if o.once is None or (o.modes is not None and state.mode not in o.modes) or (
+                    o.rank is not None and state.rank not in o.rank):
+                continue
+            if moment_past(phase, o.once, state):
+                found.append(hook)
+    return found

@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .filters import make_filter
+from .filters import check_unit, make_filter
 from .options import ARGS, HookOptions, check_phase, check_signature, describe_fn, source_of
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ class Hook:
                  override: bool = False, pack: Pack | None = None) -> None:
         self.phase = check_phase(phase, override=override)
         check_signature(fn, ARGS[override], "an override" if override else "a hook")
+        if options.every is not None:
+            check_unit(phase, options.every, "every")
         self.fn, self.options, self.override, self.pack = fn, options, override, pack
         self.name = options.name or describe_fn(fn)
         self.source = source_of(fn)

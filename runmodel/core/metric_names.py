@@ -6,6 +6,11 @@ what the mode's plan puts there). A name read that nothing declares but that is 
 away from one declared (``eval_acuracy``) stops the run before its first step; any other
 undeclared name is left to the reader, which says so when it finds no such metric (a
 hook may write metrics without declaring them).
+
+The ``test_`` prefix is reserved: ``test_*`` metrics are a test split's, measured once
+after training (``runs/folder.py``), and a pack or hook that declares reading or
+writing one stops the run at setup. What chooses among models (best-K, early stopping,
+a sweep) must never see the test set, or it would no longer measure them.
 """
 
 from __future__ import annotations
@@ -20,10 +25,16 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .table import HookTable
 
-__all__ = ["STEP_WRITES", "check_metric_names", "closest_name", "declared_writes", "edit_distance"]
+__all__ = ["STEP_WRITES", "TEST_PREFIX", "check_metric_names", "check_not_test",
+           "closest_name", "declared_reads", "declared_writes", "edit_distance"]
 
-#: What every run's step declares: ``loss`` (the ``loss`` metric, or the last step's loss
-#: where no pack puts one; ``packs/_common.metric_value`` reads it so).
+#: The prefix of a test split's metrics: reserved, read and written by no pack or hook.
+TEST_PREFIX = "test_"
+
+#: What every run's step declares: ``loss`` (the ``loss`` metric: in a train run the
+#: epoch's mean loss, put there at each epoch's end when a hook or pack of the run declares
+#: reading it; in eval mode the evaluation's; else the last step's loss, as
+#: ``packs/_common.metric_value`` reads it).
 STEP_WRITES = ("loss",)
 
 
@@ -35,12 +46,19 @@ def declared_writes(table: HookTable, mode: str, rank: int, step_writes: Iterabl
     return _declarations(table, mode, rank, step_writes)[0]
 
 
+def declared_reads(table: HookTable, mode: str, rank: int) -> set[str]:
+    """The metric names that the hooks and packs of a run of ``table`` (mode ``mode``,
+    process ``rank``) declare reading: what a mode computes only when it is read."""
+    return {name for _, name in _declarations(table, mode, rank, ())[1]}
+
+
 def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
                        ) -> None:
     """Refuse a read metric name close to, but not one of, the names declared written by
     the packs and hooks of this run (mode ``mode``, process ``rank``) and the step."""
     written, readers = _declarations(table, mode, rank, step_writes)
     for who, name in readers:
+        check_not_test(name, who, "reads")
         if name in written:
             continue
         close = closest_name(name, written)
@@ -51,6 +69,24 @@ def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iter
                 f"mean {close!r} (written by {written[close]})? Declared: {declared}. If a "
                 f"hook of yours writes {name!r}, declare it: engine.on(phase, fn, "
                 f"writes=[{name!r}]), or in a pack, writes = [{name!r}]")
+
+
+def check_not_test(name: str, who: str, does: str = "reads") -> None:
+    """Refuse a metric name with the reserved ``test_`` prefix, saying why; ``who``
+    (``"EarlyStopping"``) ``does`` (reads, writes) it."""
+    if not name.startswith(TEST_PREFIX):
+        return
+    if does == "reads":
+        why = (f"a test split's metrics are measured once, after training, and nothing that "
+               f"chooses during a run (best checkpoints, early stopping, schedules, sweeps) "
+               f"may see them: the test set would then no longer measure the model. Read the "
+               f"validation metric ({'eval_' + name[len(TEST_PREFIX):]!r}) instead")
+    else:
+        why = ("the prefix is reserved for the test split (TorchModel.test_data), which the run "
+               "folder evaluates once after training; give these metrics another prefix, such "
+               "as 'eval_' or 'val_'")
+    raise ValueError(f"{who} {does} the metric {name!r}: {TEST_PREFIX}* metrics are reserved. "
+                     f"{why[0].upper()}{why[1:]}")
 
 
 def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
@@ -66,6 +102,8 @@ def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[
         who = f"hook {h.name!r}"
         running.add(id(h.pack))
         readers += [(who, n) for n in h.options.reads]
+        for n in h.options.writes:
+            check_not_test(n, who, "writes")
         written.update((n, written.get(n, who)) for n in h.options.writes)
     for key, pack in table.packs.items():
         if id(pack) not in running and any(h.pack is pack for h in hooks):
@@ -73,6 +111,8 @@ def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[
         who = _pack_text(key, pack)
         readers += [(who, n) for n in metric_names(pack.reads, f"{who}.reads")]
         writes = metric_names(pack.writes, f"{who}.writes")
+        for n in writes:
+            check_not_test(n, who, "writes")
         written.update((n, written.get(n, who)) for n in writes)
     return written, readers
 

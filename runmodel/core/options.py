@@ -9,7 +9,6 @@ Each error says what was wrong and what would be right.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import math
 import re
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from .checks import did_you_mean, is_whole_number
 from .phases import MODES, PHASES
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class HookArgs(TypedDict, total=False):
 class Duration:
     """An amount of a unit. ``"own"`` counts the phase's own events (``every=3``) or is a
     position in the phase's own counter (``once=3``); ``"ep"`` epochs, ``"st"`` steps,
+    ``"est"`` steps of each epoch (``state.epoch_step``, from 0 again in every epoch),
     ``"s"`` seconds of wall-clock time."""
 
     amount: float
@@ -83,10 +84,8 @@ class HookOptions:
         """Check the options as a user writes them; see ``docs/hooks.md``."""
         unknown = [key for key in args if key not in _FIELDS]
         if unknown:
-            close = difflib.get_close_matches(unknown[0], _FIELDS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"unknown hook option {unknown[0]!r}.{hint} Options: "
-                            f"{', '.join(_FIELDS)}")
+            raise TypeError(f"unknown hook option {unknown[0]!r}."
+                            f"{did_you_mean(unknown[0], _FIELDS)} Options: {', '.join(_FIELDS)}")
         priority = args.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority= must be a number (higher runs first), got {priority!r}")
@@ -131,15 +130,17 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(HookOptions))
 # -- durations ---------------------------------------------------------------------------
 
 _UNITS = {"ep": "ep", "epoch": "ep", "epochs": "ep", "st": "st", "step": "st", "steps": "st",
+          "est": "est", "epoch_step": "est", "epoch_steps": "est",
           "s": "s", "sec": "s", "min": "min", "h": "h"}
 _SECONDS = {"s": 1.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z_]+)\s*$")
 
 
 def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     """``every=``: ``3`` (every third event of the phase), ``"2ep"``, ``"500st"``,
-    ``"10min"``. ``once=``: a position in the run's own counters, from 0 like them
-    (``2``: the phase's own counter at 2; ``"2ep"``: at epoch 2; ``True``: the first)."""
+    ``"200est"`` (the 200th, 400th... step of each epoch), ``"10min"``. ``once=``: a
+    position in the run's own counters, from 0 like them (``2``: the phase's own counter
+    at 2; ``"2ep"``: at epoch 2; ``True``: the first)."""
     if isinstance(value, Duration):
         return value
     position = option == "once"
@@ -156,7 +157,14 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     unit = _UNITS.get(match.group(2)) if match else None
     if match is None or unit is None:
         raise ValueError(f"{option}={value!r} is not a duration: write a number and a unit, "
-                         f"one of ep, st, s, min, h (as in '2ep', '500st', '10min')")
+                         f"one of ep, st, s, min, h, or est for the steps of each epoch (as "
+                         f"in '2ep', '500st', '10min', '200est')")
+    if position and unit == "est":
+        raise ValueError(f"{option}={value!r}: 'est' counts the steps of each epoch anew, so "
+                         f"it names a moment of every epoch, not one of the run; write "
+                         f"every={value!r} to fire at every epoch's steps {match.group(1)}, "
+                         f"{2 * int(match.group(1))}, ..., or a position in the run such as "
+                         f"once='{match.group(1)}st'")
     amount = float(match.group(1)) * _SECONDS.get(unit, 1.0)
     if unit in _SECONDS:
         unit = "s"
@@ -168,7 +176,7 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     return Duration(amount, unit, value)
 
 
-_FORMS = {"every": "a positive int or a duration such as '2ep', '500st', '10min'",
+_FORMS = {"every": "a positive int or a duration such as '2ep', '500st', '200est', '10min'",
           "once": "a position such as 2 (the phase's own counter), '2ep', '500st', a time "
                   "such as '10min', or True (the first)"}
 
@@ -218,8 +226,7 @@ def _ranks(value: int | Iterable[int] | None) -> frozenset[int] | None:
     if value is None:
         return None
     ranks = _items(value, "rank", "a process rank (an int >= 0) or a list of them")
-    if not ranks or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
-                            for r in ranks):
+    if not ranks or not all(is_whole_number(r) for r in ranks):
         raise ValueError(f"rank={value!r}: give a process rank (an int >= 0) or a list of them")
     return frozenset(ranks)
 
@@ -231,9 +238,8 @@ def check_phase(phase: object, *, override: bool) -> str:
     """``phase`` if it names a phase (with an action, for an override)."""
     if not isinstance(phase, str) or phase not in PHASES:
         valid = [p for p, spec in PHASES.items() if spec.has_action or not override]
-        close = difflib.get_close_matches(str(phase), valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown phase {phase!r}.{hint} Valid phases: {', '.join(valid)}")
+        raise ValueError(f"unknown phase {phase!r}.{did_you_mean(phase, valid)} Valid phases: "
+                         f"{', '.join(valid)}")
     if override and not PHASES[phase].has_action:
         with_action = [p for p, spec in PHASES.items() if spec.has_action]
         raise ValueError(f"phase {phase!r} has no action to override; phases with an "

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .filters import check_unit
 from .hooks import Hook
 from .options import ARGS, HookOptions, check_phase, check_signature
 from .phases import PHASES
@@ -25,6 +26,8 @@ def _mark(phase: str | None, override: bool, options: HookOptions) -> Callable[[
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         target = check_phase(phase or getattr(fn, "__name__", None), override=override)
         check_signature(fn, ("self", *ARGS[override]), "a pack method")
+        if options.every is not None:
+            check_unit(target, options.every, "every")
         fn.__dict__.setdefault(_MARK, []).append((target, override, options))
         return fn
     return decorate

@@ -10,8 +10,9 @@ both, and is how a mode's step runs the phases inside it::
     pack.check_setup(engine) for each pack      # setup-time checks, before any hook
     fire("setup")
     try:
+        [eval mode: fire("eval_start")]         # once, before the first epoch_start
         model.run(runstep, steps)               # the model owns its loop:
-            for epoch in runstep.epochs():      #   fire("epoch_start") ... fire("epoch_end")
+            for epoch in runstep.epochs():      #   fire("epoch_start") first
                 for batch in data:
                     runstep(batch)              #   one step:
                         fire("step_start")      #     engine.skip_step() may drop the batch here
@@ -20,10 +21,18 @@ both, and is how a mode's step runs the phases inside it::
                             action("backward");       fire("backward")
                             action("optimizer_step"); fire("optimizer_step")
                         fire("runstep")
+                fire("epoch_end")               #   where the Evaluate pack evaluates: each
+                                                #   pass of runmodel.evaluate(engine=) is
+                                                #   fire("eval_start") ... fire("eval_end")
+        [eval mode: fire("eval_end")]           # once, after the last epoch_end
     except BaseException:
         fire("exception")                       # engine.state.error holds it; then re-raised
     finally:
         fire("teardown"); model.teardown()      # always, once setup began
+
+With a closure optimizer (``torch.optim.LBFGS``: its ``step`` takes the closure it
+calls), ``action("optimizer_step")`` is ``optimizer.step(closure)`` and the closure fires
+``forward`` and ``backward`` at each of its calls.
 
 ``docs/phases.md`` is the long form of this table.
 """
@@ -40,8 +49,8 @@ class Phase:
     """A phase's fixed facts.
 
     ``scope`` says which counters advance between two of its events: ``"step"`` phases
-    fire once per step, ``"epoch"`` phases once per epoch, ``"run"`` phases once per run.
-    It decides what ``every=N`` counts.
+    fire once per step, ``"epoch"`` phases once per epoch, ``"run"`` phases once per run,
+    ``"eval"`` phases once per evaluation pass. It decides what ``every=N`` counts.
     """
 
     name: str
@@ -61,6 +70,9 @@ PHASES: dict[str, Phase] = {
         Phase("backward", "step", True, "inside a train step: loss.backward()"),
         Phase("optimizer_step", "step", True, "inside a train step: optimizer.step(), zero grads"),
         Phase("epoch_end", "epoch", False, "end of each epoch"),
+        Phase("eval_start", "eval", False, "before every evaluation pass (runmodel.evaluate, "
+                                            "the Evaluate pack's; once in eval mode)"),
+        Phase("eval_end", "eval", False, "after every evaluation pass"),
         Phase("exception", "run", False, "anything raised during the run; state.error holds it"),
         Phase("teardown", "run", False, "always once setup began, before model.teardown()"),
     )

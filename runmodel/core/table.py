@@ -40,6 +40,8 @@ class Dispatch:
     backward: Action
     optimizer_step: Action
     epoch_end: Action | None
+    eval_start: Action | None
+    eval_end: Action | None
     exception: Action | None
     teardown: Action | None
 

@@ -76,22 +76,34 @@ class MetricSet:
 
 
 def evaluate(model: Evaluable, data: Iterable[Any] | None = None,
-             metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
+             metrics: dict[str, Metric] | None = None, *, engine: Any = None
+             ) -> dict[str, Any]:
     """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
     data), without grad and outside any run: for a hook that checks a model mid-training.
     Training state is untouched: no ``setup()`` is called, and torch's random number
     generators (CPU, and the model's CUDA device) are as they were afterwards, although
-    iterating a DataLoader draws from them."""
+    iterating a DataLoader draws from them.
+
+    With ``engine`` (the run's, from a hook), the pass is one of the run's evaluations:
+    its ``eval_start`` hooks run before the first batch and its ``eval_end`` hooks after
+    the last, both with the module in eval mode and without grad, so a model with state
+    that runs on from batch to batch (an RNN's hidden state) starts the pass afresh and
+    gets its training state back after it. The ``Evaluate`` pack passes its engine."""
     metric_set = MetricSet(model.metrics() if metrics is None else metrics)
     metric_set.reset()
     data = model.data_for("eval") if data is None else data
     move = None if model.device.type == "cpu" else model.to_device
     output_of = model.interface.output_fn(model)
     with inference(model), _generators_kept(model.device):
+        if engine is not None:
+            engine.fire("eval_start")
         for batch in data:
             batch = batch if move is None else move(batch)
             metric_set.update(output_of(batch), model.target(batch))
-    return metric_set.compute()
+        values = metric_set.compute()
+        if engine is not None:
+            engine.fire("eval_end")
+    return values
 
 
 def _generators_kept(device: torch.device) -> contextlib.AbstractContextManager[Any]:

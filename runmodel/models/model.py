@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import abc
-import difflib
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..core.checks import closest
 
 if TYPE_CHECKING:
     from ..core import RunStep
@@ -18,8 +19,8 @@ def unknown_option_text(owner: str, kind: str, key: str, known: Iterable[str]) -
     """The one warning for an option ``owner`` does not declare: it is ignored, with a
     did-you-mean when a declared name is close."""
     names = sorted(known)
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(key, names)
+    hint = f"; did you mean {close!r}?" if close else ""
     return (f"{owner}: unknown {kind} option {key!r} ignored{hint} (known: "
             f"{', '.join(names) or 'none'})")
 

@@ -18,12 +18,15 @@ if TYPE_CHECKING:
 
     from ..core import RunStep
 
-__all__ = ["TorchModel"]
+__all__ = ["TorchModel", "set_trainable", "trainable"]
 
 
 class TorchModel(Model):
     """A ``Model`` for ``torch.nn.Module``s: set ``module`` in ``__init__`` and
     ``optimizer``, ``loss_fn``, ``train_data`` (and ``eval_data``) in ``setup``.
+    ``test_data``, if set, is a held-out split that a train run with a run folder
+    evaluates once after training, with its best (else last) weights, as ``test_*``
+    metrics that no pack may read (``docs/runs.md``).
 
     ``module`` lives on ``self.device``: assigning it moves it there. The parts of a step
     are methods a subclass may override: ``compute_output(batch)``, ``target(batch)``,
@@ -39,6 +42,7 @@ class TorchModel(Model):
     train_data: Iterable[Any] | None = None
     eval_data: Iterable[Any] | None = None
     infer_data: Iterable[Any] | None = None
+    test_data: Iterable[Any] | None = None  # evaluated once, after training (run folders)
 
     def __init__(self, device: str | torch.device | None = None,
                  init_options: dict[str, Any] | None = None) -> None:
@@ -61,7 +65,8 @@ class TorchModel(Model):
                    loss_fn: Callable[..., torch.Tensor] | None = None,
                    train_data: Iterable[Any] | None = None, eval_data: Iterable[Any] | None = None,
                    infer_data: Iterable[Any] | None = None,
-                   device: str | torch.device | None = None) -> TorchModel:
+                   device: str | torch.device | None = None,
+                   test_data: Iterable[Any] | None = None) -> TorchModel:
         """A model from its parts, without writing a subclass: ``optimizer`` is an
         optimizer over ``module``'s parameters, or a factory called with them (as
         ``torch.optim.Adam`` or ``functools.partial(torch.optim.SGD, lr=0.1)``)."""
@@ -77,16 +82,19 @@ class TorchModel(Model):
             optimizer = optimizer(module.parameters())
         model.optimizer, model.loss_fn = optimizer, loss_fn
         model.train_data, model.eval_data, model.infer_data = train_data, eval_data, infer_data
+        model.test_data = test_data
         return model
 
     def model(self) -> nn.Module | None:
         return self.module
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the model: the module's weights, the optimizer's
-        state."""
+        """What a checkpoint keeps of the model: the module's weights, which of its
+        parameters train (``requires_grad``: the trainable set is part of the run's
+        state), the optimizer's state."""
         module, optimizer = unwrap(self.module), self.optimizer
         return {"module": None if module is None else module.state_dict(),
+                "requires_grad": None if module is None else trainable(module),
                 "optimizer": None if optimizer is None else optimizer.state_dict(),
                 # what a resume checks the run's optimizer against (with the groups' sizes)
                 "optimizer_class": None if optimizer is None else qualified_name(type(optimizer))}
@@ -109,6 +117,8 @@ class TorchModel(Model):
             check_same_optimizer(self.optimizer, state, name)  # before anything is loaded
         if state.get("module") is not None and module is not None:
             module.load_state_dict(state["module"])
+        if state.get("requires_grad") is not None and module is not None:
+            set_trainable(module, state["requires_grad"])
         if state.get("optimizer") is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
@@ -126,9 +136,43 @@ class TorchModel(Model):
     def run(self, runstep: RunStep, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
         data = self.data_for(runstep.kind)
         move = None if self.device.type == "cpu" else self.to_device
+        check = None if _step_overridden(runstep) else self._batch_check(runstep.kind)
         for _ in runstep.epochs():
-            for batch in data:
+            batches = iter(data)
+            for batch in batches:  # the epoch's first batch, checked; then the rest
+                if check is not None:
+                    check(batch)
                 runstep(batch if move is None else move(batch))
+                break
+            for batch in batches:
+                runstep(batch if move is None else move(batch))
+
+    def _batch_check(self, kind: str) -> Callable[[Any], None] | None:
+        """What the first batch of each epoch must be for the parts of a step this model
+        leaves to ``TorchModel`` (``compute_output`` reads ``batch[0]``, ``target``
+        ``batch[1]``); None when it overrides them."""
+        interface = self.interface
+        if not isinstance(interface, Supervised) or (kind == "train" and not interface.phased):
+            return None  # the interface's own step reads the batch
+        own_output = not _inherited(self, "compute_output")
+        own_target = kind == "infer" or not _inherited(self, "target") or (
+            kind == "train" and not _inherited(self, "compute_loss"))  # the loss reads it
+        if own_output and own_target:
+            return None
+        name = type(self).__name__
+        size = 1 if own_target else 2
+
+        def check(batch: Any) -> None:
+            if isinstance(batch, (tuple, list)) and len(batch) >= size:
+                return
+            raise TypeError(f"{name}'s {kind} data yields {_batch_text(batch)}, and "
+                            f"TorchModel expects (input, target) batches: a tuple or list "
+                            f"whose [0] is the module's input and [1] the target (as a "
+                            f"DataLoader over a TensorDataset(x, y) yields). For batches of "
+                            f"another form, override {name}.compute_output(batch) (what the "
+                            f"module is called with) and {name}.target(batch) (what the loss "
+                            f"and metrics compare the output with)")
+        return check
 
     def to_device(self, batch: Any) -> Any:
         """``batch`` with every tensor in it (through tuples, lists, dicts) on the device."""
@@ -157,18 +201,61 @@ class TorchModel(Model):
     def metrics(self) -> dict[str, Metric]:
         """pytorch-ignite metrics that eval mode computes, fed ``(output, target)``.
 
-        By default the loss (with ``loss_fn``) and, for classification losses
-        (cross-entropy, NLL), the accuracy; accumulated on the model's device so that
-        updating them never synchronises it.
+        By default the loss (with ``loss_fn``; summed in double precision, so that its
+        mean equals a script's ``total += len(batch) * loss.item()`` bit for bit) and, for
+        classification losses (cross-entropy, NLL), the accuracy; accumulated on the
+        model's device so that updating them never synchronises it.
         """
-        from ignite.metrics import Accuracy, Loss
+        from ignite.metrics import Accuracy
+
+        from .loss_metric import DoubleLoss
 
         found: dict[str, Metric] = {}
         if self.loss_fn is not None:
-            found["loss"] = Loss(self.loss_fn, device=self.device)
+            found["loss"] = DoubleLoss(self.loss_fn, device=self.device)
         if isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)):
             found["accuracy"] = Accuracy(device=self.device)
         return found
+
+
+def trainable(module: nn.Module) -> dict[str, bool]:
+    """Each parameter's ``requires_grad``, by name: what a checkpoint records, so that a
+    resumed run trains the parameters the run trained (a layer a hook froze or unfroze)."""
+    return {name: p.requires_grad for name, p in module.named_parameters()}
+
+
+def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:
+    """Give the parameters named in ``flags`` their recorded ``requires_grad``."""
+    for name, p in module.named_parameters():
+        flag = flags.get(name)
+        if flag is not None and p.requires_grad != flag:
+            p.requires_grad_(bool(flag))
+
+
+def _step_overridden(runstep: RunStep) -> bool:
+    """Whether an override of ``runstep`` or ``forward`` applies to the run: a step of
+    its own, which reads the batch its own way."""
+    engine = getattr(runstep, "engine", None)  # a runstep not of an engine: no override
+    overrides = getattr(getattr(engine, "table", None), "overrides", {})
+    return any(o.options.modes is None or runstep.mode in o.options.modes
+               for phase in ("runstep", "forward") for o in overrides.get(phase, ()))
+
+
+def _inherited(model: TorchModel, name: str) -> bool:
+    """Whether ``model.name`` is ``TorchModel``'s own method (not a subclass's, nor a
+    function set on the instance)."""
+    return getattr(getattr(model, name), "__func__", None) is getattr(TorchModel, name)
+
+
+def _batch_text(batch: Any) -> str:
+    """A batch as an error names it: its type, and a tensor's shape or a dict's keys."""
+    if isinstance(batch, torch.Tensor):
+        return f"bare tensors (this one of shape {tuple(batch.shape)})"
+    if isinstance(batch, dict):
+        return f"dicts (this one with keys {', '.join(map(repr, list(batch)[:6]))})"
+    if isinstance(batch, (tuple, list)):
+        return f"{type(batch).__name__}s of {len(batch)} item{'s' if len(batch) != 1 else ''}"
+    return f"{type(batch).__name__} batches"
 
 
 def _check_same_parameters(module: nn.Module, saved: dict[str, Any], name: str) -> None:

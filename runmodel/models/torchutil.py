@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch import nn
 
-__all__ = ["torch_device", "unwrap"]
+__all__ = ["needs_closure", "torch_device", "unwrap"]
+
+
+def needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` must be given a closure that recomputes the loss (its
+    ``closure`` parameter has no default, as ``torch.optim.LBFGS``'s)."""
+    try:
+        parameters = inspect.signature(optimizer.step).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    closure = parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def unwrap(module: nn.Module | None) -> nn.Module | None:

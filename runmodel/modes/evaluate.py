@@ -1,9 +1,13 @@
 """Eval and infer modes: a step is the model's output without grad; eval mode feeds
 pytorch-ignite metrics (``runmodel.models.metrics``) into ``state.metrics`` at each
-epoch's end, infer mode collects the outputs (or leaves them to hooks)."""
+epoch's end, infer mode collects the outputs (or leaves them to hooks). An eval run is
+one evaluation pass: ``eval_start`` fires once after ``setup`` (before the first
+``epoch_start``), ``eval_end`` once after the last ``epoch_end``."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core import StepPlan
@@ -23,7 +27,8 @@ class Eval(Mode):
 
     def plan(self, engine: Engine, model: Any) -> StepPlan:
         if not isinstance(model, TorchModel):
-            return StepPlan({"runstep": model_step(model)}, context=lambda: inference(model))
+            return StepPlan({"runstep": model_step(model)},
+                            context=lambda: _one_pass(engine, model))
         check_steps_for("eval", model, "module")
         metrics = MetricSet(model.metrics())
         compute_output = model.interface.output_fn(model)
@@ -45,7 +50,19 @@ class Eval(Mode):
 
         return StepPlan({"runstep": eval_step}, before={"epoch_start": [reset],
                                                         "epoch_end": [compute]},
-                        context=lambda: inference(model), writes=tuple(metrics.metrics))
+                        context=lambda: _one_pass(engine, model),
+                        writes=tuple(metrics.metrics))
+
+
+@contextlib.contextmanager
+def _one_pass(engine: Engine, model: Any) -> Iterator[None]:
+    """An eval run's loop, without grad and the module in eval mode, between the
+    ``eval_start`` and ``eval_end`` phases (the second when the loop ended without an
+    error)."""
+    with inference(model):
+        engine.fire("eval_start")
+        yield
+        engine.fire("eval_end")
 
 
 class Infer(Mode):

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .._io import prepare_folder
+from ..core.checks import whole_number
+from ..core.timing import CallTimes
 from .base import Mode
 from .evaluate import infer_plan
 from .train import train_plan
 
 if TYPE_CHECKING:
-    from ..core import Engine, Hook, StepPlan
+    from ..core import Engine, StepPlan
 
 __all__ = ["DEFAULT_WARMUP", "MEASURED_STEPS", "Benchmark", "Profile", "batch_size"]
 
@@ -32,8 +34,7 @@ class _Timed(Mode):
         if measure not in ("train", "infer"):
             raise ValueError(f"measure={measure!r}: {self.name} mode measures a 'train' or "
                              f"'infer' step")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup= must be a whole number >= 0, got {warmup!r}")
+        whole_number(warmup, "warmup=")
         self.measure, self.warmup = measure, warmup
 
     @property
@@ -182,42 +183,23 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
                 return action(engine)
         labelled.__wrapped__ = action  # type: ignore[attr-defined]  # errors name the action
         plan.actions[phase] = labelled
-    table: dict[tuple[str, str], list[float]] = {}
-
-    def wrap(phase: str, hook: Hook | None, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if hook is None:  # phases: their actions are labelled above
-            return fn
-        label = f"runmodel/{hook.phase}/{hook.name}"
-        stat = table.setdefault((hook.phase, hook.name), [0, 0.0])
-
-        def timed(*args: Any) -> Any:
-            with record_function(label):
-                start = time.perf_counter()
-                try:
-                    return fn(*args)
-                finally:
-                    stat[0] += 1
-                    stat[1] += time.perf_counter() - start
-        return timed
+    # the hooks timed and labelled (phases: their actions are labelled above)
+    times = CallTimes(phases=False, label=record_function)
 
     def finish(engine: Engine) -> dict[str, Any]:
         for hooks_of in (engine.table.hooks, engine.table.overrides):
             for attached in (h for hs in hooks_of.values() for h in hs if h.pack is not None):
                 # a pack's hook that never fired here (a train-only one): listed, 0 calls
-                table.setdefault((attached.phase, attached.name), [0, 0.0])
+                times.listed(attached.phase, attached.name)
         traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
-        hooks: list[dict[str, Any]] = [
-            {"phase": phase, "hook": name, "calls": int(calls), "total_ms": total * 1e3,
-             "mean_us": total / calls * 1e6 if calls else 0.0}
-            for (phase, name), (calls, total) in table.items()]
-        hooks.sort(key=lambda row: -row["total_ms"])
         files = {"directory": str(folder)}
         if traces:
             files["trace"] = str(traces[-1])
-        return {"timings": {"warmup": warmup, "hooks": hooks}, "files": files}
+        return {"timings": {"warmup": warmup, "hooks": times.rows(hooks=True, called_only=False)},
+                "files": files}
 
     plan.context = lambda: profiler
     plan.after.setdefault("runstep", []).append(lambda engine: profiler.step())
-    plan.wrap = wrap
+    plan.wrap = times.wrap
     plan.finish = finish
     return plan

@@ -1,19 +1,35 @@
 """Train mode: a step is the forward, backward and optimizer_step phases, each an action
-that hooks follow and overrides wrap, fired through the engine's dispatch."""
+that hooks follow and overrides wrap, fired through the engine's dispatch.
+
+With a closure optimizer (``torch.optim.LBFGS``, whose ``step`` calls a closure that
+recomputes the loss), the step is the optimizer_step phase alone: its action is
+``optimizer.step(closure)``, and the closure fires forward and backward at each call.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+
 from ..core import StepPlan
+from ..core.filters import past_once_hooks
+from ..core.metric_names import declared_reads
 from ..models import TorchModel
 from ..models.data import track
+from ..models.torchutil import needs_closure
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
     from ..core import Engine
 
-__all__ = ["Train"]
+__all__ = ["EPOCH_LOSS", "Train", "train_plan"]
+
+#: The metric a train run puts into ``state.metrics`` at each epoch's end when a hook or
+#: pack of the run declares reading it (``reads="loss"``): the mean loss of the epoch's
+#: steps. ``state.loss`` stays the last step's.
+EPOCH_LOSS = "loss"
 
 
 class Train(Mode):
@@ -22,7 +38,10 @@ class Train(Mode):
     name: ClassVar[str] = "train"
 
     def plan(self, engine: Engine, model: Any) -> StepPlan:
-        return train_plan(engine, model)
+        plan = train_plan(engine, model)
+        if engine.resumed_from is not None:
+            plan.before.setdefault("epoch_start", []).insert(0, _PastOnceHooks().say)
+        return plan
 
 
 def train_plan(engine: Engine, model: Any) -> StepPlan:
@@ -30,22 +49,34 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
     actions; a custom interface's ``train_step``; a plain ``Model``'s ``step``."""
     interface = getattr(model, "interface", None)
     if interface is not None and not interface.phased:
-        return StepPlan({"runstep": _interface_step(model, interface)},
+        plan = StepPlan({"runstep": _interface_step(model, interface)},
                         data=track(getattr(model, "train_data", None)))
-    if not isinstance(model, TorchModel):
-        return StepPlan({"runstep": model_step(model)})
-    mode = engine.state.mode
-    if any(o.options.modes is None or mode in o.options.modes
-           for o in engine.table.overrides["runstep"]):
-        check_steps_for("train", model, "module")  # the override's step may use neither
+    elif not isinstance(model, TorchModel):
+        plan = StepPlan({"runstep": model_step(model)})
     else:
-        check_steps_for("train", model, "module", "optimizer", "loss_fn",
-                        hint=" (from_parts: optimizer=, loss_fn=), or write the step yourself "
-                             "with engine.override('runstep', ...)")
-    assert model.module is not None and interface is not None  # checked: TorchModel has both
-    model.module.train()
+        _check_parts(engine, model)
+        assert model.module is not None and interface is not None  # checked above
+        model.module.train()
+        closure = model.optimizer is not None and needs_closure(model.optimizer)
+        plan = (_closure_plan if closure else _phased_plan)(engine, model, interface)
+    if engine.state.mode == "train" and _loss_read(engine):
+        _add_epoch_loss(plan)
+    return plan
+
+
+def _loss_read(engine: Engine) -> bool:
+    """Whether a hook or pack of the run declares reading the ``loss`` metric."""
+    try:
+        return EPOCH_LOSS in declared_reads(engine.table, engine.state.mode, engine.state.rank)
+    except TypeError:  # a malformed declaration: the setup-time check refuses it
+        return False
+
+
+def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
     forward, backward, optimizer_step = (interface.forward, interface.backward,
                                          interface.optimizer_step)
+    if model.optimizer is None:  # the update is an override's (checked): guard the default
+        optimizer_step = _optimizer_wanted(optimizer_step)
     dispatch = engine.dispatch
 
     def forward_action(engine: Engine) -> None:
@@ -77,6 +108,155 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
                     data=track(model.train_data),
                     parts={"forward": forward, "backward": backward,
                            "optimizer_step": optimizer_step})
+
+
+def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
+    """A step of a closure optimizer: ``optimizer.step(closure)``, where the closure
+    zeroes the gradients and fires forward and backward, as the hand-written loop's
+    closure does. After the step ``state.loss`` is what ``step`` returned (LBFGS: the
+    loss before the step, as for any optimizer)."""
+    forward, backward = interface.forward, interface.backward
+    dispatch, state = engine.dispatch, engine.state
+
+    def forward_action(engine: Engine) -> None:
+        state.output, state.loss = forward(model, state.batch)
+
+    def backward_action(engine: Engine) -> None:
+        backward(model, state.loss)
+
+    def closure() -> Any:
+        model.optimizer.zero_grad()  # type: ignore[union-attr]  # a closure optimizer's
+        dispatch.forward(engine)
+        dispatch.backward(engine)
+        return state.loss
+
+    def step_with_closure(model: TorchModel) -> None:
+        loss = model.optimizer.step(closure)  # type: ignore[union-attr]
+        if loss is not None:
+            state.loss = loss
+
+    def optimizer_step_action(engine: Engine) -> None:
+        step_with_closure(model)
+
+    def train_step(engine: Engine) -> None:
+        dispatch.optimizer_step(engine)
+
+    return StepPlan({"runstep": train_step, "forward": forward_action,
+                     "backward": backward_action, "optimizer_step": optimizer_step_action},
+                    data=track(model.train_data),
+                    parts={"forward": forward, "backward": backward,
+                           "optimizer_step": step_with_closure})
+
+
+# -- what a step needs ---------------------------------------------------------------------
+
+def _check_parts(engine: Engine, model: TorchModel) -> None:
+    """The parts of ``model`` the step will use: ``module`` always; ``optimizer`` unless
+    an override of ``optimizer_step`` makes the update; ``loss_fn`` unless
+    ``compute_loss`` is the model's own (or a ``runstep`` override is the whole step)."""
+    overridden = {phase for phase in ("runstep", "optimizer_step")
+                  if any(o.options.modes is None or engine.state.mode in o.options.modes
+                         for o in engine.table.overrides[phase])}
+    if "runstep" in overridden:
+        check_steps_for("train", model, "module")  # the override's step may use neither
+        return
+    needed = ["module"]
+    if "optimizer_step" not in overridden:
+        needed.append("optimizer")
+    if getattr(model.compute_loss, "__func__", None) is TorchModel.compute_loss:
+        needed.append("loss_fn")  # the model's own compute_loss may do without
+    check_steps_for("train", model, *needed,
+                    hint=" (from_parts: optimizer=, loss_fn=); to write the update yourself, "
+                         "engine.override('optimizer_step', ...), which needs no optimizer; "
+                         "the whole step, engine.override('runstep', ...)")
+
+
+def _optimizer_wanted(optimizer_step: Any) -> Any:
+    """The built-in optimizer step of a model that has no optimizer, reached by an
+    override that called ``default``: a clear error, unless a hook has set one since."""
+    def step(model: Any) -> None:
+        if model.optimizer is None:
+            raise RuntimeError(f"an override of optimizer_step called default(engine), whose "
+                               f"built-in action steps {type(model).__name__}.optimizer, and "
+                               f"there is none: make the update in the override without "
+                               f"calling default, or set the optimizer in setup()")
+        optimizer_step(model)
+    return step
+
+
+# -- the epoch's mean loss -----------------------------------------------------------------
+
+class _EpochLoss:
+    """The sum of the epoch's step losses on their device (float64: no sync, no drift),
+    read once at the epoch's end into ``state.metrics["loss"]``."""
+
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.count = 0
+
+    def reset(self, engine: Engine) -> None:
+        if self.total is not None:
+            self.total.zero_()
+        self.count = 0
+
+    def add(self, engine: Engine) -> None:
+        loss = engine.state.loss
+        if loss is None:
+            return
+        loss = loss.detach()
+        if self.total is None or self.total.device != loss.device:
+            dtype = torch.float32 if loss.device.type == "mps" else torch.float64
+            self.total = torch.zeros((), dtype=dtype, device=loss.device)
+        self.total.add_(loss)
+        self.count += 1
+
+    def publish(self, engine: Engine) -> None:
+        if self.count and self.total is not None:
+            engine.state.metrics[EPOCH_LOSS] = self.total.item() / self.count
+
+
+def _add_epoch_loss(plan: StepPlan) -> None:
+    """Accumulate the loss after each step (before the ``runstep`` hooks) and put the
+    epoch's mean into ``state.metrics`` before the ``epoch_end`` hooks."""
+    mean = _EpochLoss()
+    plan.before.setdefault("epoch_start", []).append(mean.reset)
+    plan.before.setdefault("runstep", []).append(mean.add)
+    plan.before.setdefault("epoch_end", []).append(mean.publish)
+
+
+# -- resuming --------------------------------------------------------------------------------
+
+class _PastOnceHooks:
+    """At a resume, one line on stderr (rank 0) naming the ``once=`` hooks of the setup
+    and epoch phases that this run will not fire: their moment came before the
+    checkpoint (what they did to the model is in it: weights, ``requires_grad``). Said
+    at the resumed run's first ``epoch_start``, before its hooks, where the counters say
+    whether the run goes on in the middle of an epoch or at the start of the next."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def say(self, engine: Engine) -> None:
+        if self.said:
+            return
+        self.said = True
+        state = engine.state
+        past = past_once_hooks(engine.table, state, ("setup", "epoch_start", "epoch_end"))
+        if past and state.rank == 0:
+            names = ", ".join(f"{h.name!r} ({h.phase}, once={_as_written(h.options.once)})"
+                              for h in past)
+            print(f"runmodel: resumed at epoch {state.epoch}, step {state.step}; the moment "
+                  f"of these once= hooks is past, so this run does not fire them: {names}",
+                  file=sys.stderr)
+
+
+def _as_written(once: Any) -> str:
+    """A ``once=`` position as it was written: ``2``, ``'2ep'``, ``True``."""
+    if once.text == "first":
+        return "True"
+    return once.text if once.unit == "own" else repr(once.text)
 
 
 def _interface_step(model: Any, interface: Any) -> Any:

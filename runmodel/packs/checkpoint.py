@@ -14,9 +14,11 @@ from ..checkpoint.format import run_of
 from ..checkpoint.names import checkpoints_in, saved_entries
 from ..checkpoint.storage import AsyncWriter, Storage
 from ..core import Hook, HookOptions, Interrupted, Pack
+from ..core.checks import is_whole_number, whole_number
 from ..core.options import parse_duration
 from ._common import read_metric
 from ._finite import check_finite_parameters
+from .metric_watcher import MetricWatcher
 
 __all__ = ["Checkpoint"]
 
@@ -83,16 +85,14 @@ class Checkpoint(Pack):
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0
-                                 or (keep == 0 and best is None)):
+        if (not is_whole_number(keep) and keep is not None) or (keep == 0 and best is None):
             raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
                              f"best= (keep only the best); got {keep!r}")
         if best is not None and not (isinstance(best, (tuple, list)) and len(best) == 2
                                      and isinstance(best[0], str) and best[1] in ("min", "max")):
             raise ValueError(f"best= names a metric and whether lower or higher is better, as "
                              f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}")
-        if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 1:
-            raise ValueError(f"keep_best= must be a whole number >= 1, got {keep_best!r}")
+        whole_number(keep_best, "keep_best=", least=1)
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
         if not isinstance(overwrite, bool):
@@ -320,6 +320,7 @@ class Checkpoint(Pack):
         """Put this checkpoint among the best by the metric; its best name if it is."""
         if self.best is None:
             return None
+        watcher = MetricWatcher(*self.best, owner="Checkpoint")
         metric, mode = self.best
         value = read_metric(state, metric)
         if value is None:
@@ -330,10 +331,9 @@ class Checkpoint(Pack):
         value = float(value)
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
-        name = storage.best_name(metric, value, epoch, step)
-        ranked = sorted([*self.best_saved, (value, name)], key=lambda entry: entry[0],
-                        reverse=mode == "max")  # stable: an equal value keeps the older
-        self.best_saved = ranked[:self.keep_best]
+        name = storage.best_name(watcher.metric, value, epoch, step)
+        # an equal value keeps the older first
+        self.best_saved = watcher.best_first([*self.best_saved, (value, name)], self.keep_best)
         return name if (value, name) in self.best_saved else None
 
     def _ranking(self) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core import Hook, HookOptions, Pack
+from ..core.metric_names import TEST_PREFIX
 from ..core.options import parse_duration
 from ..models import TorchModel, evaluate
 
@@ -28,8 +29,10 @@ class Evaluate(Pack):
 
     From there TensorBoard logs them at epoch ends, a config run's metrics.json has them,
     and ``EarlyStopping``/``LRSchedule(metric=)`` read them. The random number generators
-    are put back after each evaluation, so evaluating does not change the training. Runs
-    in the modes ``modes`` names (train only by default).
+    are put back after each evaluation, so evaluating does not change the training. Each
+    pass fires the run's ``eval_start`` and ``eval_end`` phases around it (a model with
+    state that runs on from batch to batch starts it afresh there), and sums its loss in
+    double precision. Runs in the modes ``modes`` names (train only by default).
     """
 
     name = "evaluate"
@@ -53,6 +56,12 @@ class Evaluate(Pack):
         if not isinstance(prefix, str):
             raise TypeError(f"Evaluate(prefix=) must be a string such as 'eval_' or 'val_'; "
                             f"got {prefix!r}")
+        if prefix.startswith(TEST_PREFIX):  # a test split is evaluated once, after training
+            raise ValueError(f"Evaluate(prefix={prefix!r}): the {TEST_PREFIX!r} prefix is "
+                             f"reserved for the test split (TorchModel.test_data), which a run "
+                             f"folder evaluates once after training with the best weights; "
+                             f"metrics measured during training are validation metrics: use "
+                             f"'eval_' or 'val_'")
         self.prefix = prefix
         self.modes = HookOptions.of(modes=modes).modes
         self.last: dict[str, Any] = {}  # the latest evaluation's values, prefixed
@@ -102,7 +111,8 @@ class Evaluate(Pack):
     def run(self, engine: Engine) -> dict[str, Any]:
         """Evaluate now; returns the values put into ``state.metrics``."""
         model: TorchModel = engine.model  # typed: mypy checks that it is Evaluable
-        values = evaluate(model, self.data, self._metrics)  # leaves the generators as they were
+        # fires eval_start and eval_end; leaves the generators as they were
+        values = evaluate(model, self.data, self._metrics, engine=engine)
         self.last = {self.prefix + name: value for name, value in values.items()}
         engine.state.metrics.update(self.last)
         return self.last

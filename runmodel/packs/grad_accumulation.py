@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import Pack, hook, override
-from ._common import require_phased_step
+from ..core.checks import whole_number
+from ._common import refuse_closure_optimizer, require_optimizer, require_phased_step
 
 __all__ = ["GradAccumulation"]
 
@@ -42,9 +43,8 @@ class GradAccumulation(Pack):
     name = "grad_accumulation"
 
     def __init__(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"GradAccumulation(k): k is the number of steps (micro-batches) "
-                             f"per optimizer step, a whole number >= 1; got {k!r}")
+        whole_number(k, "GradAccumulation(k): k, the number of steps (micro-batches) per "
+                        "optimizer step,", least=1)
         self.k = k
         # the optimizer_step chain inside this override, kept from the latest step for
         # the step at an epoch's end
@@ -53,6 +53,15 @@ class GradAccumulation(Pack):
         self._sync: Callable[[bool], Any] | None = None
         self._length: int | None = None
         self._unsynced = False
+
+    def check_setup(self, engine: Any) -> None:
+        """The model's optimizer, and one that takes no closure."""
+        name = type(self).__name__
+        require_optimizer(engine, name, "steps the optimizer once per window and zeroes its "
+                                        "gradients")
+        refuse_closure_optimizer(engine, name, "each step recomputes the loss and its "
+                                               "gradients from scratch, so there is nothing "
+                                               "to accumulate across batches")
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:

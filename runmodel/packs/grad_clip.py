@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
-from ..core import Pack, hook, override
-from ._common import require_phased_step
+from ..core import HookHandle, Pack, hook, override
+from ..models.torchutil import needs_closure
+from ._common import require_phased_step, trained_parameters
 
 __all__ = ["GradClip"]
 
@@ -23,7 +24,11 @@ class GradClip(Pack):
     ``[-value, value]`` (``clip_grad_value_``); give exactly one.
 
     The gradients are those of the parameters of ``engine.model.optimizer`` (read at
-    each step). With a GradScaler in ``engine.state.grad_scaler`` (the ``amp`` backend,
+    each step), or of the module's parameters for a model that has no optimizer (its
+    update is an override of ``optimizer_step``, which runs after the clipping). With a
+    closure optimizer (``torch.optim.LBFGS``) the clipping is a ``backward`` hook of the
+    run instead: each call of the closure clips the gradients it computed, before the
+    optimizer reads them. With a GradScaler in ``engine.state.grad_scaler`` (the ``amp`` backend,
     float16 on CUDA) they are unscaled first (``scaler.unscale_(optimizer)``), so that
     clipping sees the true gradients. An override of ``optimizer_step`` at priority 100:
     inside ``GradAccumulation`` (300) and ``NaNGuard`` (200), outside the amp backend's
@@ -52,22 +57,43 @@ class GradClip(Pack):
         self._groups = 0
         self._parameters: list[torch.Tensor] = []
         self._epoch: _NormMean | None = None
+        self._in_closure: HookHandle | None = None  # the backward hook of a closure's run
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:
         """A new run; in train mode, check that its step fires optimizer_step (else this
-        pack would never run)."""
+        pack would never run). With a closure optimizer, hook ``backward`` for the run."""
         self.last_norm, self._epoch = None, None
         require_phased_step(engine, type(self).__name__, "the optimizer_step phase")
+        optimizer = getattr(engine.model, "optimizer", None)
+        if engine.state.kind == "train" and optimizer is not None and needs_closure(optimizer):
+            # each call of the closure clips the gradients it computed
+            self._in_closure = engine.on("backward", self.clip_now, priority=-100,
+                                         modes=TRAIN_MODES, name="grad_clip.in_closure")
 
     @override("optimizer_step", priority=100, modes=TRAIN_MODES)
     def clip(self, engine: Any, default: Any) -> None:
-        """Unscale (with a GradScaler), clip, then step."""
-        optimizer = engine.model.optimizer
+        """Unscale (with a GradScaler), clip, then step (with a closure optimizer: step;
+        the closure clips)."""
+        if self._in_closure is None:
+            self.clip_now(engine)
+        default(engine)
+
+    @hook(modes=TRAIN_MODES)
+    def teardown(self, engine: Any) -> None:
+        if self._in_closure is not None:
+            self._in_closure.detach()
+            self._in_closure = None
+
+    def clip_now(self, engine: Any) -> None:
+        """Unscale (with a GradScaler) and clip the gradients there are now."""
+        model = engine.model
+        optimizer = model.optimizer
         scaler = engine.state.grad_scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
-        parameters = self.parameters_of(optimizer)
+        parameters = (self.parameters_of(optimizer) if optimizer is not None
+                      else trained_parameters(model))
         if self.max_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, self.norm_type)
             self.last_norm = norm
@@ -77,7 +103,6 @@ class GradClip(Pack):
         else:
             assert self.value is not None
             torch.nn.utils.clip_grad_value_(parameters, self.value)
-        default(engine)
 
     @hook(modes=TRAIN_MODES)
     def epoch_end(self, engine: Any) -> None:

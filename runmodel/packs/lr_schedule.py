@@ -3,7 +3,6 @@ warm-up; the learning rate goes into ``state.metrics["lr"]``."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -12,8 +11,10 @@ import torch
 from torch.optim import lr_scheduler
 
 from ..core import Hook, HookOptions, Pack
+from ..core.checks import did_you_mean, whole_number
 from ..models import TorchModel
-from ._common import metric_value
+from ._common import require_optimizer
+from .metric_watcher import MetricWatcher
 
 if TYPE_CHECKING:
     from ..core import Engine
@@ -60,16 +61,13 @@ class LRSchedule(Pack):
                  interval: str = "step", warmup_steps: int = 0,
                  metric: str | None = None) -> None:
         if interval not in INTERVALS:
-            close = difflib.get_close_matches(str(interval), INTERVALS, n=1, cutoff=0.4)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"LRSchedule(interval=) must be 'step' (after every optimizer step) "
-                             f"or 'epoch' (at every epoch end); got {interval!r}.{hint}")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"LRSchedule(warmup_steps=) must be a whole number >= 0 (0: no "
-                             f"warm-up); got {warmup_steps!r}")
-        if metric is not None and (not isinstance(metric, str) or not metric):
-            raise TypeError(f"LRSchedule(metric=) names a metric in state.metrics, such as "
-                            f"'eval_loss'; got {metric!r}")
+                             f"or 'epoch' (at every epoch end); got {interval!r}."
+                             f"{did_you_mean(interval, INTERVALS, cutoff=0.4)}")
+        whole_number(warmup_steps, "LRSchedule(warmup_steps=)", meaning="0: no warm-up")
+        #: the metric ReduceLROnPlateau steps with (its own mode and patience decide)
+        self.watcher = None if metric is None else MetricWatcher(
+            metric, owner="LRSchedule", reader=f"LRSchedule(metric={metric!r})")
         if scheduler is None and warmup_steps == 0:
             raise ValueError("LRSchedule needs a scheduler, warmup_steps= or both; as in "
                              f"LRSchedule({_FACTORY_EXAMPLE})")
@@ -188,7 +186,8 @@ class LRSchedule(Pack):
         if warming:
             self._unwarm(groups)
         if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(metric_value(s, str(self.metric), f"LRSchedule(metric={self.metric!r})"))
+            assert self.watcher is not None  # a plateau scheduler has a metric: checked
+            scheduler.step(self.watcher.read(s))
         else:
             scheduler.step()
         if warming:
@@ -273,9 +272,12 @@ class LRSchedule(Pack):
         return self._saved_kind
 
     def check_setup(self, engine: Engine) -> None:
-        """An extended run (more epochs or steps than it was started with) must end as a
-        run started with the larger number would: a schedule laid out over the run's
-        length cannot, so it is refused."""
+        """The model has an optimizer (it schedules its learning rate). An extended run
+        (more epochs or steps than it was started with) must end as a run started with the
+        larger number would: a schedule laid out over the run's length cannot, so it is
+        refused."""
+        require_optimizer(engine, "LRSchedule", "schedules the learning rate of the "
+                                                "optimizer's param groups", modes=("train",))
         kind = self.kind()
         if engine.extension is not None and engine.state.kind == "train" and (
                 kind in LENGTH_DEPENDENT):
@@ -318,8 +320,7 @@ def _named(spec: str | Mapping[str, Any]) -> Factory:
     key = name.replace("_", "").lower()
     if key not in known:
         choices = sorted(known.values())
-        close = difflib.get_close_matches(name, choices + list(_NOT_BY_NAME), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, choices + list(_NOT_BY_NAME))
         raise ValueError(f"LRSchedule: no torch.optim.lr_scheduler scheduler named {name!r} that "
                          f"a name can make.{hint} Named: {', '.join(choices)}; the others "
                          f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory")

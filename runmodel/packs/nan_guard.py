@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..core import Pack, hook, override
-from ._common import require_phased_step
+from ..core.checks import whole_number
+from ._common import refuse_closure_optimizer, require_phased_step, trained_parameters, zero_grads
 
 __all__ = ["NaNGuard"]
 
@@ -49,14 +50,20 @@ class NaNGuard(Pack):
         if action not in ACTIONS:
             raise ValueError(f"NaNGuard action= must be 'skip' (skip the step and go on) or "
                              f"'stop' (end the run), got {action!r}")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"NaNGuard every= must be a whole number >= 1 (check every N-th "
-                             f"step), got {every!r}")
+        whole_number(every, "NaNGuard every=", least=1, meaning="check every N-th step")
         self.action, self.every = action, every
         self.skipped = 0  # optimizer steps not taken, over the whole training
         self.last: str | None = None  # what the latest one found
         self._found: str | None = None  # what this step (or window) found, until its step
         self._warned = False
+
+    def check_setup(self, engine: Any) -> None:
+        """A closure optimizer is refused: its step cannot be skipped."""
+        refuse_closure_optimizer(engine, type(self).__name__,
+                                 "a non-finite loss or gradient found in one of its calls "
+                                 "comes after the optimizer moved the weights for it, so "
+                                 "the step cannot be skipped; leave NaNGuard out, or check "
+                                 "the loss in a forward hook and stop the run")
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:
@@ -89,7 +96,7 @@ class NaNGuard(Pack):
             return
         self._found = None
         self.skipped += 1
-        engine.model.optimizer.zero_grad(set_to_none=True)
+        zero_grads(engine.model)
 
     @hook(modes=TRAIN_MODES)
     def epoch_end(self, engine: Any) -> None:
@@ -125,16 +132,18 @@ class NaNGuard(Pack):
             return "loss"
         module = getattr(engine.model, "module", None)
         names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
-        for group in engine.model.optimizer.param_groups:
-            for i, p in enumerate(group["params"]):
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    return f"gradient of {names.get(id(p), f'parameter {i}')!r}"
+        for i, p in enumerate(trained_parameters(engine.model)):
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"gradient of {names.get(id(p), f'parameter {i}')!r}"
         return "gradient norm"  # each finite, their norm not: beyond float range
 
     @staticmethod
     def _grads(engine: Any) -> list[torch.Tensor]:
-        return [p.grad for group in engine.model.optimizer.param_groups
-                for p in group["params"] if p.grad is not None]
+        optimizer = engine.model.optimizer
+        if optimizer is None:  # the update is an override's: the module's parameters
+            return [p.grad for p in trained_parameters(engine.model) if p.grad is not None]
+        return [p.grad for group in optimizer.param_groups for p in group["params"]
+                if p.grad is not None]
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

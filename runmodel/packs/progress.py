@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -36,13 +37,16 @@ class Progress(Pack):
     On a terminal: a tqdm bar per epoch with the epoch, the step, the loss and the rate.
     It counts as people do (``docs/phases.md``): the epoch under way by its ordinal from 1
     (``epoch 1/3`` during the first), steps by how many are done.
-    The loss is read (one ``.item()``, a device sync on a GPU) only when the bar redraws,
-    at most every ``refresh`` seconds, never once per step. Elsewhere (a log file, a
-    pipe, CI): one plain line per epoch with the loss, the float metrics and the time.
+    The step's loss is read (one ``.item()``, a device sync on a GPU) only when the bar
+    redraws, at most every ``refresh`` seconds, never once per step. Elsewhere (a log
+    file, a pipe, CI): one plain line per epoch with the loss, the float metrics and the
+    time. At an epoch's end the loss shown is the epoch's mean (``state.metrics["loss"]``,
+    which a train run computes because this pack reads it), where the run has one.
     ``file`` is where it writes (default: standard error).
     """
 
     name = "progress"
+    reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
 
     def __init__(self, file: IO[str] | None = None, refresh: float = 0.2) -> None:
         if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh <= 0:
@@ -94,19 +98,22 @@ class Progress(Pack):
 
     def epoch_end(self, engine: Any) -> None:
         s = engine.state
+        loss = _loss_text(s.metrics.get("loss", s.loss))  # the epoch's mean, if there is one
         metrics = "".join(f"  {k} {v:.4g}" for k, v in s.metrics.items()
-                          if isinstance(v, float))
+                          if isinstance(v, float) and k != "loss")
         if self.bar is not None:
-            self.bar.set_postfix_str(f"step {s.step}" + _loss_text(s.loss) + metrics,
-                                     refresh=False)
+            self.bar.set_postfix_str(f"step {s.step}" + loss + metrics, refresh=False)
             self.bar.update(self.count - self.bar.n)
             self.bar.close()
             self.bar = None
             return
         total = f"/{s.max_epochs}" if s.max_epochs is not None else ""
         elapsed = time.monotonic() - self._epoch_began
-        print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{_loss_text(s.loss)}{metrics}"
-              f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
+        # a closed output (`| tee` ended by the Ctrl-C that stops the run) costs this line,
+        # never the run: the epoch's end still saves and records its status
+        with contextlib.suppress(OSError, ValueError):
+            print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{loss}{metrics}"
+                  f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
 
     def teardown(self, engine: Any) -> None:
         if self.bar is not None:  # an error ended the epoch

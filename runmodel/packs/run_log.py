@@ -25,6 +25,7 @@ class RunLog(Pack):
     epoch, 4 steps done`` resumes after the first epoch), as checkpoint names do."""
 
     name = "run_log"
+    reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -52,9 +53,12 @@ class RunLog(Pack):
         s = engine.state
         if s.interrupted and not s.epoch_complete:  # a partial epoch is no epoch to log
             return
-        loss = f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
-            s.loss.numel() == 1) else ""
-        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float))
+        mean = s.metrics.get("loss")  # the epoch's mean; else the last step's loss
+        loss = f" loss {mean:.6g}" if isinstance(mean, float) else (
+            f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
+                s.loss.numel() == 1) else "")
+        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items()
+                          if isinstance(v, float) and k != "loss")
         self.write(f"epoch {s.epoch + 1} step {s.step}{loss}{metrics}")
 
     @hook(rank=0)

@@ -11,6 +11,7 @@ import torch
 
 from .._io import naming_disk_full, prepare_folder
 from ..core import Hook, HookOptions, Pack
+from ..core.checks import whole_number
 
 __all__ = ["TensorBoard"]
 
@@ -31,12 +32,10 @@ class TensorBoard(Pack):
     one table."""
 
     name = "tensorboard"
+    reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
 
     def __init__(self, directory: str | os.PathLike[str], every_steps: int | None = None) -> None:
-        if every_steps is not None and (isinstance(every_steps, bool)
-                                        or not isinstance(every_steps, int) or every_steps < 1):
-            raise ValueError(f"every_steps= must be a whole number >= 1 or None, "
-                             f"got {every_steps!r}")
+        whole_number(every_steps, "every_steps=", least=1, none=True)
         self.directory, self.every_steps = Path(directory), every_steps
         self.writer: Any = None
         self.hparams: dict[str, Any] | None = None

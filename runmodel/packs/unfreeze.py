@@ -3,7 +3,6 @@ names, optionally each stage with its own learning-rate scale."""
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..core import Pack, hook
+from ..core.checks import did_you_mean, is_whole_number
 from ..models import unwrap
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def _epoch(key: object, what: str) -> int:
     """A schedule key: an int >= 0, or its digits as a string (a TOML/JSON config's keys)."""
     if isinstance(key, str) and key.strip().isdigit():
         return int(key)
-    if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+    if not is_whole_number(key):
         raise ValueError(f"Unfreeze: {what} keys are epochs, whole numbers >= 0 counted from 0 "
                          f"like state.epoch (as in {_EXAMPLE}); got {key!r}")
     return key
@@ -237,9 +237,7 @@ def _match(names: tuple[str, ...] | str, epoch: int, module: nn.Module,
         hits = [p for n, p in named if n == name or n.startswith(under)] if exact else [
             p for n, p in named if n.startswith(name)]
         if not exact and not hits and not any(m.startswith(name) for m in modules):
-            known = modules + [n for n, _ in named]
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(name, modules + [n for n, _ in named])
             top = [n for n, _ in module.named_children()] or [n for n, _ in named]
             shown = ", ".join(top[:12]) + (", ..." if len(top) > 12 else "")
             raise ValueError(f"Unfreeze: schedule[{epoch}] names {name!r}, but "

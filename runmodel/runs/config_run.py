@@ -25,14 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .._io import read_json
 from ..backends.distributed import env
@@ -51,14 +48,15 @@ from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine, load_source
-from ..packs import TensorBoard
+from ..models.seeding import seed
+from ..packs import MLflow, TensorBoard
 from . import torchrun
 from .folder import RunExists, RunFolder, read_status, record_status
 from .interrupt import say
 from .table import flatten
 
-__all__ = ["INTERRUPTED", "PreparedRun", "RunExists", "execute", "prepare",
-           "record_launch_failure", "resume_dir", "run_dir_for"]
+__all__ = ["INTERRUPTED", "PreparedRun", "RunExists", "claim_folder", "execute", "prepare",
+           "record_launch_failure", "resume_dir", "run_dir_for", "tell_launcher"]
 
 #: What an interrupted run's ``reason`` says (a run interrupted by Ctrl-C raises
 #: ``runmodel.Interrupted``: no result carries it any more).
@@ -71,17 +69,6 @@ DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
 
 def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     return Path(root) / config.run_name()
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
 
 
 def import_sources(config: RunConfig, base: Path) -> None:
@@ -113,9 +100,11 @@ class PreparedRun:
     def directory(self) -> Path:
         return self.folder.directory
 
-    def run(self) -> RunResult:
+    def run(self, preempt_signals: Iterable[int | str] = ()) -> RunResult:
         """Run it: an engine run in its folder, which records status, metrics and the
-        trained model there (``RunFolder``, as a script's ``run_dir=`` run does).
+        trained model there (``RunFolder``, as a script's ``run_dir=`` run does);
+        ``preempt_signals`` as ``engine.run`` takes them (the command: SIGTERM and those
+        of ``--preempt-signal``).
 
         The first Ctrl-C stops the run once the current step is done: the Checkpoint pack
         saves where it stopped, the run is marked ``interrupted``, and the run raises
@@ -126,10 +115,10 @@ class PreparedRun:
         epochs = config.epochs if self.epochs is None else self.epochs
         steps = config.steps if self.steps is None else self.steps
         if self.lead:
-            _tell_launcher(self.directory)
+            tell_launcher(self.directory)
         return self.engine.run(self.model, mode=config.mode, steps=steps, epochs=epochs,
                                backend=self.backend, resume=self.checkpoint,
-                               run_dir=self.folder)
+                               run_dir=self.folder, preempt_signals=preempt_signals)
 
 
 #: Where the launcher (``runmodel run --nproc-per-node``) learns the run folder, to name
@@ -137,7 +126,8 @@ class PreparedRun:
 LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
 
 
-def _tell_launcher(run_dir: Path) -> None:
+def tell_launcher(run_dir: Path) -> None:
+    """Under a launch of several processes, tell the launcher the run's folder."""
     path = os.environ.get(LAUNCH_RECORD)
     if path and env.several():
         with contextlib.suppress(OSError):
@@ -164,7 +154,7 @@ def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: boo
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
     backend (ddp, fsdp) trained it."""
-    _seed(config.seed)
+    seed(config.seed)  # runmodel.seed: before the model is built
     import_sources(config, Path(base))
     # issue 19: a model option the model ignores names no folder and changes no hash
     config = dataclasses.replace(config, model=known_model_args(config.model))
@@ -208,10 +198,14 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
 
     Under torchrun the run takes the config's ``ddp`` or ``fsdp`` backend, else
     ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
-    tells the others (``torchrun.py``).
+    tells the others (``torchrun.py``). A group torchrun restarted after a failure
+    (``--max-restarts``) continues the run from its newest checkpoint, as ``runmodel
+    resume`` would (with none yet, it starts over, the old folder kept beside it).
     """
     if env.several():
         config = torchrun.with_backend(config, backend)
+    if env.restarted():  # torchrun started the group again (--max-restarts): continue
+        resume, restart, take_over = True, False, True
     config, model, made_backend = build(config, base)
     run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
     named = {spec.type_ for spec in config.packs}
@@ -228,16 +222,18 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
                                  "base": str(Path(base).resolve()), "cwd": os.getcwd()},
                        files={"config.json": config.to_dict()}, status=status, claimed=True)
     decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": _as_text(
-        _claim(folder, resume=resume, restart=restart, take_over=take_over))})
+        claim_folder(folder, resume=resume, restart=restart, take_over=take_over))})
     if Path(decision["directory"]).resolve() != run_dir.resolve():
         raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
                          f"(rank {env.rank()}) would in {run_dir}: start every process "
                          f"with the same config, in the same working folder")
     checkpoint = None if decision["checkpoint"] is None else Path(decision["checkpoint"])
     engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values, on TensorBoard's HParams dashboard
-        if isinstance(pack, TensorBoard):
+    for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
+        if isinstance(pack, (TensorBoard, MLflow)):
             pack.hparams = flatten(config.to_dict())
+        if isinstance(pack, MLflow) and pack.run_name is None:
+            pack.run_name = run_dir.name  # the MLflow run named as the run's folder
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
     return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),
@@ -248,11 +244,11 @@ def _as_text(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def _claim(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool
-           ) -> Path | None:
-    """Claim the config's folder for a new run, or find the checkpoint to continue its
-    run from (``resume``, ``take_over``), or move its run aside (``restart``): see
-    ``prepare``. Returns the checkpoint to continue from."""
+def claim_folder(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool
+                 ) -> Path | None:
+    """Claim the folder of a config's (or a model source's) run for a new run, or find
+    the checkpoint to continue its run from (``resume``, ``take_over``), or move its run
+    aside (``restart``): see ``prepare``. Returns the checkpoint to continue from."""
     run_dir = folder.directory
     if folder.holds_run():
         status = read_status(run_dir)

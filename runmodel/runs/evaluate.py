@@ -1,7 +1,8 @@
 """Evaluate and infer with a trained run: its best checkpoint (else its last, else its
-final weights) loaded into the run's model, on the run's data; ``runmodel eval`` and
-``runmodel infer``. The result goes into the run's ``eval.json``, keyed by the weights
-used; no new folder is made."""
+final weights) loaded into the run's model, on the run's data (``split="test"``: its
+``test_data``, metrics named ``test_*``); ``runmodel eval`` and ``runmodel infer``. The
+result goes into the run's ``eval.json``, keyed by the weights used (and the split, for
+the test split); no new folder is made."""
 
 from __future__ import annotations
 
@@ -11,25 +12,34 @@ from typing import Any
 
 from .._io import read_json, write_json
 from ..checkpoint.export import model_state
+from ..checkpoint.format import run_of
 from ..checkpoint.names import is_checkpoint
-from ..core import RunResult
+from ..core import Pack, RunResult
 from ..engine import Engine
-from .folder import read_status
+from .folder import read_status, resolve
 
-__all__ = ["choose_weights", "evaluate_model", "record_eval"]
+__all__ = ["SPLITS", "choose_weights", "evaluate_model", "record_eval"]
 
 WHICH = ("best", "last")
+#: The data ``runmodel eval`` evaluates on: the model's eval_data or test_data.
+SPLITS = ("eval", "test")
 
 
 def choose_weights(run_dir: Path, which: str | None = None) -> Path:
     """The weights to use: ``which`` is ``"best"``, ``"last"``, a file, or None (the best
     checkpoint if there is one, else the last, else the final weights ``model.pt``). A
-    checkpoint may be a sharded one's folder (an ``fsdp`` run's)."""
+    checkpoint may be a sharded one's folder (an ``fsdp`` run's).
+
+    The run's files name checkpoints relative to its folder, so a folder that was moved,
+    copied or moved aside (``--restart``) uses its own; a checkpoint whose run record
+    names another run than the folder's is never used (a folder written before paths
+    were relative names the place it was started in, which may hold another run now)."""
     files = {**read_json(run_dir / "metrics.json").get("files", {}),
              **read_status(run_dir).get("files", {})}
-    best = _existing(run_dir, files.get("best_checkpoint")) or _newest(run_dir, "best-*.pt")
-    last = _existing(run_dir, files.get("last_checkpoint")) or _newest(run_dir, "ckpt-*.pt") or (
-        _newest(run_dir, "ckpt-*"))
+    run = read_json(run_dir / "run.json").get("id")
+    best = _existing(run_dir, files.get("best_checkpoint"), run) or _newest(run_dir, "best-*.pt")
+    last = _existing(run_dir, files.get("last_checkpoint"), run) or _newest(
+        run_dir, "ckpt-*.pt") or _newest(run_dir, "ckpt-*")
     if which == "best":
         if best is None:
             raise FileNotFoundError(f"{run_dir} has no best checkpoint (its Checkpoint pack had "
@@ -46,6 +56,10 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
         if not _usable(path):
             raise FileNotFoundError(f"--checkpoint {which}: no such file (give best, last, or "
                                     f"a checkpoint file)")
+        if not _of_run(path, run):
+            raise FileNotFoundError(f"--checkpoint {which}: a checkpoint of run "
+                                    f"{(run_of(path) or {}).get('id')}, and {run_dir} holds run "
+                                    f"{run}: give one of its own checkpoints")
         return path
     for found in (best, last, run_dir / "model.pt"):
         if found is not None and _usable(found):
@@ -54,13 +68,23 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
                             f"model.pt (did the run finish an epoch?)")
 
 
-def _existing(run_dir: Path, name: str | None) -> Path | None:
+def _existing(run_dir: Path, name: str | None, run: str | None) -> Path | None:
+    """The checkpoint the run's files name: relative to its folder, else (written
+    before) as named, else by its name in the folder's ``checkpoint/``; one of the run
+    ``run``."""
     if not name:
         return None
-    for path in (Path(name), run_dir / name, run_dir / "checkpoint" / Path(name).name):
-        if _usable(path):
+    for path in (resolve(run_dir, name), Path(name), run_dir / "checkpoint" / Path(name).name):
+        if path is not None and _usable(path) and _of_run(path, run):
             return path
     return None
+
+
+def _of_run(path: Path, run: str | None) -> bool:
+    """Whether the checkpoint at ``path`` belongs to run ``run`` (its record says so, or
+    one of them does not say)."""
+    held = (run_of(path) or {}).get("id")
+    return run is None or held is None or held == run
 
 
 def _usable(path: Path) -> bool:
@@ -75,33 +99,72 @@ def _newest(run_dir: Path, pattern: str) -> Path | None:
     return found[-1] if found else None
 
 
-def load_weights(model: Any, path: Path) -> None:
+def load_weights(model: Any, path: Path, averaged: bool = False) -> None:
     """Put the weights of ``path`` (a checkpoint, a sharded checkpoint's folder, or a
     ``model.pt`` state dict) into ``model``, set up already; its optimizer is left
-    alone. A file that holds no weights is one ``ValueError`` naming it and saying why."""
-    model.load_state_dict(model_state(path))
+    alone. A file that holds no weights is one ``ValueError`` naming it and saying why.
+    ``averaged``: the average an ``EMA`` or ``SWA`` pack kept in the checkpoint."""
+    model.load_state_dict(model_state(path, averaged=averaged))
 
 
 def evaluate_model(model: Any, weights: Path, mode: str, *,
                    setup_options: dict[str, Any] | None = None,
-                   engine: Engine | None = None) -> RunResult:
-    """Run ``model`` in ``mode`` (eval or infer) with ``weights`` loaded once it is set up."""
+                   engine: Engine | None = None, averaged: bool = False,
+                   split: str = "eval") -> RunResult:
+    """Run ``model`` in ``mode`` (eval or infer) with ``weights`` (``averaged``: their
+    EMA or SWA average) loaded once it is set up; ``split="test"`` runs it on the model's
+    ``test_data`` (which its setup makes) in place of its eval data, and names the
+    metrics ``test_*``."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r}: the data to evaluate on is one of "
+                         f"{', '.join(SPLITS)} (the model's eval_data or test_data)")
     engine = engine or Engine()
-    handle = engine.on("setup", lambda e: load_weights(e.model, weights), priority=3000,
-                       name="runmodel.load_weights")
+    handles = [engine.on("setup", lambda e: load_weights(e.model, weights, averaged),
+                         priority=3000, name="runmodel.load_weights")]
+    if split == "test":
+        handles.append(engine.attach(TestSplit()))
     try:
-        return engine.run(model, mode, setup_options=setup_options)
+        result = engine.run(model, mode, setup_options=setup_options)
     finally:
-        handle.detach()
+        for handle in handles:
+            handle.detach()
+    if split == "test" and mode == "eval":
+        result.metrics = {f"test_{k}": v for k, v in result.metrics.items()}
+    return result
 
 
-def record_eval(run_dir: Path, weights: Path, result: RunResult) -> str:
-    """Add ``result`` to the run's ``eval.json``, keyed by the weights used; the key."""
+class TestSplit(Pack):
+    """Puts the model's test split where its eval (and infer) steps read their data, once
+    ``setup()`` made it, before the run's first step; a model without one is refused
+    there."""
+
+    name = "test_split"
+
+    def check_setup(self, engine: Any) -> None:
+        model = engine.model
+        data = getattr(model, "test_data", None)
+        if data is None:
+            raise ValueError(f"{type(model).__name__} has no test_data to evaluate on (--split "
+                             f"test): set self.test_data in its setup(), beside eval_data")
+        model.eval_data = data
+        if getattr(model, "infer_data", None) is not None:
+            model.infer_data = data
+
+
+def record_eval(run_dir: Path, weights: Path, result: RunResult, averaged: bool = False,
+                split: str = "eval") -> str:
+    """Add ``result`` to the run's ``eval.json``, keyed by the weights used (``averaged``:
+    `` (averaged)`` after the checkpoint's name; the test split: ``" [test]"``); the
+    key."""
     try:
         key = str(weights.resolve().relative_to(run_dir.resolve()))
     except ValueError:
         key = str(weights.resolve())
+    key += " (averaged)" if averaged else ""
+    if split != "eval":
+        key = f"{key} [{split}]"
     evaluated = read_json(run_dir / "eval.json")
-    evaluated[key] = {"metrics": result.metrics, "steps": result.steps, "at": time.time()}
+    evaluated[key] = {"metrics": result.metrics, "steps": result.steps, "at": time.time(),
+                      "split": split}
     write_json(run_dir / "eval.json", evaluated)
     return key

@@ -8,9 +8,12 @@ files the same way (``docs/runs.md``).
                    (as extended), library versions
     config.json    a config run's canonical config (its hash names the folder)
     status.json    running / finished / failed / interrupted / preempted, times, pid,
-                   host, the run's id, epochs and steps, the best and last checkpoints
-    metrics.json   the final result: metrics (``eval_*`` measured once training is done),
-                   steps, epochs, how it ended
+                   host, the run's id, epochs and steps, the best and last checkpoints;
+                   in a group torchrun restarted, the restarts and whose failure each
+                   followed
+    metrics.json   the final result: metrics (``eval_*`` measured once training is done;
+                   ``test_*``: the model's ``test_data``, evaluated once with the best
+                   weights), steps, epochs, how it ended
     run.log        one line at the start, at each epoch's end and at the end
     model.pt       the trained weights (the interface's save; under ``fsdp`` the full
                    state gathered from every process)
@@ -39,16 +42,21 @@ from pathlib import Path
 from typing import Any
 
 from .._io import DiskFullError, read_json, write_json
+from ..backends.distributed.failures import restarts
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup, signal_name
 
-__all__ = ["INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run", "live_pid",
-           "read_status", "resolve", "start_record"]
+__all__ = ["COMMAND_KINDS", "INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run",
+           "live_pid", "read_status", "resolve", "start_record"]
 
 STATUS, RECORD, METRICS, CONFIG, MODEL = (
     "status.json", "run.json", "metrics.json", "config.json", "model.pt")
 #: A run ended by one of these can be continued: it stopped on its own path and saved.
 INTERRUPTS = ("interrupted", "preempted")
+#: The kinds of run (``run.json``'s ``kind``) that the ``runmodel`` command starts in a
+#: folder it derives (from a config, or a model source): ``runmodel resume`` continues
+#: them, ``--restart`` starts them again.
+COMMAND_KINDS = {"config": "config", "source": "model source"}
 #: Freed by a status write that meets a full disk, so that the status is always written.
 RESERVE, RESERVE_BYTES = ".runmodel-reserve", 64 * 1024
 #: How much of a failure's traceback the status keeps.
@@ -134,12 +142,16 @@ def versions() -> dict[str, str]:
 
 def start_record(packs: dict[str, Pack], mode: str) -> dict[str, Any]:
     """How a run is being started from a Python script: the script and its arguments,
-    the working folder, the packs attached (key and class), the mode."""
+    the working folder, the packs attached (key and class), the mode, and the seed the
+    script set with ``runmodel.seed`` (None: it set none)."""
+    from ..models.seeding import last_seed  # here: reading a run folder imports no torch
+
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
     return {"kind": "script", "script": None if script is None else str(Path(script).resolve()),
             "argv": list(sys.argv[1:]), "cwd": os.getcwd(), "mode": mode,
-            "packs": {key: type(pack).__name__ for key, pack in packs.items()}}
+            "packs": {key: type(pack).__name__ for key, pack in packs.items()},
+            "seed": last_seed()}
 
 
 class RunFolder(Pack):
@@ -154,8 +166,9 @@ class RunFolder(Pack):
     run from step 0 into a folder that holds a run. At setup (rank 0) it writes the
     record and the status ``running``; at teardown, once training ended without an error
     (every process: under ``fsdp`` gathering the weights is collective), it writes the
-    trained weights and measures the ``eval_*`` metrics; ``finish`` writes the status and
-    the final metrics."""
+    trained weights and measures the ``eval_*`` metrics, then (once the Checkpoint packs
+    named their best checkpoint) the ``test_*`` metrics of the model's ``test_data``;
+    ``finish`` writes the status and the final metrics."""
 
     name = "run_folder"
 
@@ -193,8 +206,8 @@ class RunFolder(Pack):
             raise RunExists(f"{self.directory} is the folder of a run that is running now (pid "
                             f"{pid} on {status.get('host')}); two processes never share a run "
                             f"folder: wait for it, stop it, or {self._elsewhere()}")
-        if resuming or not self.holds_run():
-            return
+        if resuming or not self.holds_run() or restarts():
+            return  # (a group torchrun restarted goes on with its run, or starts it over)
         if auto:
             raise RunExists(
                 f"{self.directory} holds a run, but none of its checkpoints to continue it "
@@ -203,8 +216,9 @@ class RunFolder(Pack):
                 f"run_dir), or {self._elsewhere()}")
         held = read_json(self.directory / RECORD).get("id") or status.get("run")
         now = read_status(self.directory).get("status", "unknown")
-        if self.kind == "config":
-            raise RunExists(f"{self.directory} holds a run of this config already (status: "
+        if self.kind in COMMAND_KINDS:
+            raise RunExists(f"{self.directory} holds a run of this "
+                            f"{COMMAND_KINDS[self.kind]} already (status: "
                             f"{now}); continue it with `runmodel resume {self.directory}` (or "
                             f"--resume), or start again with --restart (the old run is kept "
                             f"beside it)")
@@ -214,7 +228,7 @@ class RunFolder(Pack):
                         f"this run another run_dir")
 
     def _elsewhere(self) -> str:
-        return ("wait for it to end" if self.kind == "config"
+        return ("wait for it to end" if self.kind in COMMAND_KINDS
                 else "give this run another run_dir")
 
     def move_aside(self) -> Path:
@@ -239,9 +253,17 @@ class RunFolder(Pack):
         # the backend's own teardown puts its data back
         yield Hook(self.trained, "teardown", HookOptions.of(priority=1000, modes="train",
                                                             name="run_folder.trained"))
+        # after the Checkpoint packs' last save (priority 0), which names the best
+        # checkpoint; every process, as the evaluation in trained()
+        yield Hook(self.tested, "teardown", HookOptions.of(priority=-500, modes="train",
+                                                           name="run_folder.tested"))
 
     def check_setup(self, engine: Any) -> None:
+        """Rank 0, which writes the folder, claims it (the other processes of a
+        distributed run follow it: they would see its claim as another live run's)."""
         self.began = False
+        if engine.state.rank != 0:  # rank 0 alone claims the folder (and writes it)
+            return
         if not self.claimed:
             self.claim(engine.resumed_from is not None)
         held = read_json(self.directory / RECORD).get("id")
@@ -276,7 +298,8 @@ class RunFolder(Pack):
                         "host": socket.gethostname(), "started": time.time(),
                         "run_started": run.get("started"), "epochs": s.max_epochs,
                         "steps": s.max_steps, "extensions": extensions,
-                        "resumed_from": self._inside(engine.resumed_from), **self.extra}
+                        "resumed_from": self._inside(engine.resumed_from), **restarts(),
+                        **self.extra}
         self._write_status(self._status)
         self.began = True
 
@@ -296,6 +319,59 @@ class RunFolder(Pack):
             with contextlib.suppress(NotImplementedError):
                 evaluated = interface.evaluate(model, eval_data)
                 s.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
+
+    def tested(self, engine: Any) -> None:
+        """A run that trained to its end, whose model has ``test_data``: the test split
+        evaluated once, with the weights of the best checkpoint (rank 0's Checkpoint pack
+        names it; every process loads it) or, without one, the trained weights, as
+        ``test_*`` metrics in the result (so in ``metrics.json``); the weights used are
+        the result's ``files["test_weights"]``. The model is left with its trained
+        weights. Under a sharded storage (``fsdp``) the trained weights are used."""
+        s, model = engine.state, engine.model
+        interface = getattr(model, "interface", None)
+        data = getattr(model, "test_data", None)
+        storage = engine.storage
+        if s.error is not None or interface is None or data is None or not getattr(
+                storage, "ended_together", True):
+            return
+        from ..backends.distributed.env import broadcast_from_0
+
+        sharded = getattr(storage, "group", None) is not None
+        best = broadcast_from_0(None if sharded else s.files.get("best_checkpoint"))
+        kept = self._load_best(model, Path(best)) if best else None
+        try:
+            with contextlib.suppress(NotImplementedError):
+                tested = interface.evaluate(model, data)
+                s.metrics.update({f"test_{k}": v for k, v in tested.items()})
+        finally:
+            if kept is not None:
+                model.load_state_dict(kept)
+        used = Path(str(best)) if kept is not None else self.directory / MODEL  # trained()'s
+        if s.rank == 0 and used.exists():
+            s.files["test_weights"] = str(used)
+
+    def _load_best(self, model: Any, best: Path) -> Any:
+        """Load the weights of the checkpoint ``best`` into ``model`` (its optimizer left
+        alone); returns the state to put back after, or None where the checkpoint cannot
+        be read (said on stderr: the trained weights are tested instead)."""
+        import copy
+
+        from ..checkpoint.export import model_state
+
+        try:
+            state = model_state(best)
+        except (OSError, ValueError) as error:
+            print(f"runmodel: the test split is evaluated with the trained weights: the best "
+                  f"checkpoint {best} cannot be read ({error})", file=sys.stderr)
+            return None
+        kept = model.state_dict()
+        if isinstance(kept, dict) and "optimizer" in kept:
+            kept = {**kept, "optimizer": None}  # the optimizer is never touched
+        kept = copy.deepcopy(kept)  # its own tensors: loading the best overwrites the module's
+        if isinstance(state, dict) and "module" in state:
+            state = {"module": state["module"], "optimizer": None}  # the weights alone
+        model.load_state_dict(state)
+        return kept
 
     def _save_model(self, engine: Any, interface: Any) -> None:
         """``model.pt``: the interface's save where every process holds the whole model;

@@ -14,8 +14,19 @@ writes can fail the run: with ``python train.py 2>&1 | tee log`` the same Ctrl-C
 
 A second Ctrl-C stops at once, as Python's own handler does. The handlers are installed
 only in the main thread and where Python's own are in place (an outer run, or a handler
-the script set, keeps its own), and not in a process of several (``WORLD_SIZE`` > 1):
-those need to agree on the step they stop at.
+the script set, keeps its own; a Ctrl-C that the process ignores, as a shell's
+background job does, stays ignored).
+
+In a process of several (torchrun, ``WORLD_SIZE`` > 1) the processes must stop after the
+same step, so the handler only records the signal (``backends/distributed/stopping.py``):
+the backend's check, every ``preempt_check_every`` steps, stops them all at once (a run
+without one, a script's own group with a plain backend, stops this process alone once
+its setup is done). What stays prompt there: a process whose run failed, or that is in
+its teardown, ends at once on a signal (torchrun sends SIGTERM to the processes left
+after a failure, and to all of them at a restart); a second signal more than
+``SAME_SIGNAL_S`` seconds after the first ends the process at once, leaving the
+checkpoints as they were; one sooner is the same signal again (a terminal's Ctrl-C that
+reaches a process from the terminal and from the launcher).
 """
 
 from __future__ import annotations
@@ -30,9 +41,15 @@ from types import TracebackType
 from typing import Any
 
 from ..backends.distributed import env
+from ..backends.distributed.stopping import REQUEST
 from ..core import Interrupted
 
-__all__ = ["IgnoreCtrlC", "ends_as_its_signal", "say", "signal_number", "watch_interrupts"]
+__all__ = ["SAME_SIGNAL_S", "IgnoreCtrlC", "ends_as_its_signal", "say", "signal_number",
+           "watch_interrupts"]
+
+#: Under torchrun, a second signal this soon (seconds) after the first is the same one:
+#: a terminal's Ctrl-C reaches a process from the terminal and again from the launcher.
+SAME_SIGNAL_S = 2.0
 
 
 def say(text: str) -> None:
@@ -62,8 +79,10 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
     """While ``engine`` runs: the first SIGINT interrupts the run after its step
     (``engine.interrupt()``), a second raises ``KeyboardInterrupt`` at once; each signal
     of ``preempt`` preempts it the same way (``engine.interrupt(signal=...)``), a second
-    one ends the process as that signal does. Yields what to call with the model once
-    ``model.setup()`` made its loaders (None where the handlers are not installed).
+    one ends the process as that signal does. In a process of several, the processes
+    stop together (the module's docstring). Yields what to call with the model once
+    ``model.setup()`` made its loaders and the backend prepared it (None where the
+    handlers are not installed).
 
     A terminal's Ctrl-C reaches every process of its foreground group, the DataLoader
     workers too. Workers forked during the run inherit this handler, and in them it does
@@ -72,16 +91,22 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
     batches until the run ends and shuts them down, so the step that is finishing never
     meets "worker exited unexpectedly"."""
     preempting = [signal_number(s) for s in preempt]
+    ctrl_c = signal.getsignal(signal.SIGINT)
     if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-            or env.several()):  # the processes of a ddp run must stop together
-        yield None
+            or ctrl_c not in (signal.default_int_handler, signal.SIG_IGN)):
+        yield None  # an outer run's handlers, or the script's own
         return
-    owner = os.getpid()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *preempting)}
+    watched = [signal.SIGINT] if ctrl_c is signal.default_int_handler else []
+    watched += [sig for sig in preempting if sig not in watched and sig != signal.SIGINT]
+    owner, several = os.getpid(), env.several()
+    previous = {sig: signal.getsignal(sig) for sig in watched}
+    set_up = [False]  # model.setup() ran and the backend prepared the model
 
     def first(signum: int, frame: Any) -> None:
         if os.getpid() != owner:  # a forked DataLoader worker: the run decides
+            return
+        if several:
+            _together(engine, signum, frame, alone=set_up[0] and not REQUEST.checks)
             return
         for sig in previous:  # the next one: at once
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
@@ -90,28 +115,67 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
         if not engine.interrupt(signal=None if ctrl_c else signum):
             _at_once(signum, frame)  # before the run began: as without this handler
         again = "Ctrl-C again" if ctrl_c else f"{signal.Signals(signum).name} again"
-        say(f"runmodel: {'Ctrl-C' if ctrl_c else signal.Signals(signum).name}: stopping "
-            f"after this step, then saving ({again} to stop at once)")
+        say(f"runmodel: {_name(signum)}: stopping after this step, then saving ({again} to "
+            f"stop at once)")
 
     loaders: list[tuple[Any, Any]] = []  # (loader, its own worker_init_fn)
 
-    def workers_ignore_ctrl_c(model: Any) -> None:  # after model.setup() made the loaders
+    def after_setup(model: Any) -> None:  # the model's loaders exist, the backend is there
         for kind in ("train_data", "eval_data", "infer_data"):
             loader: Any = getattr(model, kind, None)
             if getattr(loader, "num_workers", 0) and not isinstance(
                     loader.worker_init_fn, IgnoreCtrlC):
                 loaders.append((loader, loader.worker_init_fn))
                 loader.worker_init_fn = IgnoreCtrlC(loader.worker_init_fn)
+        set_up[0] = True
+        if several and REQUEST.signal and not REQUEST.checks:  # nobody checks: stop here
+            _interrupt(engine, REQUEST.signal)
 
+    if several:
+        REQUEST.reset()
     for sig in previous:
         signal.signal(sig, first)
     try:
-        yield workers_ignore_ctrl_c
+        yield after_setup
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for loader, own in loaders:
             loader.worker_init_fn = own
+        if several:
+            REQUEST.reset()
+
+
+def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
+    """A signal in a process of several: recorded for the processes' next check (or, with
+    no check in this run, ``alone``: the run stops after its step); at once in a run that
+    failed or is in its teardown, and for a second signal (unless it is the first again,
+    within ``SAME_SIGNAL_S`` seconds)."""
+    if REQUEST.signal:
+        if REQUEST.since() > SAME_SIGNAL_S:
+            _at_once(signum, frame)
+        return
+    s = engine.state
+    if (s.error is not None and not isinstance(s.error, Interrupted)) or s.ended is not None:
+        _at_once(signum, frame)  # failed, or tearing down: nothing to stop after
+        return
+    REQUEST.record(signum)
+    if alone:
+        _interrupt(engine, signum)
+    if env.rank() == 0:
+        when = ("this process stops after this step" if alone else
+                "the processes stop together after one of the next steps")
+        say(f"runmodel: {_name(signum)}: {when}, then save ({_name(signum)} again, "
+            f"{SAME_SIGNAL_S:g} s on, to stop at once)")
+
+
+def _interrupt(engine: Any, signum: int) -> None:
+    if not engine.interrupt(signal=None if signum == signal.SIGINT else signum):
+        _at_once(signum, None)
+
+
+def _name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _at_once(signum: int, frame: Any) -> None:

@@ -1,9 +1,10 @@
 """Run folders read back, and the table of runs that ``runmodel runs`` prints.
 
-Config runs (``config_run.py``) and script runs (``engine.run(..., run_dir=PATH)``) write
-the same folder; what is read here is JSON and the run log, never a tensor, so listing runs
-imports no torch (``runmodel runs`` answers at once). ``runs/plot.py`` reads run folders
-through the same readers (``described``, ``flatten``).
+Config runs (``config_run.py``), model sources' runs (``source_run.py``) and script runs
+(``engine.run(..., run_dir=PATH)``) write the same folder; what is read here is JSON and
+the run log, never a tensor, so listing runs imports no torch (``runmodel runs`` answers
+at once). ``runs/plot.py`` reads run folders through the same readers (``described``,
+``flatten``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,16 @@ __all__ = ["RunInfo", "described", "flatten", "list_runs", "runs_table", "short_
 
 def described(directory: Path) -> dict[str, Any]:
     """What runs are compared (and labelled) by: a config run's config, with the epochs
-    and steps it has now (an extension changes them); a script run's script, arguments
-    and length."""
+    and steps it has now (an extension changes them); a model source's run's source,
+    class, options, seed and length; a script run's script, arguments and length."""
     status = read_status(directory)
+    record = read_json(directory / "run.json")
+    if record.get("kind") == "source":
+        return {"source": Path(str(record.get("source")).partition(":")[0]).name,
+                "model": record.get("model"), "init": record.get("init_options") or {},
+                "setup": record.get("setup_options") or {}, "seed": record.get("seed"),
+                "epochs": record.get("epochs"), "steps": record.get("steps")}
     if is_script_run(directory):
-        record = read_json(directory / "run.json")
         return {"script": Path(str(record.get("script"))).name,
                 "args": " ".join(map(str, record.get("argv") or [])),
                 "epochs": record.get("epochs"), "steps": record.get("steps")}

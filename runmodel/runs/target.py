@@ -14,7 +14,12 @@ replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchm
 profile), ``Train`` (``runmodel run`` of a model), ``WithWeights`` (eval, infer with a
 trained run's weights) and ``Continue`` (resume a script run). ``target.run(request)`` and
 ``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config
-runs in its run folder (``config_run.py``); a target that cannot do one says why.
+runs in its run folder (``config_run.py``), a model source's train run in the folder
+derived from it (``source_run.py``); a target that cannot do one says why.
+
+A run the command starts (or continues) is preempted by SIGTERM and by the signals of
+``--preempt-signal`` (``RunRequest.preempt``), and interrupted by Ctrl-C, on the one
+interrupt path (``interrupt.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import Model, configure_engine, load_model_class, resolve_options
+from ..models.seeding import seed as seed_generators
 from . import torchrun
 from .config_run import (
     PreparedRun,
@@ -48,8 +54,10 @@ from .config_run import (
     resume_dir,
 )
 from .evaluate import evaluate_model
-from .folder import is_script_run, read_status
+from .folder import RECORD, is_script_run, read_status
+from .interrupt import say
 from .script import is_script, run_script
+from .source_run import SourceRun
 
 __all__ = ["Action", "ConfigTarget", "Continue", "Describe", "Measure", "ModelTarget",
            "RunRequest", "ScriptTarget", "Target", "TargetError", "Train", "WithWeights",
@@ -100,7 +108,7 @@ class RunRequest:
     config: overrides of its values; for a resume: the length to continue to), whether to
     show progress, packs to attach (``--timer``), the distributed backend under torchrun
     (``--backend``), and for a config where its folder goes and what to do with a run
-    there."""
+    there; the signals that preempt the run (``engine.run``'s ``preempt_signals``)."""
 
     mode: str | None = None
     epochs: int | None = None
@@ -111,6 +119,7 @@ class RunRequest:
     runs_dir: str = "runs"
     resume: bool = False
     restart: bool = False
+    preempt: tuple[int, ...] = ()
 
 
 # -- actions --------------------------------------------------------------------------------
@@ -159,8 +168,9 @@ class Measure:
 
 @dataclass(frozen=True)
 class Train:
-    """``runmodel run`` of a model: ``request``'s mode (default train) and length, its
-    progress display and packs; under torchrun with the distributed backend."""
+    """``runmodel run`` of a model outside a run folder (``--mode eval``, ``infer``):
+    ``request``'s mode and length, its progress display and packs; under torchrun with
+    the distributed backend."""
 
     request: RunRequest
     trains: ClassVar[bool] = True
@@ -175,41 +185,85 @@ class Train:
         engine.attach(*request.packs)
         backend = (request.backend or "ddp") if env.launched() else arguments["backend"]
         return engine.run(model, mode, steps=request.steps, epochs=request.epochs,
-                          setup_options=arguments["setup_options"], backend=backend)
+                          setup_options=arguments["setup_options"], backend=backend,
+                          preempt_signals=request.preempt)
 
 
 @dataclass(frozen=True)
 class WithWeights:
-    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up."""
+    """Eval or infer (``mode``) with ``weights`` loaded into the model once it is set up
+    (``averaged``: the average an EMA or SWA pack kept in the checkpoint), on the model's
+    eval data (``split="test"``: its test data)."""
 
     weights: Path
     mode: str
+    averaged: bool = False
+    split: str = "eval"
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         return evaluate_model(model, self.weights, self.mode,
-                              setup_options=arguments["setup_options"])
+                              setup_options=arguments["setup_options"], averaged=self.averaged,
+                              split=self.split)
 
 
 @dataclass(frozen=True)
 class Continue:
     """A run continued in its folder ``run_dir`` from its newest checkpoint, to ``epochs``
-    (``steps``) from its start: more than it has extends it. The folder named here wins
-    over the one the script gives (a copied run folder continues in the copy)."""
+    (``steps``) from its start: more than it has extends it; preempted by ``preempt``
+    too. The folder named here wins over the one the script gives (a copied run folder
+    continues in the copy), and a copy whose Checkpoint pack saves outside it is refused
+    (``refuse_checkpoints_outside``)."""
 
     run_dir: Path
     epochs: int | None
     steps: int | None
+    preempt: tuple[int, ...] = ()
     trains: ClassVar[bool] = True
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
-        record = read_json(self.run_dir / "run.json")
+        record = read_json(self.run_dir / RECORD)
         epochs = self.epochs if self.epochs is not None else record.get(
             "epochs", arguments["epochs"])
         steps = self.steps if self.steps is not None else record.get("steps", arguments["steps"])
+        refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments["run_dir"]))
         return engine.run(model, arguments["mode"], epochs=epochs, steps=steps,
                           setup_options=arguments["setup_options"],
-                          backend=arguments["backend"], resume="auto", run_dir=self.run_dir)
+                          backend=arguments["backend"], resume="auto", run_dir=self.run_dir,
+                          preempt_signals=(*self.preempt, *arguments["preempt_signals"]))
+
+
+def _folder_of(run_dir: Any) -> Path | None:
+    """The folder a script's ``engine.run(..., run_dir=)`` names (from its working
+    folder), if it names one."""
+    if run_dir is None:
+        return None
+    return Path(getattr(run_dir, "directory", run_dir)).resolve()
+
+
+def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path | None
+                               ) -> None:
+    """A run continued in a folder other than the one it was started in (a copy, a
+    folder moved or moved aside) must not save into a Checkpoint folder outside it: that
+    folder holds the checkpoints of the run that was started there. Said before the run
+    (bad input), naming the folder."""
+    from ..packs.checkpoint import Checkpoint
+
+    here = run_dir.resolve()
+    if started_in is None or started_in == here:
+        return
+    for pack in engine.table.packs.values():
+        if not isinstance(pack, Checkpoint):
+            continue
+        folder = Path(pack.directory)  # a relative one goes inside run_dir (engine.run)
+        folder = (folder if folder.is_absolute() else here / folder).resolve()
+        if not folder.is_relative_to(here):
+            raise TargetError(
+                f"{run_dir} is a copy of the run folder {started_in} (or was moved from "
+                f"there), and its Checkpoint pack saves in {folder}, outside it: continuing "
+                f"the copy would write into the checkpoints of the run in {started_in}. "
+                f"Give the Checkpoint pack a folder inside run_dir (as "
+                f"Checkpoint(\"checkpoint\")), or resume {started_in} itself")
 
 
 # -- targets --------------------------------------------------------------------------------
@@ -248,27 +302,134 @@ class Target(abc.ABC):
 
 @dataclass
 class ModelTarget(Target):
-    """A model source, with the command's ``--device`` and ``--set`` options."""
+    """A model source, with the command's ``--device``, ``--set`` options and ``--seed``;
+    or a model source's run folder (``directory``: the source and options it records,
+    ``record``). A train run goes into the run folder derived from it
+    (``source_run.py``)."""
 
     source: str
     device: str | None = None
     options: Sequence[str] = ()
+    seed: int | None = None
+    directory: Path | None = None
+    record: dict[str, Any] | None = None
     what: ClassVar[str] = "a model source"
+
+    @classmethod
+    def of_run(cls, directory: Path) -> ModelTarget:
+        record = read_json(directory / RECORD)
+        if not isinstance(record.get("source"), str):
+            raise TargetError(f"{directory} is a model source's run, and its run.json names "
+                              f"no source to make its model from")
+        return cls(record["source"], record.get("device"), seed=record.get("seed"),
+                   directory=directory, record=record)
+
+    def _model(self) -> tuple[type[Model], Model, dict[str, Any], dict[str, Any],
+                              dict[str, Any]]:
+        """The model class, the init and setup options given (``--set``, or as the run
+        folder records them), the model (made after seeding, where a seed is given) and
+        its setup options resolved against its declared ones."""
+        cls = load_model_class(self.source)
+        if self.record is not None:
+            init = dict(self.record.get("init_options") or {})
+            setup = dict(self.record.get("setup_options") or {})
+        else:
+            init, setup = split_options(self.options, cls)
+        if self.seed is not None:
+            seed_generators(self.seed)
+        model = cls(device=self.device, init_options=init or None)
+        resolved = setup
+        if getattr(cls, "setup_defaults", None):  # a bad setup option is bad input too
+            resolved = resolve_options(model, "setup", setup, cls.setup_defaults)
+        return cls, model, init, setup, resolved
+
+    @staticmethod
+    def _engine(cls: type[Model], packs: Sequence[Pack] = ()) -> Engine:
+        """The engine: ``packs`` attached, then what the model's file configures."""
+        engine = Engine(progress=False)  # the command attaches its own (--no-progress)
+        engine.attach(*packs)
+        configure_engine(cls, engine)
+        return engine
 
     def run_with(self, action: Action) -> Any:
         with loading():
-            cls = load_model_class(self.source)
-            init, setup = split_options(self.options, cls)
-            model = cls(device=self.device, init_options=init or None)
-            if getattr(cls, "setup_defaults", None):  # a bad setup option is bad input too
-                setup = resolve_options(model, "setup", setup, cls.setup_defaults)
-            engine = Engine(progress=False)  # the command attaches its own (--no-progress)
-            configure_engine(cls, engine)
+            cls, model, _, _, setup = self._model()
+            engine = self._engine(cls)
         return action(engine, model, _arguments(setup_options=setup or None))
 
     def run(self, request: RunRequest) -> RunResult:
-        result: RunResult = self.run_with(Train(request))
-        return result
+        """A train run in the run folder derived from the source (``source_run.py``); an
+        eval or infer run (``--mode``) in none."""
+        if self.directory is not None:
+            raise TargetError(f"{self.directory} is a run folder: continue its run with "
+                              f"`runmodel resume {self.directory}`")
+        if (request.mode or "train") != "train":
+            result: RunResult = self.run_with(Train(request))
+            return result
+        if self.seed is None:  # seeded as a config run is (seed = 0 unless told)
+            self.seed = 0
+        return self._in_folder(request)
+
+    def resume(self, request: RunRequest) -> RunResult:
+        if self.directory is None:
+            return super().resume(request)
+        return self._in_folder(request)
+
+    def processes(self) -> dict[str, Any] | None:
+        if self.directory is None or self.record is None:
+            return None
+        return _processes(self.directory, self.record.get("backend") in torchrun.BACKENDS)
+
+    def _backend(self, request: RunRequest) -> str | None:
+        """Under torchrun, the distributed backend: ``--backend``, or the one the run
+        records, else ``ddp``; in one process the plain one (None)."""
+        recorded = None if self.record is None else self.record.get("backend")
+        if not env.launched():
+            return None
+        if request.backend and recorded and request.backend != recorded:
+            raise TargetError(f"--backend {request.backend}: the run in {self.directory} "
+                              f"trains with backend {recorded!r}; drop --backend")
+        return str(request.backend or recorded or "ddp")
+
+    def _in_folder(self, request: RunRequest) -> RunResult:
+        """The source's train run in its folder: a new one (or ``--resume``,
+        ``--restart`` of the one there), or the folder's run continued."""
+        from .source_run import default_packs, prepare, run_dir_for, source_record
+
+        with loading():
+            if request.resume and request.restart:
+                raise TargetError("--resume and --restart exclude each other")
+            cls, model, init, setup, resolved = self._model()
+            backend = self._backend(request)
+            if self.directory is None or self.record is None:
+                assert self.seed is not None
+                record = source_record(self.source, cls, init=init, setup=setup,
+                                       device=self.device, seed=self.seed, backend=backend,
+                                       epochs=request.epochs, steps=request.steps)
+                run_dir = run_dir_for(record, request.runs_dir)
+                record["directory"] = str(run_dir.resolve())  # where it was started
+                epochs, steps, resume = request.epochs, request.steps, request.resume
+            else:
+                record, run_dir, resume = self.record, self.directory, True
+                status = read_status(run_dir)
+                epochs = request.epochs if request.epochs is not None else status.get(
+                    "epochs", record.get("epochs"))
+                steps = request.steps if request.steps is not None else status.get(
+                    "steps", record.get("steps"))
+            engine = self._engine(cls, [*request.packs,
+                                        *default_packs(run_dir, request.progress)])
+            if self.directory is not None:
+                refuse_checkpoints_outside(engine, run_dir, _started_in(record))
+            prepared = prepare(engine, model, {**record, "backend": backend}, run_dir,
+                               setup_options=resolved or None, epochs=epochs, steps=steps,
+                               resume=resume, restart=request.restart)
+        return _run_in_folder(prepared, request)
+
+
+def _started_in(record: dict[str, Any]) -> Path | None:
+    """The folder a run was started in, as its record says."""
+    directory = record.get("directory")
+    return Path(directory).resolve() if isinstance(directory, str) else None
 
 
 @dataclass
@@ -304,9 +465,9 @@ class ScriptTarget(Target):
     def resume(self, request: RunRequest) -> RunResult:
         if self.directory is None:
             return super().resume(request)
-        print(f"run directory: {self.directory} (a run of {self.source})", file=sys.stderr)
+        say(f"run directory: {self.directory} (a run of {self.source})")
         result: RunResult = self.run_with(Continue(self.directory, request.epochs,
-                                                   request.steps))
+                                                   request.steps, request.preempt))
         return result
 
 
@@ -387,7 +548,7 @@ class ConfigTarget(Target):
             prepared = prepare(config, request.runs_dir, resume=request.resume,
                                restart=request.restart, progress=request.progress,
                                packs=request.packs, base=self.base, backend=request.backend)
-        return _run_in_folder(prepared)
+        return _run_in_folder(prepared, request)
 
     def resume(self, request: RunRequest) -> RunResult:
         if self.directory is None:
@@ -397,25 +558,12 @@ class ConfigTarget(Target):
             prepared = resume_dir(self.directory, progress=request.progress,
                                   epochs=request.epochs, steps=request.steps,
                                   packs=request.packs)
-        return _run_in_folder(prepared)
+        return _run_in_folder(prepared, request)
 
     def processes(self) -> dict[str, Any] | None:
-        """A run of ``ddp`` or ``fsdp`` continues under torchrun, in the processes its
-        status records; where the status does not say (it is damaged, or the run never
-        wrote it), in one process, as the config's backend or the run's sharded
-        checkpoints say it needs torchrun's process group."""
         if self.directory is None:
             return None
-        status = read_status(self.directory)
-        world = status.get("world_size")
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-            world = 1
-        distributed = (status.get("backend") in torchrun.BACKENDS or _distributed(self.config)
-                       or _sharded(self.directory))
-        if world <= 1 and not distributed:
-            return None  # a one-process run of the plain (amp, compile...) backend
-        return {"world_size": world, "nproc_per_node": status.get("nproc_per_node", world),
-                "nnodes": status.get("nnodes", 1)}
+        return _processes(self.directory, _distributed(self.config))
 
     def _refuse_outside_torchrun(self, config: RunConfig, doing: str) -> None:
         """A ``ddp``/``fsdp`` run outside torchrun would fail at setup on a missing process
@@ -425,6 +573,23 @@ class ConfigTarget(Target):
             raise TargetError(f"{self.source}: the config's backend is "
                               f"{config.backend.type_!r}, which runs in processes torchrun "
                               f"starts: {doing} with --nproc-per-node N (1 for one process)")
+
+
+def _processes(directory: Path, distributed: bool) -> dict[str, Any] | None:
+    """How the run in ``directory`` continues: a run of ``ddp`` or ``fsdp`` under
+    torchrun, in the processes its status records; where the status does not say (it is
+    damaged, or the run never wrote it), in one process, as its own record
+    (``distributed``) or its sharded checkpoints say it needs torchrun's process group.
+    None: in this process (a one-process run of the plain, amp, compile... backend)."""
+    status = read_status(directory)
+    world = status.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        world = 1
+    if world <= 1 and not (status.get("backend") in torchrun.BACKENDS or distributed
+                           or _sharded(directory)):
+        return None
+    return {"world_size": world, "nproc_per_node": status.get("nproc_per_node", world),
+            "nnodes": status.get("nnodes", 1)}
 
 
 def _distributed(config: RunConfig) -> bool:
@@ -438,14 +603,14 @@ def _arguments(**given: Any) -> Arguments:
             "backend": None, "resume": None, "run_dir": None, **given}
 
 
-def _run_in_folder(prepared: PreparedRun) -> RunResult:
-    """A prepared config run, said where it runs (by rank 0). Ctrl-C ends it as any run
-    ends: saved, its folder saying how to go on, ``runmodel.Interrupted`` raised."""
-    if prepared.lead:
-        print(f"run directory: {prepared.directory}"
-              + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
-              file=sys.stderr)
-    return prepared.run()
+def _run_in_folder(prepared: PreparedRun | SourceRun, request: RunRequest) -> RunResult:
+    """A prepared run (a config's, a model source's), said where it runs (by rank 0).
+    Ctrl-C and the request's preemption signals end it as any run ends: saved, its folder
+    saying how to go on, ``runmodel.Interrupted`` (``Preempted``) raised."""
+    if env.rank() == 0:
+        say(f"run directory: {prepared.directory}"
+            + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""))
+    return prepared.run(request.preempt)
 
 
 def _sharded(directory: Path) -> bool:
@@ -513,24 +678,29 @@ def _undeclared(pair: str, cls: type[Model], name: str, known: dict[str, dict[st
 
 
 def open_target(source: str, *, device: str | None = None, options: Sequence[str] = (),
-                argv: Sequence[str] = ()) -> Target:
+                argv: Sequence[str] = (), seed: int | None = None) -> Target:
     """The target ``source`` names: a config file (``options`` are its ``--set``
-    overrides, ``device`` one more), a run folder (``open_run``), a script (run with
-    ``argv`` from here), or a model source (``device`` and ``options`` its own)."""
+    overrides, ``device`` and ``seed`` more), a run folder (``open_run``), a script (run
+    with ``argv`` from here), or a model source (``device``, ``options`` and ``seed`` its
+    own)."""
     if Path(source).is_dir():
         return open_run(source)
     with loading():
         if is_config_file(source):
-            overrides = [*options, *([f"device={device!r}"] if device is not None else [])]
+            overrides = [*options, *([f"device={device!r}"] if device is not None else []),
+                         *([f"seed={seed!r}"] if seed is not None else [])]
             return ConfigTarget.of_file(source, overrides)
         if is_script(source):
             return ScriptTarget(source, argv, os.getcwd())
-        return ModelTarget(source, device, options)
+        return ModelTarget(source, device, options, seed)
 
 
 def open_run(directory: str | os.PathLike[str]) -> Target:
-    """The target of a run folder: a script run's (its script, as it was started), else
-    a config run's (its config; a folder that holds none says so)."""
+    """The target of a run folder: a model source's run (its source and options, as
+    recorded), a script run's (its script, as it was started), else a config run's (its
+    config; a folder that holds none says so)."""
     with loading():
         found = Path(directory).resolve()
+        if read_json(found / RECORD).get("kind") == "source":
+            return ModelTarget.of_run(found)
         return ScriptTarget.of_run(found) if is_script_run(found) else ConfigTarget.of_run(found)

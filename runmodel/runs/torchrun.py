@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends.distributed import env
+from ..backends.distributed.failures import record_failure
 from ..config.registry import Spec
 from ..config.runconfig import RunConfig
 
@@ -51,8 +52,10 @@ def with_backend(config: RunConfig, asked: str | None) -> RunConfig:
 
 def decided(decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``decide()`` run on rank 0 alone; its result (JSON data) on every rank. An error on
-    rank 0 is raised there and, as ``DecisionFailed``, on the others. Every process calls
-    it at the same point (the decisions are numbered)."""
+    rank 0 is raised there and, as ``DecisionFailed``, on the others; rank 0 records it
+    for the launcher before the others learn of it, so the launcher names rank 0's
+    failure as the first (the others' follows from it). Every process calls it at the
+    same point (the decisions are numbered)."""
     if not env.several():
         return decide()
     key = f"decision-{next(_decisions)}"
@@ -61,6 +64,7 @@ def decided(decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
             value = decide()
         except Exception as error:
+            record_failure(error)
             store.set(key, json.dumps({"error": str(error).strip("'\"")}))
             raise
         store.set(key, json.dumps({"value": value}))

@@ -29,8 +29,9 @@ import runmodel
 import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 120  # seconds, for any one command (they take 2 to 10 s)
-ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100"}
+TIMEOUT = 600  # seconds for one command (2 to 30 s here: 10x and more, for a busy machine)
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100",
+       "OMP_NUM_THREADS": "1"}  # two spinning threads a command, on 2 shared cores: slow
 RUNMODEL = (sys.executable, "-m", "runmodel")
 
 #: Logits = scale * one_hot(y): right by construction, so eval's metrics are known exactly.
@@ -61,6 +62,12 @@ class PlainSGD:
     def zero_grad(self, set_to_none=True):
         for p in self.parameters:
             p.grad = None
+
+    def state_dict(self):  # what a checkpoint of its run folder saves
+        return {"lr": self.lr}
+
+    def load_state_dict(self, state):
+        self.lr = state["lr"]
 
 
 class Tiny(runmodel.TorchModel):
@@ -199,7 +206,8 @@ def calls(models: Path) -> dict[str, Call]:
 
     script = shutil.which("runmodel")
     found = {
-        "digits": at_root("run", "examples/digits.py", "--epochs", "20"),
+        "digits": at_root("run", "examples/digits.py", "--epochs", "20", "--runs-dir",
+                          str(models / "runs-digits")),
         "help": at_root("--help"),
         **{f"help-{c}": at_root(c, "--help") for c in ("run", "benchmark", "profile", "describe")},
         "version": at_root("--version"),
@@ -242,7 +250,7 @@ def calls(models: Path) -> dict[str, Call]:
         "syntax-error": at_models("run", "broken.py"),
         "bad-device": at_models("describe", "tiny.py", "--device", "bogus"),
         "boom": at_models("run", "boom.py"),
-        "boom-debug": at_models("run", "boom.py", "--debug"),
+        "boom-debug": at_models("run", "boom.py", "--debug", "--runs-dir", "runs-debug"),
         "negative-epochs": at_models("run", "tiny.py", "--epochs", "-3"),
         "bad-mode": at_models("run", "tiny.py", "--mode", "fly"),
     }
@@ -298,7 +306,7 @@ def test_top_level_help(cli: Results) -> None:
                           ("benchmark", "time a model's steps (warm-up dropped)"),
                           ("profile", "profile a model's steps with torch.profiler"),
                           ("describe", "show a model and the resolved phase and hook table"),
-                          ("runs", "list config runs: what differs, metrics, status"),
+                          ("runs", "list runs: what differs, metrics, status"),
                           ("resume", "continue a run from its checkpoint"),
                           ("eval", "evaluate a trained run on its eval data"),
                           ("infer", "infer with a trained run and save its outputs")):
@@ -309,7 +317,8 @@ def test_top_level_help(cli: Results) -> None:
 
 HELP_OPTIONS = {
     "run": {"--mode {train,eval,infer,benchmark,profile}", "--epochs EPOCHS", "--steps STEPS",
-            "--json", "--runs-dir RUNS_DIR", "--resume", "--restart"},
+            "--json", "--runs-dir RUNS_DIR", "--resume", "--restart", "--seed SEED",
+            "--preempt-signal SIG", "--preempt-grace SECONDS"},
     "benchmark": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json"},
     "profile": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json",
                 "--dir DIR"},
@@ -359,9 +368,12 @@ def test_run_digits_trains_to_95_percent(cli: Results) -> None:
     result = cli["digits"]
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
+    # a train run of a model source goes into the run folder derived from it
+    err = lines(result.stderr)
+    assert err[0].startswith(f"run directory: {cli.models / 'runs-digits' / 'digits_'}"), err[0]
     # the progress line per epoch (stderr) shows the Evaluate pack that digits.py's
     # configure(engine) attaches
-    progress = [PROGRESS.fullmatch(line) for line in lines(result.stderr)]
+    progress = [PROGRESS.fullmatch(line) for line in err[1:]]
     assert len(progress) == 20 and all(progress), result.stderr
     assert [int(m[1]) for m in progress] == list(range(1, 21))  # epochs from 1
     losses = [float(m[2]) for m in progress]
@@ -370,7 +382,8 @@ def test_run_digits_trains_to_95_percent(cli: Results) -> None:
     assert accuracies[-1] >= 0.95, result.stderr
     out = lines(result.stdout)
     assert re.fullmatch(r"train: completed after 460 steps, 20 epochs in \d+\.\d{2}s", out[0])
-    assert float(out[-1].removeprefix("  eval_accuracy: ")) >= 0.95, result.stdout
+    [accuracy] = [line for line in out if line.startswith("  eval_accuracy: ")]
+    assert float(accuracy.removeprefix("  eval_accuracy: ")) >= 0.95, result.stdout
 
 
 # -- run: eval, infer, --json -------------------------------------------------------------
@@ -409,9 +422,20 @@ def test_run_json(cli: Results) -> None:
     assert set(data) == JSON_KEYS
     assert isinstance(data["seconds"], float) and data["seconds"] > 0
     del data["seconds"]
+    # its run folder: named by the source and its first options, a checkpoint every epoch,
+    # the eval_* metrics measured on the trained weights
+    [folder] = (cli.models / "runs").glob("tiny-batch-size32-lr0.01_*")
     assert data == {"mode": "train", "ended": "completed", "steps": 4, "epochs": 2,
-                    "skipped": 0, "metrics": {}, "timings": {}, "files": {}, "outputs": None,
-                    "reason": None}
+                    "skipped": 0, "timings": {}, "outputs": None, "reason": None,
+                    "metrics": {"eval_loss": pytest.approx(eval_loss(5), rel=0.05),
+                                "eval_accuracy": 1.0},
+                    "files": {"last_checkpoint": str(folder.relative_to(cli.models)
+                                                     / "checkpoint/ckpt-00002-0000000004.pt")}}
+    record = json.loads((folder / "run.json").read_text())
+    assert (record["kind"], record["model"], record["init_options"], record["setup_options"],
+            record["device"], record["seed"]) == ("source", "Tiny", {},
+                                                  {"lr": 0.01, "batch_size": 32}, "cpu", 0)
+    assert record["source"] == str(cli.models / "tiny.py")
 
 
 def test_run_eval_json(cli: Results) -> None:
@@ -513,7 +537,7 @@ def test_describe_shows_model_options_and_the_hook_table(cli: Results) -> None:
     assert any(re.fullmatch(r"epoch_start +- +\(no hooks\)", line) for line in table)
     assert [line.split()[0] for line in table[2:]] == [
         "setup", "epoch_start", "step_start", "runstep", "forward", "backward",
-        "optimizer_step", "epoch_end", "exception", "teardown"]
+        "optimizer_step", "epoch_end", "eval_start", "eval_end", "exception", "teardown"]
 
 
 def test_set_reaches_init_options(cli: Results) -> None:
@@ -538,7 +562,9 @@ def test_set_reaches_init_options_of_a_run(cli: Results) -> None:
 def test_set_reaches_setup_options(cli: Results) -> None:
     result = cli["train-json"]  # --set lr=0.01 --set setup.batch_size=32 --epochs 2
     assert result.returncode == 0, result.stderr
-    assert lines(result.stderr) == ["setup options: lr=0.01 batch_size=32"]
+    said, *err = lines(result.stderr)
+    assert said.startswith("run directory: runs/tiny-batch-size32-lr0.01_"), said
+    assert err == ["setup options: lr=0.01 batch_size=32"]
     assert json.loads(result.stdout)["steps"] == 4  # 64 samples in batches of 32, twice
 
 
@@ -563,11 +589,13 @@ def test_a_model_that_declares_no_options_gets_them_with_one_warning(cli: Result
     assert result.returncode == 0, result.stderr
     assert lines(result.stdout)[:2] == ["init options: [('depth', 2)]",
                                         "setup options: [('seed', 1), ('width', 3)]"]
-    assert lines(result.stderr) == [
+    *err, said = lines(result.stderr)
+    assert err == [
         "runmodel: warning: Free declares no init options (init_defaults), so these go to it "
         "unchecked: --set 'init.depth=2'",
         "runmodel: warning: Free declares no setup options (setup_defaults), so these go to "
         "it unchecked: --set 'width=3', --set 'setup.seed=1'"]
+    assert said.startswith("run directory: runs/free-depth2-seed1_"), said
     assert "UserWarning" not in result.stderr
 
 
@@ -639,17 +667,24 @@ def test_a_bad_device_is_a_usage_error(cli: Results) -> None:
 def test_an_error_in_the_model_exits_1_with_the_error_and_where(cli: Results) -> None:
     result = cli["boom"]
     assert result.returncode == 1
-    assert lines(result.stderr) == [
+    said, *err = lines(result.stderr)
+    assert err == [
         "runmodel run: error: RuntimeError: boom",
         "  runmodel: raised in model.run (train mode, epoch 0, step 0)",
         "  (run with --debug for the traceback)"]
     assert result.stdout == "model.teardown ran\n"
+    # and its run folder says so
+    [folder] = (cli.models / "runs").glob("boom_*")
+    assert said == f"run directory: runs/{folder.name}"
+    status = json.loads((folder / "status.json").read_text())
+    assert (status["status"], status["error"]) == ("failed", "RuntimeError: boom")
 
 
 def test_debug_shows_the_traceback(cli: Results) -> None:
     result = cli["boom-debug"]
     assert result.returncode == 1
-    err = result.stderr
+    said, err = result.stderr.split("\n", 1)
+    assert said.startswith("run directory: runs-debug/boom_"), said
     assert err.startswith("Traceback (most recent call last):\n")
     assert 'raise RuntimeError("boom")' in err
     assert str(cli.models / "boom.py") in err or '"boom.py"' in err
@@ -698,7 +733,14 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
     said = [line for line in lines(err) if line.startswith("runmodel")]  # not progress's
     assert said[0].startswith("runmodel: Ctrl-C: stopping after this step"), err
     assert said[1].startswith("runmodel: Ctrl-C stopped the run after step "), err
-    assert "nothing saved" in said[1] and said[2:] == ["runmodel: interrupted"], err
+    assert said[2:] == ["runmodel: interrupted"], err
+    # its run folder: the step reached saved there, and how to go on
+    [folder] = (tmp_path / "runs").glob("endless_*")
+    status = json.loads((folder / "status.json").read_text())
+    assert status["status"] == "interrupted"
+    assert (f"; saved {folder.relative_to(tmp_path)}/checkpoint/ckpt-00000-"
+            f"{status['step']:010d}.pt; continue it with `runmodel resume "
+            f"{folder.relative_to(tmp_path)}`") in said[1], err
 
 
 def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:

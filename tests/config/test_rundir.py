@@ -181,7 +181,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     config = project.load()
     engine = runmodel.Engine()
     losses: list[str] = []
-    engine.on("epoch_end", lambda e: losses.append(f"{e.state.loss.item():.6g}"))
+    engine.on("epoch_end", lambda e: losses.append(f"{e.state.metrics['loss']:.6g}"),
+              reads="loss")  # the epoch's mean loss, which the run log shows
     prepared = prepare(config, project.root, base=project.dir, engine=engine)
     directory = prepared.directory
     assert directory == project.root / config.run_name() == run_dir_for(config, project.root)
@@ -230,7 +231,8 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "reason", "seconds",
                                "steps", "timings"]
     assert (metrics["ended"], metrics["steps"], metrics["epochs"]) == ("completed", 12, 3)
-    assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss"]
+    # loss: the last epoch's mean training loss (Progress and RunLog read it)
+    assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss", "loss"]
     assert metrics["metrics"]["eval_accuracy"] == pytest.approx(accuracy, abs=1e-12)
     assert metrics["metrics"]["eval_loss"] == pytest.approx(loss, rel=1e-5)
     assert result.metrics == metrics["metrics"]
@@ -510,14 +512,14 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     assert main(["runs", str(runs)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["run", "status", "optimizer.args.lr", "steps", "eval_accuracy",
-                                "eval_loss"]
+                                "eval_loss", "loss"]
     assert set(table[1]) == {"-", " "}
     rows = [row.split() for row in table[2:]]
     expected = []
     for run, lr in ((old, "0.1"), (directory, "0.1"), (other, "0.01")):  # by start time
         m = read_json(run / "metrics.json")["metrics"]
         expected.append([run.name, "finished", lr, "12", f"{m['eval_accuracy']:.4f}",
-                         f"{m['eval_loss']:.4f}"])
+                         f"{m['eval_loss']:.4f}", f"{m['loss']:.4f}"])
     assert rows == expected
 
 

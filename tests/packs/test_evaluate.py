@@ -89,10 +89,10 @@ def test_given_data_metrics_and_prefix() -> None:
 def test_regression_metrics_and_two_evaluations_side_by_side() -> None:
     model, engine = Tiny(), runmodel.Engine()
     engine.attach(Evaluate(), Evaluate(data=make_data(2, seed=7), metrics={
-        "mae": MeanAbsoluteError()}, prefix="test_"))
+        "mae": MeanAbsoluteError()}, prefix="val_"))  # test_ is the test split's (reserved)
     result = engine.run(model, epochs=2)
-    assert sorted(result.metrics) == ["eval_loss", "test_mae"]
-    assert result.metrics["test_mae"] == runmodel.evaluate(
+    assert sorted(result.metrics) == ["eval_loss", "val_mae"]
+    assert result.metrics["val_mae"] == runmodel.evaluate(
         model, make_data(2, seed=7), {"mae": MeanAbsoluteError()})["mae"]
 
 

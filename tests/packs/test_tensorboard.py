@@ -60,8 +60,10 @@ def test_train_run_logs_loss_step_loss_and_lr(tmp_path: Path) -> None:
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents.")]) == 1
     scalars = read(tmp_path)
     assert sorted(scalars) == ["lr/group0", "train/loss", "train/loss_step"]
-    # the epoch-end loss is the epoch's last step's loss, at the global step
-    assert scalars["train/loss"] == [(4, losses[3]), (8, losses[7]), (12, losses[11])]
+    # the epoch-end loss is the epoch's mean (issue 28: not its last step's), at the global
+    # step; summed in float64 as the run sums it on its device
+    assert scalars["train/loss"] == [(n, as_float32(sum(losses[n - 4:n]) / 4))
+                                     for n in (4, 8, 12)]
     # every 2nd step, labelled with the number of steps done
     assert scalars["train/loss_step"] == [(n, losses[n - 1]) for n in (2, 4, 6, 8, 10, 12)]
     assert scalars["lr/group0"] == [(4, as_float32(0.1 / 2)), (8, as_float32(0.1 / 3)),

@@ -1,10 +1,11 @@
-"""One run path: a script's ``run_dir=`` run and a config run are one engine run in one run
-folder, written by one writer; Ctrl-C ends both the same way (real subprocesses, a real
-SIGINT to the process group, as a terminal sends it).
+"""One run path: a script's ``run_dir=`` run, a config run and a model source's run
+(``runmodel run tiny.py``) are one engine run in one run folder, written by one writer;
+Ctrl-C ends them the same way (real subprocesses, a real SIGINT to the process group, as a
+terminal sends it).
 
-One small model file serves every run here: a config imports it, a script imports it, and
-its ``configure(engine)`` hook slows the steps down from ``READY_AT`` on, saying "ready",
-so that the Ctrl-C lands in the middle of an epoch.
+One small model file serves every run here: a config imports it, a script imports it, the
+command runs it as a model source, and its ``configure(engine)`` hook slows the steps down
+from ``READY_AT`` on, saying "ready", so that the Ctrl-C lands in the middle of an epoch.
 """
 
 from __future__ import annotations
@@ -131,16 +132,25 @@ def _config_dir(project: Path, runs: str) -> Path:
     return folder
 
 
+#: ``runmodel run`` of the model file as a model source: seeded as the config run is
+#: (seed 0), in a run folder derived from it, with the config runs' default packs.
+SOURCE_RUN = (*RUNMODEL, "run", "tiny.py", "--epochs", str(EPOCHS), "--no-progress")
+
+
 @pytest.fixture(scope="module")
 def straight(project: Path) -> dict[str, Any]:
-    """One uninterrupted script run and one config run of the same model."""
+    """One uninterrupted script run, config run and model source's run of the same
+    model."""
     script = _run(sys.executable, "train.py", "runs-script/straight", cwd=project)
     assert script.returncode == 0, script.stderr
     config = _run(*RUNMODEL, "run", "run.toml", "--runs-dir", "runs-config", "--no-progress",
                   cwd=project)
     assert config.returncode == 0, config.stderr
+    source = _run(*SOURCE_RUN, "--runs-dir", "runs-source", cwd=project)
+    assert source.returncode == 0, source.stderr
     return {"script": project / "runs-script" / "straight",
-            "config": _config_dir(project, "runs-config")}
+            "config": _config_dir(project, "runs-config"),
+            "source": _config_dir(project, "runs-source")}
 
 
 def _read(folder: Path, name: str) -> dict[str, Any]:
@@ -238,9 +248,11 @@ def _tensorboard_points(folder: Path, tag: str) -> list[int]:
     return steps
 
 
-@pytest.mark.parametrize("kind", ["script", "config"])
+@pytest.mark.parametrize("kind", ["script", "config", "source"])
 def test_ctrl_c_ends_a_script_run_and_a_config_run_alike_and_both_resume_exactly(
         kind: str, project: Path, straight: dict[str, Any]) -> None:
+    """``python train.py`` (``run_dir=``), ``runmodel run CONFIG`` and ``runmodel run
+    tiny.py`` (a model source): the same outcome, exit 130 from the command line."""
     if kind == "script":
         folder = project / "runs-script" / "interrupted"
         code, err = _ctrl_c_when_ready([sys.executable, "train.py", str(folder)], project)
@@ -248,14 +260,20 @@ def test_ctrl_c_ends_a_script_run_and_a_config_run_alike_and_both_resume_exactly
         assert err.rstrip().splitlines()[-1].startswith(
             "runmodel.Interrupted: interrupted: Ctrl-C"), err
     else:
-        code, err = _ctrl_c_when_ready([*RUNMODEL, "run", "run.toml", "--runs-dir",
-                                        "runs-interrupted", "--no-progress"], project)
+        given = ["run.toml"] if kind == "config" else ["tiny.py", "--epochs", str(EPOCHS)]
+        code, err = _ctrl_c_when_ready([*RUNMODEL, "run", *given, "--runs-dir",
+                                        f"runs-interrupted-{kind}", "--no-progress"], project)
         assert code == 130, err
-        folder = _config_dir(project, "runs-interrupted")
+        folder = _config_dir(project, f"runs-interrupted-{kind}")
+        assert _read(folder, "run.json")["kind"] == kind
     step = _assert_interrupted_mid_epoch(folder)
     said = [line for line in err.splitlines() if "stopped the run" in line]
     assert len(said) == 1 and f"after step {step}; saved " in said[0], err
 
+    if kind == "source":  # it says how to go on: the command that continues it
+        assert f"continue it with `runmodel resume {folder.relative_to(project)}`" in said[0]
+        # seeded as a config run is (seed 0): the same model, trained the same
+        _assert_same_weights(straight["source"], straight["config"])
     again = (_run(sys.executable, "train.py", str(folder), cwd=project) if kind == "script"
              else _run(*RUNMODEL, "resume", str(folder), "--no-progress", cwd=project))
     assert again.returncode == 0, again.stderr

@@ -40,7 +40,9 @@ class EndAgreement:
         self.timeout = timeout
         self._store: Any = None
         self._last: tuple[str, int, int] | None = None  # this process's last mark
-        self._prefix = f"runmodel/run{next(_run_numbers)}/at"
+        # a restarted group (torchrun's --max-restarts) may meet in the same store: its
+        # marks are its own
+        self._prefix = f"runmodel/{env.restart_count()}/run{next(_run_numbers)}/at"
 
     def epoch_start(self, engine: Any) -> None:
         self._mark("start", engine.state.epoch, engine.state.step)

@@ -28,9 +28,9 @@ from ...core.continuing import world_size as _world_size
 from ...core.state import current_rank
 
 __all__ = ["GROUP_CAPTURING_MODULES", "STORE_WAIT", "TORCHRUN_VARIABLES", "broadcast_from_0",
-           "end_distributed", "group_store", "has_group", "launch_world", "launched", "local_rank",
-           "make_group", "missing_variables", "rank", "several", "store", "sync_ignite",
-           "world_size"]
+           "end_distributed", "gloo_group", "group_store", "has_group", "launch_world", "launched",
+           "local_rank", "make_group", "missing_variables", "rank", "restart_count", "restarted",
+           "several", "store", "sync_ignite", "world_size"]
 
 T = TypeVar("T")
 
@@ -58,6 +58,23 @@ def launched() -> bool:
 def several() -> bool:
     """Whether torchrun started this process and others with it."""
     return launched() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this launch's processes (``--max-restarts``:
+    ``$TORCHELASTIC_RESTART_COUNT``); 0 outside torchrun."""
+    if not launched():
+        return 0
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    except ValueError:
+        return 0
+
+
+def restarted() -> bool:
+    """Whether this process belongs to a group that torchrun started again after a
+    process failed: it continues the run, as ``runmodel resume`` would."""
+    return restart_count() > 0
 
 
 def rank() -> int:
@@ -104,8 +121,7 @@ def store() -> Any:
     import torch.distributed as dist
 
     made, _, _ = next(dist.rendezvous("env://", timeout=STORE_WAIT))
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"runmodel/{restart}/", made)
+    return dist.PrefixStore(f"runmodel/{restart_count()}/", made)
 
 
 def group_store() -> Any:
@@ -142,16 +158,43 @@ def broadcast_from_0(value: T) -> T:
 
 class _MadeGroup:
     """The default process group that runmodel made (``group`` None: none, or one the
-    script made, which the script ends)."""
+    script made, which the script ends), and the gloo groups made beside the default
+    group, by what they are for (``gloo_group``), with the default group they belong to."""
 
-    __slots__ = ("ends_at_exit", "group")
+    __slots__ = ("ends_at_exit", "group", "side", "side_of")
 
     def __init__(self) -> None:
         self.group: Any = None
         self.ends_at_exit = False
+        self.side: dict[tuple[str, float | None], Any] = {}
+        self.side_of: Any = None
 
 
 _made = _MadeGroup()
+
+
+def gloo_group(purpose: str, timeout: float | None = None) -> Any:
+    """A gloo process group over every process of the default group, for collectives that
+    must wait on no device (a check of the CPU) or must not interleave with training's (a
+    checkpoint's, run in the background): None (the default group, as torch.distributed's
+    functions take it) where that is gloo and no ``timeout`` (seconds) of its own is
+    asked, else a group of its own for ``purpose``.
+    Made at the first ask (a collective: every process asks at the same point, as every
+    process makes the same runs) and kept for the process's later runs while the default
+    group lives, so a script's runs do not each leave one behind; it ends with the default
+    group (``end_distributed``)."""
+    import torch.distributed as dist
+
+    if timeout is None and dist.get_backend() == "gloo":
+        return None  # (no reference to it: one held after its end keeps its threads alive)
+    world = dist.group.WORLD
+    if _made.side_of is not world:  # another default group: the old ones ended with theirs
+        _made.side, _made.side_of = {}, world
+    key = (purpose, timeout)
+    if key not in _made.side:
+        _made.side[key] = dist.new_group(backend="gloo", timeout=None if timeout is None else
+                                         datetime.timedelta(seconds=timeout))
+    return _made.side[key]
 
 
 def make_group(backend: str, timeout: float | None, device: Any = None) -> None:
@@ -161,14 +204,24 @@ def make_group(backend: str, timeout: float | None, device: Any = None) -> None:
     are imported first (``GROUP_CAPTURING_MODULES``): imported while a group exists, they
     keep it alive past its end, its gloo threads live on into the interpreter's exit, and
     one that releases its last collective's tensors there aborts the process
-    (``terminate called without an active exception``, docs/distributed.md)."""
+    (``terminate called without an active exception``, docs/distributed.md).
+
+    Under torchrun the group meets in ``store()``, under the prefix of this launch's
+    restart: torchrun's agent keeps one store for every restart of its processes, and a
+    group made there without a prefix of its own reads the addresses the previous
+    attempt's processes left (torch's issue 135712: a restarted group then fails to
+    connect, or connects to nothing and waits)."""
     import torch.distributed as dist
 
     for name in GROUP_CAPTURING_MODULES:
         importlib.import_module(name)
+    where: dict[str, Any] = {}
+    if launched():
+        where = {"store": store(), "rank": int(os.environ["RANK"]),
+                 "world_size": int(os.environ["WORLD_SIZE"])}
     dist.init_process_group(
         backend, timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
-        device_id=device if backend == "nccl" else None)
+        device_id=device if backend == "nccl" else None, **where)
     _made.group = dist.group.WORLD
     if not _made.ends_at_exit:
         # ended by an exit handler, while the interpreter is whole: its worker threads
@@ -185,6 +238,7 @@ def end_distributed() -> None:
     process's exit anyway; call it to end the group earlier. Nothing to end: nothing done.
     Local: no collective, so a process may call it after the others are gone."""
     group, _made.group = _made.group, None
+    _made.side, _made.side_of = {}, None
     if group is None or not has_group():
         return
     import torch.distributed as dist

@@ -16,12 +16,11 @@ backend's (``ddp.py``); what differs:
   eval data with forwards whose outputs no metric sees;
 - checkpoints are sharded: the run's checkpoint storage (``storage()``) is a
   ``runmodel.checkpoint.sharded.ShardedStorage``, every process writing its shard, with
-  collectives on a process group of their own.
+  collectives on a gloo group of their own, made once and kept for the process's runs.
 """
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import secrets
 import warnings
@@ -96,7 +95,7 @@ class FSDP(DDP):
         return self._storage
 
     def _run(self, model: Any, module: torch.nn.Module) -> DistributedRun:
-        return ShardedRun(model, module, self.end_timeout)
+        return ShardedRun(model, module, self.end_timeout, self.preempt_check_every)
 
     def _wrap(self, model: Any, inner: torch.nn.Module, device: torch.device) -> None:
         from torch.distributed.fsdp import (
@@ -126,12 +125,11 @@ class FSDP(DDP):
             model.optimizer = rebuild_optimizer(optimizer, names, inner)
             follow_schedulers(model, optimizer, model.optimizer)
         # checkpoints' collectives get a group of their own (an async save's run beside
-        # training's), bounded by checkpoint_timeout; a token names this run's staging
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-            seconds=self.checkpoint_timeout))
-        box: list[Any] = [secrets.token_hex(4)]
-        dist.broadcast_object_list(box, src=0)
-        sharded = Sharded(model, group, dist.get_rank(), dist.get_world_size(), str(box[0]))
+        # training's), bounded by checkpoint_timeout, made once for the process's runs; a
+        # token names this run's staging folders
+        group = env.gloo_group("checkpoint", self.checkpoint_timeout)
+        token = str(env.broadcast_from_0(secrets.token_hex(4)))
+        sharded = Sharded(model, group, dist.get_rank(), dist.get_world_size(), token)
         self._storage = ShardedStorage(sharded)
         assert isinstance(self._pack, ShardedRun)
         self._pack.sharded = sharded
@@ -143,8 +141,10 @@ class ShardedRun(DistributedRun):
     data padded to as many forwards on every process, and the module left sharded."""
 
     name = "fsdp"
-    def __init__(self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0) -> None:
-        super().__init__(model, module, end_timeout)
+
+    def __init__(self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0,
+                 check_every: int = 10) -> None:
+        super().__init__(model, module, end_timeout, check_every)
         self.sharded: Sharded | None = None
 
     def shard(self, seed: int | None) -> None:
@@ -160,11 +160,12 @@ class ShardedRun(DistributedRun):
             if self.sharded is not None:  # no collective save at the end
                 self.sharded.ended_together = False
             raise
-        if engine.state.error is not None and self.sharded is not None:
+        if engine.state.error is not None and not self.stopped_together(engine) and (
+                self.sharded is not None):
             self.sharded.ended_together = False
 
     def restore(self) -> None:
-        if self.sharded is not None:  # its process group must not outlive the run
+        if self.sharded is not None:  # the run's view of the group goes (the group stays)
             self.sharded.group, self.sharded = None, None
         self.module = self.model.module  # sharded for good: fully_shard cannot be undone
         super().restore()

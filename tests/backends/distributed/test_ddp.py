@@ -3,9 +3,12 @@
 
 Launching costs seconds, so the runs are made once per module and shared: a straight
 2-process training (checkpoints every 5 steps, Evaluate, TensorBoard, a run log), a run
-resumed from one of its mid-epoch checkpoints, and a run whose rank 1 fails. The
-reference is the same training in this process, one process with batches twice as large
-drawn in the order the two processes' samplers deal out.
+resumed from one of its mid-epoch checkpoints, a run whose rank 1 fails, one whose rank
+1 is killed, the same training preempted by SIGTERM to torchrun in mid-epoch (then
+resumed in 2 processes, and in 1), and one whose rank 1 is killed under torchrun's
+``--max-restarts 1``. The straight run is the reference of every bit-for-bit check; it
+is checked itself against the same training in this process, one process with batches
+twice as large drawn in the order the two processes' samplers deal out.
 """
 
 from __future__ import annotations
@@ -58,7 +61,18 @@ MODEL = with_child_net(textwrap.dedent('''
     CHILD_NET
 
 
+    _datasets = datasets
+
+
+    def datasets():
+        """Each training sample carries its index (a third tensor, which the model does not
+        read), so that a test can tell which samples each step trained on."""
+        train, test = _datasets()
+        return TensorDataset(*train.tensors, torch.arange(N)), test
+
+
     def configure(engine, out="."):
+        out = os.path.abspath(out)  # here, not in the run folder `runmodel run` gives it
         rank = os.environ.get("RANK", "?")
         os.makedirs(out, exist_ok=True)
         if os.environ.get("FAIL_AT_STEP"):  # (the packs' imports cost seconds)
@@ -66,17 +80,40 @@ MODEL = with_child_net(textwrap.dedent('''
             def fail(engine):
                 raise RuntimeError(f"rank 1 fails on purpose at step {engine.state.step}")
         else:
-            if os.environ.get("KILL_AT_STEP"):
+            # the first attempt only: torchrun's restart (--max-restarts) goes on
+            if os.environ.get("KILL_AT_STEP") and os.environ.get(
+                    "TORCHELASTIC_RESTART_COUNT", "0") == "0":
                 @engine.on("step_start", rank=1, once=int(os.environ["KILL_AT_STEP"]))
                 def die(engine):  # as the OOM killer or a lost machine would end it
                     with open(f"{out}/killed-at", "w") as f:
                         f.write(repr(time.time()))
                     os.kill(os.getpid(), signal.SIGKILL)
 
+            if os.environ.get("PREEMPT_AT_STEP"):
+                @engine.on("step_start", rank=0, once=int(os.environ["PREEMPT_AT_STEP"]))
+                def preempted_here(engine):  # wait here until this process got the signal
+                    from runmodel.backends.distributed.stopping import REQUEST
+
+                    with open(f"{out}/ready", "w") as f:
+                        f.write(str(engine.state.step))
+                    while not REQUEST.signal:
+                        time.sleep(0.02)
+
+            if os.environ.get("RECORD_INDICES"):
+                @engine.on("runstep")
+                def indices(engine):
+                    with open(f"{out}/indices-{rank}", "a") as f:
+                        f.write(f"{engine.state.epoch} {engine.state.batch[2].tolist()}\\n")
+
+            @engine.on("teardown")
+            def stopped(engine):
+                with open(f"{out}/stopped-{rank}", "w") as f:
+                    f.write(f"{engine.state.step} {engine.state.stopping}")
+
             engine.attach(Evaluate(), Checkpoint(f"{out}/ckpt", every="5st", keep=None),
                           RunLog(f"{out}/run.log"))
-            if out == ".":  # the straight run
-                engine.attach(TensorBoard("tb"))
+            if out == os.getcwd():  # the straight run
+                engine.attach(TensorBoard(f"{out}/tb"))
 
         @engine.on("setup")
         def every_rank(engine):
@@ -121,6 +158,39 @@ RESUME = textwrap.dedent('''
 ''')
 
 
+TRAIN = textwrap.dedent('''
+    """Started by torchrun: the straight run's training in a run folder ("run"), watching
+    SIGTERM, the processes checking for a signal every 3 steps; it continues from its
+    newest checkpoint (resume="auto"), or from the checkpoint given."""
+    import os
+    import sys
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import runmodel
+    from net import Net, configure
+    from runmodel.backends import DDP
+
+
+    class OwnSampler(Net):
+        """Net, with a DistributedSampler of its own: the backend keeps it as it is."""
+
+        def setup(self, setup_options=None):
+            super().setup(setup_options)
+            dataset = self.train_data.dataset
+            self.train_data = DataLoader(dataset, batch_size=4, sampler=DistributedSampler(
+                dataset, num_replicas=int(os.environ["WORLD_SIZE"]),
+                rank=int(os.environ["RANK"])))
+
+
+    engine = runmodel.Engine()
+    configure(engine, out=os.getcwd())
+    model = OwnSampler() if os.environ.get("OWN_SAMPLER") else Net()
+    engine.run(model, epochs=3, backend=DDP(preempt_check_every=3), run_dir="run",
+               resume=sys.argv[1] if len(sys.argv) > 1 else "auto", preempt_signals=("SIGTERM",))
+''')
+
+
 def torchrun_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
     env.pop("TORCHELASTIC_RUN_ID", None)
@@ -152,9 +222,14 @@ class Runs:
         self.root = root
         (root / "net.py").write_text(MODEL)
         (root / "resume.py").write_text(RESUME)
+        (root / "train.py").write_text(TRAIN)
         self.straight_dir, self.failing_dir = root / "straight", root / "failing"
-        self.killed_dir = root / "killed"
-        for folder in (self.straight_dir, self.failing_dir, self.killed_dir):
+        self.killed_dir, self.restarted_dir = root / "killed", root / "restarted"
+        self.preempted_dir, self.one_dir = root / "preempted", root / "in-one-process"
+        self.own_sampler_dir = root / "own-sampler"
+        for folder in (self.straight_dir, self.failing_dir, self.killed_dir,
+                       self.restarted_dir, self.preempted_dir, self.one_dir,
+                       self.own_sampler_dir):
             folder.mkdir()
         cli = [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
                "2", "--epochs", str(EPOCHS), "--no-progress"]
@@ -162,6 +237,13 @@ class Runs:
         self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
         self._killed = launch(cli, self.killed_dir, KILL_AT_STEP="12")
         self._cache: dict[str, Any] = {}
+        self._later: list[subprocess.Popen[str]] = []
+        self._restarted: subprocess.Popen[str] | None = None
+        self._restart_started = threading.Event()
+        self._closing = False
+        # once the killed run ended (how soon it ends is measured: no more load before)
+        self._preempting = threading.Thread(target=self._restart_and_preempt, daemon=True)
+        self._preempting.start()
         self._resume: subprocess.Popen[str] | None = None
         self._resume_starter = threading.Thread(target=self._start_resume, daemon=True)
         self._resume_starter.start()
@@ -179,6 +261,81 @@ class Runs:
                                "--nproc-per-node", "2", str(self.root / "resume.py"),
                                str(checkpoint)], self.straight_dir, PYTHONPATH=path)
 
+    def train(self, cwd: Path, *options: str, processes: int = 2, args: tuple[str, ...] = (),
+              **env: str) -> subprocess.Popen[str]:
+        """train.py under torchrun, from ``cwd`` (its run folder is ``cwd/run``)."""
+        path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+        return launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc-per-node", str(processes), *options,
+                       str(self.root / "train.py"), *args], cwd, PYTHONPATH=path, **env)
+
+    def _restart_and_preempt(self) -> None:
+        """Once the killed run ended: the run whose rank 1 is killed under torchrun's
+        --max-restarts 1, and beside it the preempted run (then its resumes)."""
+        deadline = time.monotonic() + LIMIT_S
+        while self._killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._cache["killed_exited"] = time.time()  # when it ended, not when a test asked
+        try:
+            if not self._closing:
+                self._restarted = self.train(self.restarted_dir, "--max-restarts", "1",
+                                             KILL_AT_STEP="12")
+        finally:
+            self._restart_started.set()
+        if not self._closing:
+            self._preempt()
+
+    def _preempt(self) -> None:
+        """SIGTERM to torchrun once rank 0 is at step 9 (mid-epoch 1); rank 0 waits there
+        until its handler recorded the signal, so the processes' first check after it is
+        the one after step 11 (they check every 3 steps): the run stops at step 12. Then
+        it is resumed, in 2 processes, and from its step-12 checkpoint in 1."""
+        folder = self.preempted_dir
+        process = self.train(folder, "--shutdown-timeout", str(LIMIT_S), PREEMPT_AT_STEP="9",
+                             RECORD_INDICES="1")
+        self._later.append(process)
+        deadline = time.monotonic() + LIMIT_S
+        while not (folder / "ready").exists() and process.poll() is None and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        self._cache["preempted"] = finish(process)
+        self._cache["preempted_checkpoints"] = [
+            c.name for c in reversed(checkpoints_in(folder / "ckpt"))]
+        # what the processes and the run folder said, before the resume writes there again
+        self._cache["preempted_stopped"] = [
+            (folder / f"stopped-{rank}").read_text() if (folder / f"stopped-{rank}").exists()
+            else None for rank in (0, 1)]
+        self._cache["preempted_status"] = json.loads((folder / "run" / "status.json").read_text())
+        checkpoint = folder / "ckpt" / "ckpt-00001-0000000012.pt"
+        if self._closing:
+            return
+        resumed = self.train(folder)
+        one = self.train(self.one_dir, processes=1, args=(str(checkpoint),),
+                         RECORD_INDICES="1")
+        own = self.train(self.own_sampler_dir, processes=1, args=(str(checkpoint),),
+                         OWN_SAMPLER="1")
+        self._later += [resumed, one, own]
+        self._cache["preempted_resumed"] = finish(resumed)
+        self._cache["in_one_process"] = finish(one)
+        self._cache["own_sampler"] = finish(own)
+
+    def preempted(self, name: str = "preempted") -> tuple[int, str, str, float]:
+        """The preempted launch (``name``), its resume in 2 processes
+        (``preempted_resumed``), and in 1 (``in_one_process``)."""
+        self._preempting.join(timeout=4 * LIMIT_S)
+        assert name in self._cache, f"the {name} launch did not end"
+        result: tuple[int, str, str, float] = self._cache[name]
+        return result
+
+    def restarted(self) -> tuple[int, str, str, float]:
+        if "restarted" not in self._cache:
+            self._restart_started.wait(timeout=2 * LIMIT_S)
+            assert self._restarted is not None, "the restarted run did not start"
+            self._cache["restarted"] = finish(self._restarted)
+        result: tuple[int, str, str, float] = self._cache["restarted"]
+        return result
+
     def straight(self) -> tuple[int, str, str, float]:
         if "straight" not in self._cache:
             self._cache["straight"] = finish(self._straight)
@@ -193,12 +350,15 @@ class Runs:
         result: tuple[int, str, str, float] = self._cache["failing"]
         return result
 
+    def _await_killed(self) -> None:
+        self._cache["killed_finished"] = finish(self._killed)
+        self._cache["killed_ended"] = time.time()  # communicate() returned at its exit
+
     def killed(self) -> tuple[int, str, str, float]:
         """Rank 1 SIGKILLed at step 12 (after the step-10 checkpoint), then the run
         resumed in the same folder with resume="auto": the launch that was killed."""
         if "killed" not in self._cache:
             self._cache["killed"] = finish(self._killed)
-            self._cache["killed_ended"] = time.time()  # communicate() returned at its exit
             self._cache["killed_checkpoints"] = [
                 c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))]
             path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
@@ -226,10 +386,16 @@ class Runs:
 
     def close(self) -> None:
         self._resume_starter.join()
-        for process in (self._straight, self._failing, self._killed, self._resume):
+        self._closing = True  # the preemption's thread starts nothing more
+        for process in (self._straight, self._failing, self._killed, self._resume,
+                        self._restarted):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
+        for process in self._later:  # their thread reads what is left
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        self._preempting.join(timeout=LIMIT_S)
 
 
 @pytest.fixture(scope="module")
@@ -432,7 +598,8 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exac
     launcher ends with 1 naming rank 1, and resume="auto" finishes the run from its step-10
     checkpoint with the straight run's weights, bit for bit."""
     code, _, err, _ = runs.killed()
-    ended = runs._cache["killed_ended"]
+    runs._restart_started.wait(timeout=2 * LIMIT_S)
+    ended = runs._cache["killed_exited"]  # noted as it ended, not when this test came
     assert code == 1, err[-3000:]
     assert "runmodel run: error: process rank 1 failed (killed by SIGKILL)" in err, err[-3000:]
     killed_at = float((runs.killed_dir / "killed-at").read_text())
@@ -448,6 +615,98 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exac
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
+
+
+# -- preemption and restarts -----------------------------------------------------------------
+
+
+def test_sigterm_to_torchrun_stops_every_process_at_one_step_and_the_resume_is_exact(
+        runs: Runs) -> None:
+    """SIGTERM to the launcher, which sends it on to both processes: each handler records
+    it, the processes' next check (after step 11) stops both after step 12 (mid-epoch 1),
+    the Checkpoint pack saves that step, the run folder says preempted; run again, the
+    run ends with the straight run's weights, bit for bit."""
+    _, _, err, _ = runs.preempted()
+    folder = runs.preempted_dir
+    assert (folder / "ready").read_text() == "9"
+    assert runs._cache["preempted_stopped"] == ["12 preempted"] * 2, err[-3000:]
+    assert runs._cache["preempted_checkpoints"] == [
+        "ckpt-00000-0000000005.pt", "ckpt-00001-0000000010.pt", "ckpt-00001-0000000012.pt"]
+    assert err.count("runmodel: SIGTERM: the processes stop together") == 1  # rank 0's
+    assert "runmodel: SIGTERM stopped the run after step 12; saved " in err
+    status = runs._cache["preempted_status"]
+    assert (status["status"], status["signal"], status["step"]) == ("preempted", "SIGTERM", 12)
+    code, _, resumed_err, _ = runs.preempted("preempted_resumed")
+    assert code == 0, resumed_err[-3000:]
+    assert "ckpt-00001-0000000012.pt" in resumed_err
+    runs.straight()
+    straight = torch.load(runs.straight_dir / "final.pt", weights_only=True)
+    resumed = torch.load(folder / "final.pt", weights_only=True)
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    status = json.loads((folder / "run" / "status.json").read_text())
+    assert status["status"] == "finished"
+
+
+def test_a_preempted_2_process_run_resumed_in_1_trains_on_each_sample_of_its_epoch_once(
+        runs: Runs) -> None:
+    """Stopped after 4 of epoch 1's 8 steps (2 processes, 4 samples each a step: 32 of
+    the 64 samples drawn), resumed in 1 process: the 32 samples the 2 had not drawn are
+    dealt out over the 1 (8 steps of 4), so over epoch 1 every sample index is trained on
+    exactly once; epoch 2 is the 1-process run's own (16 steps)."""
+    code, _, err, _ = runs.preempted("in_one_process")
+    assert code == 0, err[-3000:]
+    assert ("what the 2 processes had not drawn of epoch 2 is dealt out over 1" in err
+            ), err[-3000:]
+
+    def epochs(path: Path) -> list[tuple[int, list[int]]]:
+        rows = [line.split(" ", 1) for line in path.read_text().splitlines()]
+        return [(int(epoch), json.loads(batch)) for epoch, batch in rows]
+
+    before = [batch for rank in (0, 1)
+              for epoch, batch in epochs(runs.preempted_dir / f"indices-{rank}") if epoch == 1]
+    after = epochs(runs.one_dir / "indices-0")
+    assert len(before) == 2 * 4 and [e for e, _ in after].count(1) == 8
+    assert [e for e, _ in after].count(2) == 16
+    trained = sorted(i for batch in before for i in batch) + sorted(
+        i for epoch, batch in after if epoch == 1 for i in batch)
+    assert sorted(trained) == list(range(64))
+
+
+def test_a_distributed_sampler_of_the_scripts_own_cannot_go_on_mid_epoch_in_another_world(
+        runs: Runs) -> None:
+    """Its order is its own: the rest of the 2 processes' epoch cannot be dealt out anew.
+    Refused at setup, naming why and what would do, before any step."""
+    code, _, err, _ = runs.preempted("own_sampler")
+    assert code != 0
+    assert ("written by 2 process(es) in the middle of epoch 2 (after 4 of its batches), "
+            "and this run has 1") in err, err[-3000:]
+    assert "dealt out by the script's own DistributedSampler (in a DataLoader)" in err
+    assert "Resume in 2 process(es), or from a checkpoint taken at an epoch's end" in err
+    assert not (runs.own_sampler_dir / "setup-0").exists()  # no setup hook ran
+    assert not any((runs.own_sampler_dir / "ckpt").glob("ckpt-*"))
+
+
+def test_a_rank_killed_under_max_restarts_is_restarted_and_the_run_finishes_exactly(
+        runs: Runs) -> None:
+    """torchrun --max-restarts 1; rank 1 SIGKILLed at step 12 of the first attempt: torchrun
+    starts both again, they continue from the step-10 checkpoint by themselves
+    (resume="auto"), the launch exits 0, the run folder's status says finished, with one
+    restart after rank 1's death, and the weights are the straight run's, bit for bit."""
+    code, _, err, _ = runs.restarted()
+    assert code == 0, err[-4000:]
+    assert "resuming from" in err and "ckpt-00001-0000000010.pt" in err, err[-3000:]
+    status = json.loads((runs.restarted_dir / "run" / "status.json").read_text())
+    assert status["status"] == "finished", status
+    assert status["restarts"] == 1
+    assert [(r["attempt"], r["rank"]) for r in status["restarted_after"]] == [(0, 1)], status
+    assert status["resumed_from"].endswith("ckpt-00001-0000000010.pt")
+    runs.straight()
+    straight = torch.load(runs.straight_dir / "final.pt", weights_only=True)
+    restarted = torch.load(runs.restarted_dir / "final.pt", weights_only=True)
+    for name in straight:
+        assert torch.equal(straight[name], restarted[name]), name
 
 
 # -- bad input, found before anything runs (in this process: no torchrun needed) -----------

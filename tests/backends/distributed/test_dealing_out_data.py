@@ -1,6 +1,7 @@
 """Dealing a run's data out to the processes (``runmodel/backends/distributed/data.py``),
 in this process: what the ``ddp`` and ``fsdp`` backends do to a model's loaders, for each
-rank of a world of 2."""
+rank of a world of 2, and the rest of an epoch dealt out over another number of
+processes (the runs that do it are in test_ddp.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from runmodel.backends.distributed.data import shard_eval_data, shard_train_data
+from runmodel.backends.distributed.data import (
+    DealingSampler,
+    DealtBatches,
+    deal_rest,
+    padded,
+    shard_eval_data,
+    shard_train_data,
+)
 
 
 def test_data_that_cannot_be_dealt_out_is_refused_with_what_would_do() -> None:
@@ -55,3 +65,66 @@ def test_a_loader_is_made_again_with_its_settings_and_a_distributed_sampler() ->
     with pytest.warns(UserWarning, match=r"the last 1 are left out"):
         assert shard_train_data([1, 2, 3], 0, 2, seed=0) == [1]
     assert shard_eval_data((1, 2, 3), 0, 2) == (1, 3)
+
+
+# -- the rest of an epoch dealt out over another number of processes ---------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 80), first=st.integers(1, 5), then=st.integers(1, 5),
+       drawn=st.integers(0, 30))
+def test_the_rest_of_an_epoch_goes_to_the_new_processes_and_nothing_drawn_comes_back(
+        size: int, first: int, then: int, drawn: int) -> None:
+    """N processes drew ``drawn`` items each of an epoch's padded order (process r:
+    positions r, r + N, ...: together a prefix); M processes then share what is left,
+    as many each. Every item is drawn, none of the drawn ones again unless as padding;
+    where N and M divide what there is, each exactly once."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(size)).tolist()
+    dealt = padded(order, first)
+    drawn = min(drawn, len(dealt) // first)
+    shares = [deal_rest(order, [[first, drawn]], then, rank) for rank in range(then)]
+    assert {before for before, _ in shares} == {drawn}
+    assert len({len(share) for _, share in shares}) == 1  # every process as many steps
+    rest = [i for _, share in shares for i in share]
+    assert set(dealt[:first * drawn]) | set(rest) == set(order)
+    if size % first == 0 and (size - first * drawn) % then == 0:
+        assert sorted(dealt[:first * drawn] + rest) == sorted(order)
+
+
+def test_an_epoch_dealt_out_twice_anew_still_draws_every_sample_once() -> None:
+    """2 processes draw 3 each, then 3 processes 2 each, then 1 process the rest: 48
+    samples, each once."""
+    order = list(range(48))
+    seen = padded(order, 2)[:6]
+    seen += [i for rank in range(3) for i in deal_rest(order, [[2, 3]], 3, rank)[1][:2]]
+    before, rest = deal_rest(order, [[2, 3], [3, 2]], 1, 0)
+    assert before == 5 and sorted(seen + rest) == order
+
+
+def test_the_backends_sampler_and_batches_deal_the_rest_after_stand_ins_once() -> None:
+    """Dealt anew, an epoch yields as many stand-ins as the process drew already (the
+    resume skips them, unloaded), then its share of the rest; the next epoch is dealt
+    as ever. A DistributedSampler's order otherwise."""
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    dataset = TensorDataset(torch.arange(20.0))
+    sampler = DealingSampler(dataset, num_replicas=1, rank=0, seed=5)
+    plain = DistributedSampler(dataset, num_replicas=1, rank=0, seed=5)
+    two = [DistributedSampler(dataset, num_replicas=2, rank=r, seed=5) for r in (0, 1)]
+    for each in (sampler, plain, *two):
+        each.set_epoch(3)
+    assert list(sampler) == list(plain)
+    sampler.deal([[2, 4]])  # 2 processes drew 4 samples each of epoch 3
+    dealt = list(sampler)
+    assert len(dealt) == len(sampler) == 4 + 12
+    drawn = {i for s in two for i in list(s)[:4]}
+    assert sorted([*drawn, *dealt[4:]]) == list(range(20))
+    sampler.set_epoch(4)
+    plain.set_epoch(4)
+    assert list(sampler) == list(plain) and len(sampler) == 20
+    batches = shard_train_data(list("abcdefgh"), 0, 1, seed=0)
+    assert isinstance(batches, DealtBatches) and batches == list("abcdefgh")
+    batches.deal([[2, 2]])  # 2 processes drew 2 batches each: a, b, c, d
+    assert list(batches)[2:] == list("efgh") and len(batches) == 6
+    batches.dealt_as_ever()
+    assert list(batches) == list("abcdefgh")

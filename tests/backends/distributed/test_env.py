@@ -96,3 +96,42 @@ def test_the_command_line_asks_without_importing_torch() -> None:
                             timeout=60, env={"PATH": "", "PYTHONPATH": ":".join(sys.path),
                                              "TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "2"})
     assert result.stdout.split() == ["True", "True", "False"], result.stderr
+
+
+# -- restarts -------------------------------------------------------------------------------
+
+
+def test_a_restarted_groups_status_names_the_rank_each_restart_followed(
+        outside: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """torchrun keeps each attempt's error files side by side (``attempt_N/LOCAL_RANK/
+    error.json``); the processes write theirs with ``record_failure``. Attempt 0: rank 1
+    killed (no record), rank 0 recorded losing it; attempt 1: both recorded, rank 0 first;
+    attempt 2 ran on two machines (the records say a world of 2, one process here):
+    unknown. Then the third restart's process reads them."""
+    from runmodel.backends.distributed.failures import record_failure, restarts
+
+    def attempt(number: int, world: int, local: int, failed: dict[int, str]) -> None:
+        for rank in range(local):
+            folder = tmp_path / f"attempt_{number}" / str(rank)
+            folder.mkdir(parents=True)
+            if rank in failed:
+                outside.setenv("TORCHELASTIC_ERROR_FILE", str(folder / "error.json"))
+                outside.setenv("RANK", str(rank))
+                outside.setenv("WORLD_SIZE", str(world))
+                record_failure(RuntimeError(failed[rank]))
+
+    attempt(0, 2, 2, {0: "Connection closed by peer"})
+    attempt(1, 2, 2, {0: "rank 0 fails", 1: "rank 1 follows"})
+    attempt(2, 2, 1, {0: "Connection closed by peer"})
+    outside.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert restarts() == {}  # the first attempt: nothing restarted
+    outside.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    outside.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "attempt_3" / "0" / "error.json"))
+    outside.setenv("WORLD_SIZE", "2")
+    outside.setenv("LOCAL_WORLD_SIZE", "2")
+    recorded = restarts()
+    assert recorded["restarts"] == 3
+    assert [(r["attempt"], r["rank"]) for r in recorded["restarted_after"]] == [
+        (0, 1), (1, 0), (2, "unknown")]
+    assert "killed" in recorded["restarted_after"][0]["why"]
+    assert recorded["restarted_after"][1]["why"] == "RuntimeError: rank 0 fails"

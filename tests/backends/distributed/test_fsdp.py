@@ -4,11 +4,12 @@ Launching costs seconds, so the launches are made once per module, all at once, 
 shared: a straight 4-epoch run (async sharded checkpoints each epoch, best-K, an uneven
 eval set, clipping; then, in the same script, an eval run of the trained model and its
 full weights gathered), the same run stopped after 2 epochs (its final save made at the
-stop, collective) and then resumed in 2 processes, a run resumed from a one-process
-checkpoint file, and a run accumulating gradients. Under the soak marker, a run whose
-rank 1 is SIGKILLed (through ``runmodel run --nproc-per-node 2 --backend fsdp``; the
-ddp tests kill a rank in the suite). References are computed in this process, one
-process with the batches the two processes together drew.
+stop, collective), resumed in 2 processes and preempted by SIGTERM to torchrun in the
+middle of epoch 3 (every process saving its shards at one step), then resumed again, a
+run resumed from a one-process checkpoint file, and a run accumulating gradients. Under
+the soak marker, a run whose rank 1 is SIGKILLed (through ``runmodel run --nproc-per-node
+2 --backend fsdp``; the ddp tests kill a rank in the suite). References are computed in
+this process, one process with the batches the two processes together drew.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ MODEL = with_child_net(textwrap.dedent('''
 
 
     def configure(engine, out="."):
+        out = os.path.abspath(out)  # here, not in the run folder `runmodel run` gives it
         os.makedirs(out, exist_ok=True)
         what = os.environ.get("FSDP_TEST", "")
         if what == "killed":
@@ -89,6 +91,13 @@ MODEL = with_child_net(textwrap.dedent('''
 
             engine.attach(Checkpoint(f"{out}/ckpt", every="5st", keep=None))
             return
+        if what == "restarted":  # the straight run's training, rank 1 killed in attempt 0
+            if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+                @engine.on("step_start", rank=1, once=12)
+                def die_once(engine):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            engine.attach(Checkpoint(f"{out}/ckpt", every="5st", keep=None))
         if what == "from_plain":  # resumed from a one-process checkpoint file
             first = [True]
 
@@ -132,6 +141,21 @@ MODEL = with_child_net(textwrap.dedent('''
                 if engine.state.epoch == 1 and not os.environ.get("RESUMED"):
                     engine.stop("after 2 epochs")
 
+            if os.environ.get("PREEMPT_AT_STEP"):
+                @engine.on("step_start", rank=0, once=int(os.environ["PREEMPT_AT_STEP"]))
+                def preempted_here(engine):  # wait here until this process got the signal
+                    from runmodel.backends.distributed.stopping import REQUEST
+
+                    with open(f"{out}/ready", "w") as f:
+                        f.write(str(engine.state.step))
+                    while not REQUEST.signal:
+                        time.sleep(0.02)
+
+            @engine.on("teardown")
+            def stopped(engine):
+                with open(f"{out}/stopped-{engine.state.rank}", "w") as f:
+                    f.write(f"{engine.state.step} {engine.state.stopping}")
+
         @engine.on("teardown")
         def final_weights(engine):
             if engine.state.error is None:
@@ -162,7 +186,10 @@ MODEL = with_child_net(textwrap.dedent('''
         resume = sys.argv[2] if len(sys.argv) > 2 else None
         torch.manual_seed(12345)  # a resumed run: the checkpoint sets the generators
         model = Net()
-        result = engine.run(model, epochs=int(sys.argv[1]), backend="fsdp", resume=resume)
+        from runmodel.backends import FSDP
+
+        result = engine.run(model, epochs=int(sys.argv[1]), resume=resume,
+                            backend=FSDP(preempt_check_every=3), preempt_signals=("SIGTERM",))
         if os.environ["RANK"] == "0":
             print(json.dumps({"ended": result.ended, "steps": result.steps,
                               "metrics": result.metrics}))
@@ -183,10 +210,11 @@ def launch(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
                             start_new_session=True)  # killed with its processes
 
 
-def torchrun(root: Path, cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+def torchrun(root: Path, cwd: Path, *args: str, options: tuple[str, ...] = (), **env: str
+             ) -> subprocess.Popen[str]:
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     return launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "2", str(root / "net.py"), *args], cwd,
+                   "--nproc-per-node", "2", *options, str(root / "net.py"), *args], cwd,
                   PYTHONPATH=path, **env)
 
 
@@ -207,7 +235,8 @@ class Runs:
         self.root = root
         (root / "net.py").write_text(MODEL)
         self.dirs = {name: root / name for name in ("straight", "stopped", "killed",
-                                                    "accumulate", "from_plain")}
+                                                    "accumulate", "from_plain", "restarted",
+                                                    "in_one")}
         for folder in self.dirs.values():
             folder.mkdir()
         self._cache: dict[str, Any] = {}
@@ -239,6 +268,22 @@ class Runs:
                  "--nproc-per-node", "2", "--backend", "fsdp", "--epochs", "3",
                  "--no-progress"], self.dirs["killed"], FSDP_TEST="killed"))
 
+    def start_soak(self) -> None:
+        """The fsdp twins of ddp checks (soak only), started when a test asks: a run whose
+        rank 1 is killed under --max-restarts 1, and the preempted run's mid-epoch
+        checkpoint resumed in 1 process."""
+        if "restarted" not in self._threads:
+            self._start("restarted", torchrun(self.root, self.dirs["restarted"], str(EPOCHS),
+                                              "auto", options=("--max-restarts", "1"),
+                                              FSDP_TEST="restarted"))
+            self.result("preempted")
+            path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+            self._start("in_one", launch(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "1", str(self.root / "net.py"), str(EPOCHS),
+                 str(self.dirs["stopped"] / "ckpt" / "ckpt-00002-0000000021")],
+                self.dirs["in_one"], PYTHONPATH=path, FSDP_TEST="in_one"))
+
     def _start(self, name: str, process: subprocess.Popen[str]) -> None:
         """Await ``process`` in a thread of its own: its output drained, the time it
         ended noted."""
@@ -259,14 +304,30 @@ class Runs:
         self._cache["stopped_checkpoints"] = sorted(p.name for p in (folder / "ckpt").iterdir())
         if (folder / "final.pt").exists():
             shutil.move(folder / "final.pt", folder / "at-stop.pt")
+        # resumed, then preempted by SIGTERM to torchrun once rank 0 is at step 18 (it
+        # waits there for the signal): the processes check every 3 steps, so the first
+        # check after it is the one after step 20: both stop after step 21, mid-epoch 3
         second = torchrun(self.root, folder, str(EPOCHS), str(folder / "ckpt"),
-                          FSDP_TEST="stopped", RESUMED="1")
+                          options=("--shutdown-timeout", str(LIMIT_S)), FSDP_TEST="stopped",
+                          RESUMED="1", PREEMPT_AT_STEP="18")
         self._processes.append(second)
-        self._cache["resumed"] = finish(second)
+        deadline = time.monotonic() + LIMIT_S
+        while not (folder / "ready").exists() and second.poll() is None and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+        second.send_signal(signal.SIGTERM)
+        self._cache["preempted"] = finish(second)
+        self._cache["preempted_stopped"] = [  # before the resume writes them again
+            (folder / f"stopped-{rank}").read_text() if (folder / f"stopped-{rank}").exists()
+            else None for rank in (0, 1)]
+        third = torchrun(self.root, folder, str(EPOCHS), str(folder / "ckpt"),
+                         FSDP_TEST="stopped", RESUMED="2")
+        self._processes.append(third)
+        self._cache["resumed"] = finish(third)
 
     def result(self, name: str) -> tuple[int, str, str]:
-        if name in ("stopped", "resumed"):
-            self._stopped.join(timeout=3 * LIMIT_S)
+        if name in ("stopped", "preempted", "resumed"):
+            self._stopped.join(timeout=4 * LIMIT_S)
         else:
             self._threads[name].join(timeout=2 * LIMIT_S)
         assert name in self._cache, f"the {name} launch did not end"
@@ -317,10 +378,14 @@ def assert_equal_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 # -- resume and export ------------------------------------------------------------------------
 
 
-def test_a_run_stopped_after_2_of_4_epochs_and_resumed_ends_bit_identical(runs: Runs) -> None:
+def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(
+        runs: Runs) -> None:
     """The stop's save is collective (every process writes its shard, after the end
-    agreement); the resumed run, in 2 processes again, reads each process's shards, RNG,
-    sampler seed and position, and ends where the straight run did, bit for bit."""
+    agreement); so is the save at a preemption: SIGTERM to torchrun in the middle of
+    epoch 3 stops both processes after the same step (their check every 3 steps), and
+    each writes its shards and its run state of that step. Each resumed run, in 2
+    processes again, reads each process's shards, RNG, sampler seed and position, and the
+    last ends where the straight run did, bit for bit."""
     runs.ok("straight")
     code, out, err = runs.result("stopped")
     assert code == 0, err[-4000:]
@@ -329,6 +394,17 @@ def test_a_run_stopped_after_2_of_4_epochs_and_resumed_ends_bit_identical(runs: 
     folder = runs.dirs["stopped"] / "ckpt" / "ckpt-00002-0000000016"
     assert sorted(p.name for p in folder.iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "run-0.pt", "run-1.pt"]
+    _, _, err = runs.result("preempted")
+    stopped = runs.dirs["stopped"]
+    assert (stopped / "ready").read_text() == "18", err[-4000:]
+    assert runs._cache["preempted_stopped"] == ["21 preempted"] * 2, err[-4000:]
+    assert "runmodel: SIGTERM stopped the run after step 21; saved " in err
+    at_signal = stopped / "ckpt" / "ckpt-00002-0000000021"  # epoch index 2, 5 of 8 steps
+    assert sorted(p.name for p in at_signal.iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "run-0.pt", "run-1.pt"]
+    for rank in (0, 1):
+        counters = runmodel.checkpoint.read(at_signal / f"run-{rank}.pt")["engine"]["counters"]
+        assert (counters["step"], counters["epoch"], counters["epoch_step"]) == (21, 2, 5)
     code, out, err = runs.result("resumed")
     assert code == 0, err[-4000:]
     assert (json.loads(out)["ended"], json.loads(out)["steps"]) == ("completed", 32)
@@ -494,6 +570,29 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it(runs: Runs) -> None:
     # the step-10 save is whole; nothing half-written is visible
     assert [p.name for p in checkpoints_in(runs.dirs["killed"] / "ckpt")
             ] == ["ckpt-00001-0000000010", "ckpt-00000-0000000005"]
+
+
+@pytest.mark.soak  # test_ddp.py restarts a ddp run in the suite: the same agent and pack code
+def test_a_rank_killed_under_max_restarts_is_restarted_and_ends_bit_identical(
+        runs: Runs) -> None:
+    runs.start_soak()
+    code, _, err = runs.result("restarted")
+    assert code == 0, err[-4000:]
+    assert "resuming from" in err and "ckpt-00001-0000000010" in err, err[-3000:]
+    runs.ok("straight")
+    assert_equal_weights(weights(runs.dirs["restarted"] / "final.pt"),
+                         weights(runs.dirs["straight"] / "final.pt"))
+
+
+@pytest.mark.soak  # test_ddp.py deals a preempted epoch's rest out over 1 process in the suite
+def test_a_preempted_2_process_run_goes_on_in_1_with_the_rest_of_its_epoch(runs: Runs) -> None:
+    """Preempted after 5 of epoch 3's 8 steps (2 processes, 4 samples each: 40 of 64
+    drawn): in 1 process the 24 left make 6 steps, then epoch 4 has 16: 43 steps."""
+    runs.start_soak()
+    code, out, err = runs.result("in_one")
+    assert code == 0, err[-4000:]
+    assert "what the 2 processes had not drawn of epoch 3 is dealt out over 1" in err
+    assert json.loads(out)["steps"] == 21 + 6 + 16
 
 
 # -- loading never runs code (in this process) --------------------------------------------

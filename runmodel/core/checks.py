@@ -1,0 +1,48 @@
+"""Two checks that options of every layer make, written once: a whole number (not a bool,
+not a float) at least some value, and the did-you-mean hint for a name that is not one of
+the choices. Both only build values and messages; the caller raises with its own words
+around them, so each error still says whose option was wrong."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import TypeGuard
+
+__all__ = ["closest", "did_you_mean", "is_whole_number", "whole_number"]
+
+
+def is_whole_number(value: object, least: int = 0) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (a ``bool`` is not) and at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def whole_number(value: object, what: str, *, least: int = 0, none: bool = False,
+                 unit: str = "", meaning: str = "") -> int | None:
+    """``value`` if it is a whole number >= ``least`` (or None, when ``none``); else a
+    ``ValueError`` that reads ``{what} must be a whole number[ of {unit}] >= {least}
+    [ or None][ ({meaning})]; got {value!r}``: ``what`` names the option as its owner
+    writes it (``"EarlyStopping(patience=)"``, ``"warmup="``), ``meaning`` says what it
+    counts."""
+    if value is None and none:
+        return None
+    if not is_whole_number(value, least):
+        of = f" of {unit}" if unit else ""
+        detail = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{what} must be a whole number{of} >= {least}"
+                         f"{' or None' if none else ''}{detail}; got {value!r}")
+    return value
+
+
+def closest(value: object, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice nearest ``value`` as a person would misspell it (``difflib``'s
+    ratio of at least ``cutoff``), or None."""
+    found = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def did_you_mean(value: object, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """``" Did you mean 'x'?"`` for the nearest choice, or ``""``: the sentence to put
+    after an error's first sentence."""
+    found = closest(value, choices, cutoff)
+    return f" Did you mean {found!r}?" if found is not None else ""
