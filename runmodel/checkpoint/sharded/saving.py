@@ -213,7 +213,10 @@ class ShardedWriter:
     small tensors.)"""
 
     def __init__(self, sharded: Sharded) -> None:
+        from torch.distributed.tensor import DTensor
+
         self.sharded = sharded
+        self._dtensor = DTensor  # (imported once: staging asks it of every tensor)
         self._stager = Stager(self._stage_dtensor)
         self._wrappers: dict[tuple[Any, ...], torch.Tensor] = {}  # this save's DTensors
         self._previous: dict[tuple[Any, ...], torch.Tensor] = {}  # the save before's
@@ -251,8 +254,7 @@ class ShardedWriter:
                        stage_tensor: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
         """A DTensor's staged copy: its local shard's, under a DTensor of the same mesh,
         placements and global shape, kept for the next saves; None for other classes."""
-        from torch.distributed.tensor import DTensor
-
+        DTensor = self._dtensor
         if not isinstance(tensor, DTensor):
             return None
         local = stage_tensor(tensor.to_local())
