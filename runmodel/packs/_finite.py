@@ -20,9 +20,9 @@ def check_finite_parameters(engine: Any, epoch: int, step: int, group: Any = Non
     module = get_module() if callable(get_module) else None
     if not isinstance(module, torch.nn.Module):
         return
-    params = [_local(p) for p in module.parameters()]
-    params = [p for p in params if p.is_floating_point() or p.is_complex()]
-    finite = _all_finite(params)
+    with torch.no_grad():  # a DTensor's to_local() is then its shard, not an autograd op
+        params = [_local(p) for p in module.parameters()]
+        finite = _all_finite([p for p in params if p.is_floating_point() or p.is_complex()])
     everywhere = finite
     if group is not None:
         import torch.distributed as dist
