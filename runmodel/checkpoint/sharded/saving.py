@@ -209,8 +209,8 @@ class ShardedWriter:
     ``then``. Same interface as ``writer.Writer``: ``submit`` waits for the write
     before; ``wait`` waits for the one under way and raises its error, naming the folder
     (a full disk as one ``DiskFullError``). (DCP's own ``async_save`` staged each
-    DTensor anew, through DTensor's dispatch: 20 times a bare copy of a state of 4,096
-    small tensors.)"""
+    DTensor anew, through DTensor's dispatch: in one process, a state of 4,096 tensors,
+    204 MB, took 267 ms, 10 times a bare copy of its bytes; this copy takes 48 ms.)"""
 
     def __init__(self, sharded: Sharded) -> None:
         from torch.distributed.tensor import DTensor
