@@ -20,10 +20,9 @@ def check_finite_parameters(engine: Any, epoch: int, step: int, group: Any = Non
     module = get_module() if callable(get_module) else None
     if not isinstance(module, torch.nn.Module):
         return
-    params = [_local(p) for p in module.parameters()]
-    params = [p for p in params if p.is_floating_point() or p.is_complex()]
-    finite = not params or bool(
-        torch.stack([p.isfinite().all().to(params[0].device) for p in params]).all())
+    with torch.no_grad():  # a DTensor's to_local() is then its shard, not an autograd op
+        params = [_local(p) for p in module.parameters()]
+        finite = _all_finite([p for p in params if p.is_floating_point() or p.is_complex()])
     everywhere = finite
     if group is not None:
         import torch.distributed as dist
@@ -43,6 +42,31 @@ def check_finite_parameters(engine: Any, epoch: int, step: int, group: Any = Non
         f"NaN or inf (the training diverged), and the checkpoints before it are kept. Attach "
         f"runmodel.packs.NaNGuard() to skip (or stop at) the steps whose loss or gradients are "
         f"not finite, or lower the learning rate, and resume from the last good checkpoint")
+
+
+_MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _all_finite(params: list[torch.Tensor]) -> bool:
+    """Whether no tensor of ``params`` holds NaN or inf: each one's minimum and maximum
+    in one pass (NaN propagates to both, an inf is one of them), with no temporary as
+    large as the tensor, then one verdict per device and dtype (``isfinite().all()`` of
+    each wrote a temporary as large as the parameter and read it again: the check cost
+    twice the async save's copy of the whole state)."""
+    extremes: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    verdicts = []
+    for p in params:
+        if p.is_complex():
+            p = torch.view_as_real(p)
+        if p.dtype in _MIN_MAX and p.numel():
+            extremes.setdefault((p.device, p.dtype), []).extend(torch.aminmax(p))
+        else:
+            verdicts.append(p.isfinite().all())
+    verdicts += [torch.stack(values).isfinite().all() for values in extremes.values()]
+    if not verdicts:
+        return True
+    device = verdicts[0].device  # one sync
+    return bool(torch.stack([verdict.to(device) for verdict in verdicts]).all())
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

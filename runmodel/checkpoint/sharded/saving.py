@@ -20,7 +20,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 from ..._io import DiskFullError, disk_full, fsync_folder, shared_lock
 from ..format import save as save_file
 from ..names import METADATA, RUN_STATE
-from ..writer import raise_background_error
+from ..writer import Stager, raise_background_error
 
 __all__ = ["Sharded", "ShardedWriter", "optimizer_layout", "publish", "save"]
 
@@ -201,18 +200,26 @@ def publish(staging: Path, path: Path, world: int, timeout: float = 60.0) -> Non
 
 
 class ShardedWriter:
-    """``async_save=True`` for sharded checkpoints: DCP's ``async_save`` copies the shards
-    into CPU memory (buffers kept from one save to the next: the training waits for this
-    copy alone), then a background thread writes them, with the process's run state,
-    its collectives on the checkpoint group; the processes agree on the outcome there,
-    and rank 0 makes the folder visible, then calls ``then``. Same interface as
-    ``writer.Writer``: ``submit`` waits for the write before; ``wait`` waits for the
-    one under way and raises its error, naming the folder (a full disk as one
-    ``DiskFullError``)."""
+    """``async_save=True`` for sharded checkpoints: ``submit`` copies this process's shards
+    of the state into CPU buffers kept from one save to the next (``writer.Stager``: the
+    training waits for this copy alone; a DTensor's copy is its local shard's, under a
+    DTensor kept as well), then a background thread writes them with DCP's ``save``, with
+    the process's run state, its collectives on the checkpoint group; the processes
+    agree on the outcome there, and rank 0 makes the folder visible, then calls
+    ``then``. Same interface as ``writer.Writer``: ``submit`` waits for the write
+    before; ``wait`` waits for the one under way and raises its error, naming the folder
+    (a full disk as one ``DiskFullError``). (DCP's own ``async_save`` staged each
+    DTensor anew, through DTensor's dispatch: in one process, a state of 4,096 tensors,
+    204 MB, took 267 ms, 10 times a bare copy of its bytes; this copy takes 48 ms.)"""
 
     def __init__(self, sharded: Sharded) -> None:
+        from torch.distributed.tensor import DTensor
+
         self.sharded = sharded
-        self._stager: Any = None  # made at the first save, its CPU buffers reused after
+        self._dtensor = DTensor  # (imported once: staging asks it of every tensor)
+        self._stager = Stager(self._stage_dtensor)
+        self._wrappers: dict[tuple[Any, ...], torch.Tensor] = {}  # this save's DTensors
+        self._previous: dict[tuple[Any, ...], torch.Tensor] = {}  # the save before's
         self._done: threading.Thread | None = None
         self._error: BaseException | None = None
         self._path: Path | None = None
@@ -223,8 +230,6 @@ class ShardedWriter:
 
     def submit(self, path: str | os.PathLike[str], snapshot: dict[str, Any],
                then: Callable[[], None] | None = None) -> None:
-        import torch.distributed.checkpoint as dcp
-
         self.wait()
         path = self._path = Path(path)
         staging = _staging(path, self.sharded)
@@ -233,31 +238,50 @@ class ShardedWriter:
         try:
             # the run state is small: copied now, written in the background with the shards
             run_state = copy.deepcopy(_run_state(snapshot, self.sharded))
-            if self._stager is None:
-                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-                # DCP's default stager, kept: it copies into the CPU storages of the
-                # previous save (a fresh one per save allocates and faults in every byte)
-                self._stager = DefaultStager(StagingOptions(False, False, False, False))
-            future = dcp.async_save(self.sharded.state(), storage_writer=_writer(staging),
-                                    process_group=self.sharded.group,
-                                    async_stager=self._stager)
-            assert isinstance(future, Future)
+            self._previous, self._wrappers = self._wrappers, {}
+            staged, events = self._stager.stage(self.sharded.state())
+            self._previous = {}
             self._done = threading.Thread(
-                target=self._finish, args=(future, staging, run_state, path, then, lock, failure),
+                target=self._finish,
+                args=(staged, events, staging, run_state, path, then, lock, failure),
                 name=f"runmodel sharded checkpoint {path.name}", daemon=True)
             self._done.start()
         except BaseException:
             lock.close()
             raise
 
-    def _finish(self, future: Future[Any], staging: Path, run_state: dict[str, Any],
-                path: Path, then: Callable[[], None] | None, lock: contextlib.ExitStack,
-                failure: BaseException | None) -> None:
+    def _stage_dtensor(self, tensor: torch.Tensor,
+                       stage_tensor: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+        """A DTensor's staged copy: its local shard's, under a DTensor of the same mesh,
+        placements and global shape, kept for the next saves; None for other classes."""
+        DTensor = self._dtensor
+        if not isinstance(tensor, DTensor):
+            return None
+        local = stage_tensor(tensor.to_local())
+        mesh, placements, shape, stride = (tensor.device_mesh, tensor.placements, tensor.shape,
+                                           tensor.stride())
+        key = (id(local), mesh, placements, shape, stride)  # the staged shards are kept
+        wrapper = self._wrappers.get(key)
+        if wrapper is None:
+            wrapper = self._previous.pop(key, None)
+            if wrapper is None:
+                wrapper = DTensor.from_local(local, mesh, placements, run_check=False,
+                                             shape=shape, stride=stride)
+            self._wrappers[key] = wrapper
+        return wrapper
+
+    def _finish(self, staged: dict[str, Any], events: list[Any], staging: Path,
+                run_state: dict[str, Any], path: Path, then: Callable[[], None] | None,
+                lock: contextlib.ExitStack, failure: BaseException | None) -> None:
+        import torch.distributed.checkpoint as dcp
+
         try:
+            for event in events:  # the copies from a GPU are done
+                event.synchronize()
             failure = failure or _attempt(_write_run_state, staging, run_state,
                                           self.sharded.rank)
-            failure = _attempt(future.result) or failure
+            failure = _attempt(dcp.save, staged, storage_writer=_writer(staging),
+                               process_group=self.sharded.group) or failure
             agree(failure, self.sharded, staging, path)
             if self.sharded.rank == 0:
                 publish(staging, path, self.sharded.world)
