@@ -39,5 +39,9 @@ class DoubleLoss(Loss):
         if len(average_loss.shape) != 0:
             raise ValueError("loss_fn did not return the average loss.")
         n = self._batch_size(y)
-        self._sum += average_loss.to(self._device, self._sum.dtype) * n
+        if average_loss.device == self._sum.device:
+            # in the sum's dtype (loss * n is exact in float64): no temporary per batch
+            self._sum.add_(average_loss, alpha=n)
+        else:
+            self._sum += average_loss.to(self._device, self._sum.dtype) * n
         self._num_examples += n
