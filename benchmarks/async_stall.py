@@ -82,8 +82,12 @@ def state_tensors(model: runmodel.TorchModel) -> list[torch.Tensor]:
     process's shards of them, each storage once."""
     assert model.module is not None and model.optimizer is not None
     tensors = [local(t) for t in model.module.state_dict().values()]
-    tensors += [local(t) for per_param in model.optimizer.state.values()
-                for t in per_param.values() if isinstance(t, torch.Tensor)]
+    tensors += [
+        local(t)
+        for per_param in model.optimizer.state.values()
+        for t in per_param.values()
+        if isinstance(t, torch.Tensor)
+    ]
     seen: set[int] = set()
     unique = []
     for tensor in tensors:
@@ -141,8 +145,11 @@ class Measure:
         else:
             floor = self._floor
             measures: list[tuple[str, Callable[[], Any]]] = [
-                ("floor", floor.copy), ("writer", self._submit),
-                ("snapshot", engine.snapshot), ("finite check", lambda: check_finite(engine))]
+                ("floor", floor.copy),
+                ("writer", self._submit),
+                ("snapshot", engine.snapshot),
+                ("finite check", lambda: check_finite(engine)),
+            ]
             turn = self._saves % len(measures)
             for name, fn in measures[turn:] + measures[:turn]:
                 if name == "writer":
@@ -196,10 +203,13 @@ def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[s
     module = module_of(state)
     width = 2048 if state == "large" else 256
     g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(4, width, generator=g), torch.randn(4, width, generator=g))
-            for _ in range(EVERY * (saves + 1))]
-    model = runmodel.TorchModel.from_parts(module, optimizer=torch.optim.Adam,
-                                           loss_fn=nn.MSELoss(), train_data=data)
+    data = [
+        (torch.randn(4, width, generator=g), torch.randn(4, width, generator=g))
+        for _ in range(EVERY * (saves + 1))
+    ]
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=torch.optim.Adam, loss_fn=nn.MSELoss(), train_data=data
+    )
     pack = Checkpoint(folder / "ckpt", every=f"{EVERY}st", keep=1, async_save=True)
     engine = runmodel.Engine()
     engine.attach(pack)
@@ -207,8 +217,13 @@ def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[s
     probe.attach(engine)
     kwargs: dict[str, Any] = {} if backend is None else {"backend": backend}
     engine.run(model, steps=len(data), **kwargs)
-    return {"times": probe.times, "cpu": probe.cpu, "first_pack": probe.first_pack,
-            "nbytes": probe.nbytes, "tensors": probe.tensors}
+    return {
+        "times": probe.times,
+        "cpu": probe.cpu,
+        "first_pack": probe.first_pack,
+        "nbytes": probe.nbytes,
+        "tensors": probe.tensors,
+    }
 
 
 # ---- the sharded part: 2 processes under torchrun ----
@@ -231,15 +246,33 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(states: list[str], saves: int, folder: Path) -> list[dict[str, Any]]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", __file__, "--worker", "--folder", str(folder),
-               "--saves", str(saves), "--state", *states]
-    done = subprocess.run(command, capture_output=True, text=True, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        __file__,
+        "--worker",
+        "--folder",
+        str(folder),
+        "--saves",
+        str(saves),
+        "--state",
+        *states,
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         sys.exit(f"the sharded part failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    result: list[dict[str, Any]] = json.loads(lines[-1][len("RESULT "):])
+    result: list[dict[str, Any]] = json.loads(lines[-1][len("RESULT ") :])
     return result
 
 
@@ -255,13 +288,17 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__}")
+    return (
+        f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def spread(values: list[float], digits: int = 4, unit: str = "") -> str:
-    return (f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}, "
-            f"{max(values):.{digits}f}]")
+    return (
+        f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}, "
+        f"{max(values):.{digits}f}]"
+    )
 
 
 def table(title: str, result: dict[str, Any]) -> list[str]:
@@ -270,12 +307,15 @@ def table(title: str, result: dict[str, Any]) -> list[str]:
     for a core is not in it)."""
     times, cpu = result["times"], result["cpu"]
     gb = result["nbytes"] / 1e9
-    rows = [f"\n{title}: {gb * 1e3:.0f} MB in {result['tensors']:,} tensors, "
-            f"{len(times['floor'])} saves; floor {gb / statistics.median(times['floor']):.2f}"
-            f" GB/s; the first save of the run (buffers allocated): "
-            f"{result['first_pack']:.3f} s\n",
-            "| measure | wall (s): median [min, max] | / floor, per save | "
-            "CPU (s): median [min, max] | / floor, per save |", "|---|---:|---:|---:|---:|"]
+    rows = [
+        f"\n{title}: {gb * 1e3:.0f} MB in {result['tensors']:,} tensors, "
+        f"{len(times['floor'])} saves; floor {gb / statistics.median(times['floor']):.2f}"
+        f" GB/s; the first save of the run (buffers allocated): "
+        f"{result['first_pack']:.3f} s\n",
+        "| measure | wall (s): median [min, max] | / floor, per save | "
+        "CPU (s): median [min, max] | / floor, per save |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name in MEASURES:
         cells = []
         for clock in (times, cpu):
@@ -285,22 +325,27 @@ def table(title: str, result: dict[str, Any]) -> list[str]:
     return rows
 
 
-LABELS = {"floor": "floor: bare copy into preallocated buffers",
-          "pack": "**stall**: the Checkpoint pack's save hook",
-          "writer": "the writer's `submit` alone",
-          "snapshot": "`engine.snapshot()` alone",
-          "finite check": "the finite check of the parameters alone"}
+LABELS = {
+    "floor": "floor: bare copy into preallocated buffers",
+    "pack": "**stall**: the Checkpoint pack's save hook",
+    "writer": "the writer's `submit` alone",
+    "snapshot": "`engine.snapshot()` alone",
+    "finite check": "the finite check of the parameters alone",
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("plain", "sharded", "all"), default="all")
-    parser.add_argument("--state", nargs="+", choices=STATES, default=list(STATES),
-                        dest="states")
+    parser.add_argument("--state", nargs="+", choices=STATES, default=list(STATES), dest="states")
     parser.add_argument("--saves", type=int, default=9, help="saves measured per run")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of the plain part (1: steadier on a shared "
-                             "machine; a copy's threads stall on the slowest one)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the plain part (1: steadier on a shared "
+        "machine; a copy's threads stall on the slowest one)",
+    )
     parser.add_argument("--dir", default=None, help="where files are written (a temp folder)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -309,9 +354,11 @@ def main() -> None:
         worker(args)
         return
     torch.set_num_threads(args.threads)
-    print(f"{time.strftime('%Y-%m-%d')}, {machine()}, {torch.get_num_threads()} threads "
-          f"(sharded: 2 processes, 1 thread each); load average before: "
-          f"{os.getloadavg()[0]:.1f}")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {machine()}, {torch.get_num_threads()} threads "
+        f"(sharded: 2 processes, 1 thread each); load average before: "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     folder = Path(tempfile.mkdtemp(prefix="async-stall-", dir=args.dir))
     try:
         if args.part in ("plain", "all"):
@@ -322,8 +369,14 @@ def main() -> None:
             ranks = launch(args.states, args.saves, folder / "sharded")
             for state in args.states:
                 for rank, results in enumerate(ranks):
-                    print("\n".join(table(f"sharded (fsdp, 2 processes), {state}, rank {rank}",
-                                          results[state])), flush=True)
+                    print(
+                        "\n".join(
+                            table(
+                                f"sharded (fsdp, 2 processes), {state}, rank {rank}", results[state]
+                            )
+                        ),
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")

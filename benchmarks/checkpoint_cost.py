@@ -60,8 +60,9 @@ def build(width: int, layers: int, batches: int) -> runmodel.TorchModel:
         blocks += [nn.Linear(width, width), nn.ReLU()]
     module = nn.Sequential(*blocks[:-1])
     data = [(torch.randn(4, width), torch.randn(4, width)) for _ in range(batches)]
-    model = runmodel.TorchModel.from_parts(module, optimizer=torch.optim.Adam,
-                                           loss_fn=nn.MSELoss(), train_data=data)
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=torch.optim.Adam, loss_fn=nn.MSELoss(), train_data=data
+    )
     assert model.optimizer is not None
     nn.functional.mse_loss(module(data[0][0]), data[0][1]).backward()
     model.optimizer.step()
@@ -128,8 +129,7 @@ class Run:
         now, marks = time.perf_counter(), self._marks
         if "step" in marks:  # the step since the last mark, less the save in it
             busy = self._busy()
-            kind = ("busy" if busy and marks["busy"] else "idle" if not marks["busy"]
-                    else "mixed")
+            kind = "busy" if busy and marks["busy"] else "idle" if not marks["busy"] else "mixed"
             self.steps.append((now - marks["step"] - marks.pop("stall", 0.0), kind))
         marks["step"] = now
         if (engine.state.step + 1) % self.every == 0 and self._busy():
@@ -142,9 +142,11 @@ class Run:
             self.saves.append(marks["stall"])
             thread = getattr(self.pack._writer, "_thread", None)
             if thread is not None:  # the background write: until its thread ends
+
                 def watch(thread: threading.Thread = thread, start: float = now) -> None:
                     thread.join()
                     self.writes.append(time.perf_counter() - start)
+
                 threading.Thread(target=watch, daemon=True).start()
         marks["busy"] = self._busy()
 
@@ -171,9 +173,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
+    return (
+        f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
 
 def main() -> None:
@@ -195,24 +199,39 @@ def main() -> None:
         every = max(2, math.ceil(2 * write / step) + 1)
         sync = Run(root / "sync", every, async_save=False)
         asynchronous = Run(root / "async", every, async_save=True)
-        columns: dict[str, list[float]] = {k: [] for k in (
-            "bare", "bare_fsync", "sync", "async", "write", "step_idle", "step_busy",
-            "wall_sync", "wall_async", "interval_sync", "interval_async")}
+        columns: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "bare",
+                "bare_fsync",
+                "sync",
+                "async",
+                "write",
+                "step_idle",
+                "step_busy",
+                "wall_sync",
+                "wall_async",
+                "interval_sync",
+                "interval_async",
+            )
+        }
         first, waited = math.nan, 0
         for repeat in range(repeats):
             for variant in ("bare", "bare_fsync", "sync", "async"):
                 gc.collect()
                 os.sync()  # no variant pays for the writeback of another's file
                 if variant.startswith("bare"):
-                    columns[variant].append(bare(model, root / "bare.pt",
-                                                 fsync=variant == "bare_fsync"))
+                    columns[variant].append(
+                        bare(model, root / "bare.pt", fsync=variant == "bare_fsync")
+                    )
                 elif variant == "sync":
                     run = sync.go(model, args.saves)
                     columns["sync"].append(statistics.median(run.saves))
                     columns["wall_sync"].append(run.wall)
                     columns["interval_sync"].append(run.interval())
-                    columns["step_idle"].append(statistics.median(
-                        s for s, kind in run.steps if kind == "idle"))
+                    columns["step_idle"].append(
+                        statistics.median(s for s, kind in run.steps if kind == "idle")
+                    )
                 else:
                     run = asynchronous.go(model, args.saves + (repeat == 0))
                     if repeat == 0:  # the first save allocates the buffers
@@ -230,41 +249,64 @@ def main() -> None:
     report(columns, parameters, repeats, args.saves, every, first, step, waited)
 
 
-def report(columns: dict[str, list[float]], parameters: int, repeats: int, saves: int,
-           every: int, first: float, step: float, waited: int) -> None:
+def report(
+    columns: dict[str, list[float]],
+    parameters: int,
+    repeats: int,
+    saves: int,
+    every: int,
+    first: float,
+    step: float,
+    waited: int,
+) -> None:
     sync = statistics.median(columns["sync"])
     bare = statistics.median(columns["bare"])
-    print(f"{time.strftime('%Y-%m-%d')}, {machine()}; {parameters / 1e6:.1f}M parameters "
-          f"+ Adam state ({parameters * 12 / 1e9:.2f} GB of tensors); median of {repeats} "
-          f"repeats ({saves} saves each, every {every} steps), spread min-max\n")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {machine()}; {parameters / 1e6:.1f}M parameters "
+        f"+ Adam state ({parameters * 12 / 1e9:.2f} GB of tensors); median of {repeats} "
+        f"repeats ({saves} saves each, every {every} steps), spread min-max\n"
+    )
     print("| save | median (s) | spread (s) | vs bare torch.save | vs Checkpoint pack |")
     print("|---|---:|---:|---:|---:|")
-    rows = [("bare `torch.save(state, path)`", "bare"),
-            ("bare `torch.save` + `os.fsync`", "bare_fsync"),
-            ("`Checkpoint` pack (snapshot, temp file, fsync, rename)", "sync"),
-            ("`Checkpoint(async_save=True)`: training-loop stall", "async"),
-            ("`Checkpoint(async_save=True)`: background write", "write")]
+    rows = [
+        ("bare `torch.save(state, path)`", "bare"),
+        ("bare `torch.save` + `os.fsync`", "bare_fsync"),
+        ("`Checkpoint` pack (snapshot, temp file, fsync, rename)", "sync"),
+        ("`Checkpoint(async_save=True)`: training-loop stall", "async"),
+        ("`Checkpoint(async_save=True)`: background write", "write"),
+    ]
     for label, key in rows:
         median, low, high = median_spread(columns[key])
-        print(f"| {label} | {median:.3f} | {low:.3f}-{high:.3f} | {median / bare:.2f}x | "
-              f"{median / sync:.1%} |")
-    print(f"\nAsync stall / synchronous save: {statistics.median(columns['async']) / sync:.1%} "
-          f"(target <= 10%); the first async save, which allocates the buffers: "
-          f"{first:.3f} s ({first / sync:.0%}); async saves that came while the previous "
-          f"write was under way (and waited for it): {waited}.")
+        print(
+            f"| {label} | {median:.3f} | {low:.3f}-{high:.3f} | {median / bare:.2f}x | "
+            f"{median / sync:.1%} |"
+        )
+    print(
+        f"\nAsync stall / synchronous save: {statistics.median(columns['async']) / sync:.1%} "
+        f"(target <= 10%); the first async save, which allocates the buffers: "
+        f"{first:.3f} s ({first / sync:.0%}); async saves that came while the previous "
+        f"write was under way (and waited for it): {waited}."
+    )
     if columns["step_busy"]:
         idle, busy = (statistics.median(columns[k]) for k in ("step_idle", "step_busy"))
-        print(f"A training step: {idle:.3f} s with no write under way (probe {step:.3f} s), "
-              f"{busy:.3f} s while the background write runs ({busy / idle - 1:+.0%}).")
-    sync_every, async_every = (statistics.median(columns[k]) for k in ("interval_sync",
-                                                                        "interval_async"))
-    print(f"From one save to the next ({every} steps and a save): {sync_every:.2f} s "
-          f"synchronous, {async_every:.2f} s async ({async_every / sync_every - 1:+.0%}).")
+        print(
+            f"A training step: {idle:.3f} s with no write under way (probe {step:.3f} s), "
+            f"{busy:.3f} s while the background write runs ({busy / idle - 1:+.0%})."
+        )
+    sync_every, async_every = (
+        statistics.median(columns[k]) for k in ("interval_sync", "interval_async")
+    )
+    print(
+        f"From one save to the next ({every} steps and a save): {sync_every:.2f} s "
+        f"synchronous, {async_every:.2f} s async ({async_every / sync_every - 1:+.0%})."
+    )
     steps = every * saves + 1
     wall_sync, wall_async = (statistics.median(columns[k]) for k in ("wall_sync", "wall_async"))
-    print(f"A whole run of {steps} steps with {saves} saves (its end waits for the last "
-          f"write): {wall_sync:.2f} s synchronous, {wall_async:.2f} s async "
-          f"({wall_async / wall_sync - 1:+.0%}).")
+    print(
+        f"A whole run of {steps} steps with {saves} saves (its end waits for the last "
+        f"write): {wall_sync:.2f} s synchronous, {wall_async:.2f} s async "
+        f"({wall_async / wall_sync - 1:+.0%})."
+    )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,13 @@ class StampedData:
 
 def module() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                         nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    return nn.Sequential(
+        nn.Linear(FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, CLASSES),
+    )
 
 
 def my_batches(steps: int) -> Batches:
@@ -85,8 +90,10 @@ def my_batches(steps: int) -> Batches:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, FEATURES, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
     indices = list(DistributedSampler(range(n), shuffle=True, seed=0))
-    return [(x[indices[i:i + BATCH]], y[indices[i:i + BATCH]])
-            for i in range(0, len(indices), BATCH)]
+    return [
+        (x[indices[i : i + BATCH]], y[indices[i : i + BATCH]])
+        for i in range(0, len(indices), BATCH)
+    ]
 
 
 def plain(batches: Batches) -> tuple[float, nn.Module]:
@@ -106,8 +113,12 @@ def with_runmodel(batches: Batches) -> tuple[float, nn.Module]:
     net = module()
     data = StampedData(batches)
     model = runmodel.TorchModel.from_parts(
-        net, optimizer=lambda p: torch.optim.SGD(p, lr=1e-3), loss_fn=nn.CrossEntropyLoss(),
-        train_data=data, device="cpu")
+        net,
+        optimizer=lambda p: torch.optim.SGD(p, lr=1e-3),
+        loss_fn=nn.CrossEntropyLoss(),
+        train_data=data,
+        device="cpu",
+    )
     runmodel.Engine().run(model, epochs=1, backend=DDP(shard_data=False))
     return data.median_ms(), net
 
@@ -135,11 +146,14 @@ class Paired(runmodel.TorchModel):
         self.twin_optimizer.step()
 
     def run(self, runstep: Any, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
-        clock, plain_t, runmodel_t = time.perf_counter_ns, self.times["plain"], self.times[
-            "runmodel"]
+        clock, plain_t, runmodel_t = (
+            time.perf_counter_ns,
+            self.times["plain"],
+            self.times["runmodel"],
+        )
         for _ in runstep.epochs():
             for i, batch in enumerate(self.train_data):  # type: ignore[arg-type]
-                for first in ((0, 1) if i % 2 == 0 else (1, 0)):
+                for first in (0, 1) if i % 2 == 0 else (1, 0):
                     t = clock()
                     if first == 0:
                         self.plain_step(batch)
@@ -153,11 +167,16 @@ def paired(batches: Batches) -> tuple[float, float]:
     """Median step (ms) of the plain step and of runmodel's, side by side."""
     model = Paired(batches)
     runmodel.Engine().run(model, epochs=1, backend=DDP(shard_data=False))
-    for a, b in zip(model.twin.state_dict().values(),
-                    runmodel.models.unwrap(model.module).state_dict().values(), strict=True):
+    for a, b in zip(
+        model.twin.state_dict().values(),
+        runmodel.models.unwrap(model.module).state_dict().values(),
+        strict=True,
+    ):
         assert torch.equal(a, b), "runmodel's parameters differ from the plain step's"
-    return (statistics.median(model.times["plain"][WARMUP:]) / 1e6,
-            statistics.median(model.times["runmodel"][WARMUP:]) / 1e6)
+    return (
+        statistics.median(model.times["plain"][WARMUP:]) / 1e6,
+        statistics.median(model.times["runmodel"][WARMUP:]) / 1e6,
+    )
 
 
 def worker(steps: int, repeats: int) -> None:
@@ -166,18 +185,24 @@ def worker(steps: int, repeats: int) -> None:
     rank = dist.get_rank()
     batches = my_batches(steps)
     variants: dict[str, Callable[[Batches], tuple[float, nn.Module]]] = {
-        "plain": plain, "runmodel": with_runmodel, "plain again": plain}
+        "plain": plain,
+        "runmodel": with_runmodel,
+        "plain again": plain,
+    }
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for repeat in range(repeats):
-        order = names[repeat % len(names):] + names[:repeat % len(names)]
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
         trained = {}
         for name in order:
             dist.barrier()
             ms, trained[name] = variants[name](batches)
             times[name].append(ms)
-        for (key, a), b in zip(trained["plain"].state_dict().items(),
-                               trained["runmodel"].state_dict().values(), strict=True):
+        for (key, a), b in zip(
+            trained["plain"].state_dict().items(),
+            trained["runmodel"].state_dict().values(),
+            strict=True,
+        ):
             assert torch.equal(a, b), f"runmodel's {key} differs from the plain loop's"
     side_by_side = [paired(batches) for _ in range(repeats)]
     if rank == 0:
@@ -185,26 +210,37 @@ def worker(steps: int, repeats: int) -> None:
     dist.destroy_process_group()
 
 
-def report(times: dict[str, list[float]], side_by_side: list[tuple[float, float]],
-           steps: int, repeats: int) -> str:
+def report(
+    times: dict[str, list[float]], side_by_side: list[tuple[float, float]], steps: int, repeats: int
+) -> str:
     plain_ms = [(a + b) / 2 for a, b in zip(times["plain"], times["plain again"], strict=True)]
-    lines = [f"2 processes (gloo), {steps} steps each, {repeats} repeats, 1 thread a process; "
-             f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH} a process",
-             "", "| variant | median step (ms) | vs the plain DDP loops: median [min, max] | "
-             "overhead |", "|---|---|---|---|"]
+    lines = [
+        f"2 processes (gloo), {steps} steps each, {repeats} repeats, 1 thread a process; "
+        f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH} a process",
+        "",
+        "| variant | median step (ms) | vs the plain DDP loops: median [min, max] | overhead |",
+        "|---|---|---|---|",
+    ]
     for name, values in times.items():
         ratios = [v / p for v, p in zip(values, plain_ms, strict=True)]
         ratio = statistics.median(ratios)
-        lines.append(f"| {name} | {statistics.median(values):.2f} | {ratio:.4f} "
-                     f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |")
+        lines.append(
+            f"| {name} | {statistics.median(values):.2f} | {ratio:.4f} "
+            f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |"
+        )
     ratios = [r / p for p, r in side_by_side]
     ratio = statistics.median(ratios)
-    lines.append(f"| runmodel, step by step beside the plain step | "
-                 f"{statistics.median(r for _, r in side_by_side):.2f} (plain "
-                 f"{statistics.median(p for p, _ in side_by_side):.2f}) | {ratio:.4f} "
-                 f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |")
-    lines += ["", f"machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-              f"python {platform.python_version()}"]
+    lines.append(
+        f"| runmodel, step by step beside the plain step | "
+        f"{statistics.median(r for _, r in side_by_side):.2f} (plain "
+        f"{statistics.median(p for p, _ in side_by_side):.2f}) | {ratio:.4f} "
+        f"[{min(ratios):.4f}, {max(ratios):.4f}] | {(ratio - 1) * 100:+.2f}% |"
+    )
+    lines += [
+        "",
+        f"machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+        f"python {platform.python_version()}",
+    ]
     return "\n".join(lines)
 
 
@@ -233,8 +269,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from torch.distributed.run import get_args_parser, run
 
-    run(get_args_parser().parse_args(["--standalone", "--nproc-per-node", "2", __file__,
-                                      "--steps", str(steps), "--repeats", str(repeats)]))
+    run(
+        get_args_parser().parse_args(
+            [
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                __file__,
+                "--steps",
+                str(steps),
+                "--repeats",
+                str(repeats),
+            ]
+        )
+    )
     return 0
 
 

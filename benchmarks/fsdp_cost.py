@@ -78,15 +78,27 @@ class StampedData:
 
 def small() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                         nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    return nn.Sequential(
+        nn.Linear(FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, CLASSES),
+    )
 
 
 def large() -> nn.Module:
     """About 50M parameters (51.9M)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(1024, 4608), nn.ReLU(), nn.Linear(4608, 4608), nn.ReLU(),
-                         nn.Linear(4608, 4608), nn.ReLU(), nn.Linear(4608, 1024))
+    return nn.Sequential(
+        nn.Linear(1024, 4608),
+        nn.ReLU(),
+        nn.Linear(4608, 4608),
+        nn.ReLU(),
+        nn.Linear(4608, 4608),
+        nn.ReLU(),
+        nn.Linear(4608, 1024),
+    )
 
 
 def shard(module: nn.Module) -> nn.Module:
@@ -101,8 +113,13 @@ def shard(module: nn.Module) -> nn.Module:
 
 def batches(steps: int, features: int = FEATURES, classes: int = CLASSES) -> Batches:
     g = torch.Generator().manual_seed(1 + dist.get_rank())
-    return [(torch.randn(BATCH, features, generator=g),
-             torch.randint(0, classes, (BATCH,), generator=g)) for _ in range(steps)]
+    return [
+        (
+            torch.randn(BATCH, features, generator=g),
+            torch.randint(0, classes, (BATCH,), generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 # -- step ------------------------------------------------------------------------------------
@@ -170,7 +187,7 @@ def paired(data: Batches) -> tuple[float, float]:
             clock, times = time.perf_counter_ns, self.times
             for _ in runstep.epochs():
                 for i, batch in enumerate(data):
-                    for first in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    for first in (0, 1) if i % 2 == 0 else (1, 0):
                         t = clock()
                         if first == 0:
                             self.plain_step(batch)
@@ -183,8 +200,10 @@ def paired(data: Batches) -> tuple[float, float]:
     runmodel.Engine().run(model, epochs=1, backend=FSDP(shard_data=False))
     for a, b in zip(model.twin.parameters(), model.module.parameters(), strict=True):
         assert torch.equal(a.to_local(), b.to_local()), "runmodel's weights differ"
-    return (statistics.median(model.times["plain"][WARMUP:]) / 1e6,
-            statistics.median(model.times["runmodel"][WARMUP:]) / 1e6)
+    return (
+        statistics.median(model.times["plain"][WARMUP:]) / 1e6,
+        statistics.median(model.times["runmodel"][WARMUP:]) / 1e6,
+    )
 
 
 def part_step(quick: bool) -> dict[str, Any]:
@@ -195,21 +214,29 @@ def part_step(quick: bool) -> dict[str, Any]:
     medians: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for repeat in range(repeats):
-        order = names[repeat % 3:] + names[:repeat % 3]
+        order = names[repeat % 3 :] + names[: repeat % 3]
         times = {name: variants[name](data) for name in order}
         reference = (times["plain"] + times["plain again"]) / 2
         for name, ms in times.items():
             medians[name].append(ms)
             ratios[name].append(ms / reference)
-    result = {name: {"median_ms": statistics.median(medians[name]),
-                     "ratio": statistics.median(ratios[name]), "min": min(ratios[name]),
-                     "max": max(ratios[name])} for name in variants}
+    result = {
+        name: {
+            "median_ms": statistics.median(medians[name]),
+            "ratio": statistics.median(ratios[name]),
+            "min": min(ratios[name]),
+            "max": max(ratios[name]),
+        }
+        for name in variants
+    }
     side_by_side = [paired(data) for _ in range(repeats)]
     ratios_paired = [r / p for p, r in side_by_side]
     result["runmodel, step by step beside the plain step"] = {
         "median_ms": statistics.median(r for _, r in side_by_side),
-        "ratio": statistics.median(ratios_paired), "min": min(ratios_paired),
-        "max": max(ratios_paired)}
+        "ratio": statistics.median(ratios_paired),
+        "min": min(ratios_paired),
+        "max": max(ratios_paired),
+    }
     return result
 
 
@@ -231,13 +258,14 @@ def part_memory(backend: str) -> dict[str, Any]:
     nn.functional.cross_entropy(module(x), y).backward()
     optimizer.step()
     params = list(module.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values()
-             if isinstance(v, torch.Tensor)]
-    return {"parameters": count,
-            "param_bytes": sum(local_bytes(p) for p in params),
-            "grad_bytes": sum(local_bytes(p.grad) for p in params if p.grad is not None),
-            "optim_bytes": sum(local_bytes(v) for v in state),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {
+        "parameters": count,
+        "param_bytes": sum(local_bytes(p) for p in params),
+        "grad_bytes": sum(local_bytes(p.grad) for p in params if p.grad is not None),
+        "optim_bytes": sum(local_bytes(v) for v in state),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
 
 # -- save ------------------------------------------------------------------------------------
@@ -261,8 +289,12 @@ def part_save(quick: bool, folder: Path) -> dict[str, Any]:
     snapshot = {"engine": {"counters": {}}, "rng": checkpoint.rng_state()}
     writer = ShardedWriter(sharded)
     repeats = 2 if quick else 5
-    times: dict[str, list[float]] = {"sharded": [], "async stall": [], "async whole": [],
-                                     "single file": []}
+    times: dict[str, list[float]] = {
+        "sharded": [],
+        "async stall": [],
+        "async whole": [],
+        "single file": [],
+    }
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -283,9 +315,12 @@ def part_save(quick: bool, folder: Path) -> dict[str, Any]:
         times["async whole"].append(time.perf_counter() - started)
         # the single file: rank 0 writes the whole state (as under ddp, where every
         # process holds it whole already: the gather is not counted)
-        state = {"model": {"module": get_model_state_dict(module, options=full),
-                           "optimizer": get_optimizer_state_dict(module, optimizer,
-                                                                 options=full)}}
+        state = {
+            "model": {
+                "module": get_model_state_dict(module, options=full),
+                "optimizer": get_optimizer_state_dict(module, optimizer, options=full),
+            }
+        }
         dist.barrier()
         if dist.get_rank() == 0:
             started = time.perf_counter()
@@ -297,8 +332,11 @@ def part_save(quick: bool, folder: Path) -> dict[str, Any]:
                 shutil.rmtree(old)
             else:
                 old.unlink()
-    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts)}
-            for name, ts in times.items() if ts}
+    return {
+        name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts)}
+        for name, ts in times.items()
+        if ts
+    }
 
 
 # -- launching -------------------------------------------------------------------------------
@@ -319,17 +357,32 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(part: str, quick: bool, **extra: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", __file__, "--worker", "--part", part]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        __file__,
+        "--worker",
+        "--part",
+        part,
+    ]
     command += ["--quick"] if quick else []
     for key, value in extra.items():
         command += [f"--{key}", value]
-    done = subprocess.run(command, capture_output=True, text=True, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         sys.exit(f"{part} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
     return result
 
 
@@ -344,26 +397,34 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, Python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, Python "
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}"
+    )
     parts = ["step", "memory", "save"] if args.part == "all" else [args.part]
     if "step" in parts:
         print("\n| variant | median step (ms) | vs the plain FSDP2 loops: median [min, max] |")
         print("|---|---|---|")
         for name, row in launch("step", args.quick).items():
-            print(f"| {name} | {row['median_ms']:.2f} | {row['ratio']:.4f} "
-                  f"[{row['min']:.4f}, {row['max']:.4f}] |")
+            print(
+                f"| {name} | {row['median_ms']:.2f} | {row['ratio']:.4f} "
+                f"[{row['min']:.4f}, {row['max']:.4f}] |"
+            )
     if "memory" in parts:
-        rows = {backend: launch("memory", args.quick, backend=backend)
-                for backend in ("ddp", "fsdp")}
+        rows = {
+            backend: launch("memory", args.quick, backend=backend) for backend in ("ddp", "fsdp")
+        }
         print(f"\n{rows['ddp']['parameters'] / 1e6:.1f}M parameters, Adam; per process (MB):")
         print("\n| backend | parameters | gradients | optimizer state | total | peak RSS |")
         print("|---|---|---|---|---|---|")
         for backend, row in rows.items():
             parts_mb = [row[k] / 2**20 for k in ("param_bytes", "grad_bytes", "optim_bytes")]
-            print(f"| {backend} | " + " | ".join(f"{v:.0f}" for v in parts_mb)
-                  + f" | {sum(parts_mb):.0f} | {row['peak_rss_bytes'] / 2**20:.0f} |")
+            print(
+                f"| {backend} | "
+                + " | ".join(f"{v:.0f}" for v in parts_mb)
+                + f" | {sum(parts_mb):.0f} | {row['peak_rss_bytes'] / 2**20:.0f} |"
+            )
     if "save" in parts:
         folder = Path(tempfile.mkdtemp(prefix="fsdp-bench-", dir=os.environ.get("BENCH_DIR")))
         try:

@@ -48,8 +48,9 @@ class Noop(runmodel.Model):
     def step(self, batch: Any) -> Any:
         return batch
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         for _ in runstep.epochs():
             for batch in self.data:
                 runstep(batch)
@@ -69,6 +70,7 @@ def on_runmodel(setup: Callable[[runmodel.Engine], Any]) -> Callable[[int], floa
         seconds = time.perf_counter() - start
         assert result.steps == steps, result
         return seconds
+
     return run
 
 
@@ -82,6 +84,7 @@ def on_ignite(setup: Callable[[Engine], Any]) -> Callable[[int], float]:
         seconds = time.perf_counter() - start
         assert state.iteration == steps, state
         return seconds
+
     return run
 
 
@@ -89,10 +92,12 @@ VARIANTS: dict[str, Callable[[int], float]] = {
     "runmodel, never reads `.ignite`": on_runmodel(lambda engine: None),
     "runmodel, `.ignite` read, no handlers": on_runmodel(lambda engine: engine.ignite),
     "runmodel, `.ignite` + 1 no-op ITERATION_COMPLETED handler": on_runmodel(
-        lambda engine: engine.ignite.add_event_handler(Events.ITERATION_COMPLETED, noop)),
+        lambda engine: engine.ignite.add_event_handler(Events.ITERATION_COMPLETED, noop)
+    ),
     "ignite `Engine.run`, no handlers": on_ignite(lambda engine: None),
     "ignite `Engine.run`, 1 no-op ITERATION_COMPLETED handler": on_ignite(
-        lambda engine: engine.add_event_handler(Events.ITERATION_COMPLETED, noop)),
+        lambda engine: engine.add_event_handler(Events.ITERATION_COMPLETED, noop)
+    ),
 }
 
 
@@ -108,10 +113,12 @@ def measure(steps: int, repeats: int) -> dict[str, list[float]]:
 
 
 def machine() -> str:
-    return (f"{platform.platform()}, {platform.processor() or platform.machine()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, "
-            f"pytorch-ignite {ignite.__version__}, runmodel {runmodel.__version__}, "
-            f"{torch.get_num_threads()} torch thread(s)")
+    return (
+        f"{platform.platform()}, {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"pytorch-ignite {ignite.__version__}, runmodel {runmodel.__version__}, "
+        f"{torch.get_num_threads()} torch thread(s)"
+    )
 
 
 def main() -> None:
@@ -129,8 +136,10 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, values in found.items():
         median = statistics.median(values)
-        print(f"| {name} | {median:.2f} | {min(values):.2f}-{max(values):.2f} | "
-              f"{median - base:+.2f} |")
+        print(
+            f"| {name} | {median:.2f} | {min(values):.2f}-{max(values):.2f} | "
+            f"{median - base:+.2f} |"
+        )
 
 
 if __name__ == "__main__":

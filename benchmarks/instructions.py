@@ -50,8 +50,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_TOOLS = HERE.parent.parent / "shared" / "tools" / "instructions"
 BATCHES = 64  # distinct batches, reused in turn (the count does not depend on which)
-VARIANTS = ("plain PyTorch train loop", "train", "train, 10 hooks on runstep",
-            "train, RunLog reading the loss", "plain PyTorch eval loop", "eval")
+VARIANTS = (
+    "plain PyTorch train loop",
+    "train",
+    "train, 10 hooks on runstep",
+    "train, RunLog reading the loss",
+    "plain PyTorch eval loop",
+    "eval",
+)
 RUNMODEL = ("train", "train, 10 hooks on runstep", "train, RunLog reading the loss", "eval")
 
 
@@ -108,8 +114,9 @@ def with_runmodel(mode: str, hooks: int, run_log: bool = False) -> Callable[[int
 
         module, optimizer, loss_fn, batches = work()
         data = Cycle(batches, steps)
-        model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=loss_fn,
-                                               train_data=data, eval_data=data)
+        model = runmodel.TorchModel.from_parts(
+            module, optimizer=optimizer, loss_fn=loss_fn, train_data=data, eval_data=data
+        )
         engine = runmodel.Engine()
         for n in range(hooks):
             engine.on("runstep", lambda engine: None, name=f"noop{n}")
@@ -130,8 +137,9 @@ RUNS: dict[str, Callable[[int], None]] = {
 }
 
 
-def count(tools: Path, dumps: str, short: int, long: int, variants: list[str],
-          repeats: int) -> None:
+def count(
+    tools: Path, dumps: str, short: int, long: int, variants: list[str], repeats: int
+) -> None:
     """Under callgrind: per variant, the instructions of SHORT and of LONG steps, each a
     counted region (its dump is ``DUMPS.<pid>.<n>``); prints their per-step difference."""
     import torch
@@ -160,13 +168,17 @@ def count(tools: Path, dumps: str, short: int, long: int, variants: list[str],
                     run(steps)
                 region += 1
                 text = Path(f"{dumps}.{os.getpid()}.{region}").read_text()
-                counts.append(int(next(line for line in text.splitlines()
-                                       if line.startswith("totals:")).split()[1]))
+                counts.append(
+                    int(
+                        next(
+                            line for line in text.splitlines() if line.startswith("totals:")
+                        ).split()[1]
+                    )
+                )
             steps_of.append((counts[-1] - counts[-2]) / (long - short))
         totals[name] = counts
         per_step[name] = steps_of
-    print(json.dumps({"runmodel": runmodel.__file__, "per_step": per_step,
-                      "totals": totals}))
+    print(json.dumps({"runmodel": runmodel.__file__, "per_step": per_step, "totals": totals}))
 
 
 # ---- the parent: launches the child under valgrind once per checkout ----
@@ -175,19 +187,30 @@ def count(tools: Path, dumps: str, short: int, long: int, variants: list[str],
 def tools_folder(given: str | None) -> Path:
     folder = Path(given or os.environ.get("RUNMODEL_INSTRUCTIONS_TOOLS") or DEFAULT_TOOLS)
     if not (folder / "counted.py").is_file() or not (folder / "region.c").is_file():
-        sys.exit(f"instructions.py: no counted.py and region.c in {folder}: give the folder "
-                 f"of the instruction-counting tools (../shared/tools/instructions in the "
-                 f"project's workspace) with --tools DIR or RUNMODEL_INSTRUCTIONS_TOOLS")
+        sys.exit(
+            f"instructions.py: no counted.py and region.c in {folder}: give the folder "
+            f"of the instruction-counting tools (../shared/tools/instructions in the "
+            f"project's workspace) with --tools DIR or RUNMODEL_INSTRUCTIONS_TOOLS"
+        )
     missing = [tool for tool in ("valgrind", "gcc") if shutil.which(tool) is None]
     if missing or not Path("/usr/include/valgrind/callgrind.h").is_file():
-        sys.exit(f"instructions.py: needs valgrind, gcc and valgrind's headers "
-                 f"(/usr/include/valgrind/callgrind.h); missing: "
-                 f"{', '.join(missing) or 'callgrind.h'}")
+        sys.exit(
+            f"instructions.py: needs valgrind, gcc and valgrind's headers "
+            f"(/usr/include/valgrind/callgrind.h); missing: "
+            f"{', '.join(missing) or 'callgrind.h'}"
+        )
     return folder
 
 
-def measure(checkout: Path, tools: Path, short: int, long: int, variants: list[str],
-            repeats: int, keep: Path | None) -> dict[str, Any]:
+def measure(
+    checkout: Path,
+    tools: Path,
+    short: int,
+    long: int,
+    variants: list[str],
+    repeats: int,
+    keep: Path | None,
+) -> dict[str, Any]:
     """One callgrind process with ``checkout`` first on PYTHONPATH; its dumps are kept
     in ``keep`` (for ``callgrind_annotate``) when given."""
     with tempfile.TemporaryDirectory(prefix="instructions-") as folder:
@@ -196,22 +219,41 @@ def measure(checkout: Path, tools: Path, short: int, long: int, variants: list[s
             os.makedirs(folder, exist_ok=True)
         dumps = f"{folder}/cg"
         env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
-        command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-                   f"--callgrind-out-file={dumps}.%p", sys.executable, __file__, "--child",
-                   "--tools", str(tools), "--dumps", dumps, "--short", str(short),
-                   "--long", str(long), "--repeats", str(repeats),
-                   "--variants", json.dumps(variants)]
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            f"--callgrind-out-file={dumps}.%p",
+            sys.executable,
+            __file__,
+            "--child",
+            "--tools",
+            str(tools),
+            "--dumps",
+            dumps,
+            "--short",
+            str(short),
+            "--long",
+            str(long),
+            "--repeats",
+            str(repeats),
+            "--variants",
+            json.dumps(variants),
+        ]
         done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"instructions.py: the count in {checkout} failed "
-                     f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
+            sys.exit(
+                f"instructions.py: the count in {checkout} failed "
+                f"(exit {done.returncode}):\n{done.stderr[-4000:]}"
+            )
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return result
 
 
 def commit_of(checkout: Path) -> str:
-    done = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    )
     return done.stdout.strip()[:70] if done.returncode == 0 else "(not a git checkout)"
 
 
@@ -227,68 +269,102 @@ def machine() -> str:
     import torch
 
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True)
-    return (f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__}, "
-            f"{valgrind.stdout.strip()}, 1 thread")
+    return (
+        f"{name} ({os.cpu_count()} cores), {platform.system()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, "
+        f"{valgrind.stdout.strip()}, 1 thread"
+    )
 
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def report(checkouts: list[Path], results: list[dict[str, Any]], short: int, long: int,
-           variants: list[str]) -> None:
-    print(f"{time.strftime('%Y-%m-%d')}, {machine()}; instructions per step = "
-          f"(I({long} steps) - I({short} steps)) / {long - short}\n")
+def report(
+    checkouts: list[Path], results: list[dict[str, Any]], short: int, long: int, variants: list[str]
+) -> None:
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {machine()}; instructions per step = "
+        f"(I({long} steps) - I({short} steps)) / {long - short}\n"
+    )
     for number, (checkout, result) in enumerate(zip(checkouts, results, strict=True)):
-        print(f"[{number}] {checkout}: {commit_of(checkout)} (runmodel from "
-              f"{Path(result['runmodel']).parent})")
+        print(
+            f"[{number}] {checkout}: {commit_of(checkout)} (runmodel from "
+            f"{Path(result['runmodel']).parent})"
+        )
     header = "| variant | " + " | ".join(f"[{n}]" for n in range(len(checkouts)))
     header += "".join(f" | [{n}] vs [0]" for n in range(1, len(checkouts)))
     print(f"\n{header} |\n|---|" + "---:|" * (2 * len(checkouts) - 1))
     for name in variants:
         counts = [median(result["per_step"][name]) for result in results]
         row = f"| {name} | " + " | ".join(f"{n:,.0f}" for n in counts)
-        row += "".join(f" | {n - counts[0]:+,.0f} ({n / counts[0] - 1:+.3%})"
-                       for n in counts[1:])
+        row += "".join(f" | {n - counts[0]:+,.0f} ({n / counts[0] - 1:+.3%})" for n in counts[1:])
         print(row + " |")
     for number, result in enumerate(results):
         spreads = {name: (max(v) - min(v)) / median(v) for name, v in result["per_step"].items()}
         worst = max(spreads, key=spreads.__getitem__)
-        print(f"\n[{number}]: the {len(result['per_step'][worst])} repeats of each variant "
-              f"agree within {spreads[worst]:.3%} ({worst}: "
-              f"{', '.join(f'{n:,.0f}' for n in result['per_step'][worst])})", end="")
+        print(
+            f"\n[{number}]: the {len(result['per_step'][worst])} repeats of each variant "
+            f"agree within {spreads[worst]:.3%} ({worst}: "
+            f"{', '.join(f'{n:,.0f}' for n in result['per_step'][worst])})",
+            end="",
+        )
     print()
-    plain = {"train": "plain PyTorch train loop", "train, 10 hooks on runstep":
-             "plain PyTorch train loop", "train, RunLog reading the loss":
-             "plain PyTorch train loop", "eval": "plain PyTorch eval loop"}
+    plain = {
+        "train": "plain PyTorch train loop",
+        "train, 10 hooks on runstep": "plain PyTorch train loop",
+        "train, RunLog reading the loss": "plain PyTorch train loop",
+        "eval": "plain PyTorch eval loop",
+    }
     rows = [name for name in RUNMODEL if name in variants and plain[name] in variants]
     if rows:
-        print("\nrunmodel's own share (the variant less the plain loop of the same "
-              "checkout's run):\n")
-        print(f"| variant | {' | '.join(f'[{n}]' for n in range(len(checkouts)))} |\n|---|"
-              + "---:|" * len(checkouts))
+        print(
+            "\nrunmodel's own share (the variant less the plain loop of the same checkout's run):\n"
+        )
+        print(
+            f"| variant | {' | '.join(f'[{n}]' for n in range(len(checkouts)))} |\n|---|"
+            + "---:|" * len(checkouts)
+        )
         for name in rows:
-            own = [median(r["per_step"][name]) - median(r["per_step"][plain[name]])
-                   for r in results]
+            own = [
+                median(r["per_step"][name]) - median(r["per_step"][plain[name]]) for r in results
+            ]
             print(f"| {name} | " + " | ".join(f"{n:+,.0f}" for n in own) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkout", action="append", type=Path,
-                        help="a checkout whose runmodel to count (repeat to compare; the "
-                             "first is the reference); default: this script's checkout")
-    parser.add_argument("--tools", help=f"the counting tools' folder (default: "
-                                        f"$RUNMODEL_INSTRUCTIONS_TOOLS or {DEFAULT_TOOLS})")
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        type=Path,
+        help="a checkout whose runmodel to count (repeat to compare; the "
+        "first is the reference); default: this script's checkout",
+    )
+    parser.add_argument(
+        "--tools",
+        help=f"the counting tools' folder (default: "
+        f"$RUNMODEL_INSTRUCTIONS_TOOLS or {DEFAULT_TOOLS})",
+    )
     parser.add_argument("--short", type=int, default=100, help="steps of the short region")
     parser.add_argument("--long", type=int, default=400, help="steps of the long region")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="pairs of regions per variant (their counts should agree)")
-    parser.add_argument("--variants", default=json.dumps(list(VARIANTS)),
-                        help="a JSON list of the variants to count")
-    parser.add_argument("--keep", type=Path, help="keep callgrind's dumps in KEEP/<checkout>/"
-                        " (region n of the run: cg.<pid>.<n>), to annotate them")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="pairs of regions per variant (their counts should agree)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=json.dumps(list(VARIANTS)),
+        help="a JSON list of the variants to count",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep callgrind's dumps in KEEP/<checkout>/"
+        " (region n of the run: cg.<pid>.<n>), to annotate them",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dumps", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -309,8 +385,9 @@ def main() -> None:
     results = []
     for checkout in checkouts:  # one at a time: callgrind is slow, and the cores are shared
         print(f"counting {checkout} ...", file=sys.stderr, flush=True)
-        results.append(measure(checkout, tools, args.short, args.long, variants,
-                               args.repeats, args.keep))
+        results.append(
+            measure(checkout, tools, args.short, args.long, variants, args.repeats, args.keep)
+        )
     report(checkouts, results, args.short, args.long, variants)
 
 

@@ -104,8 +104,9 @@ class Bench(runmodel.TorchModel):
         self.data, self.ref = data, ref
         self.module, self.optimizer, self.loss_fn = make_work()
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         ref = self.ref
         for batch in self.data:
             ref(batch)
@@ -120,6 +121,7 @@ def with_runmodel(hooks: int) -> Callable[[StampedData, Reference], nn.Module]:
         model = Bench(data, ref)
         engine.run(model, steps=data.steps)
         return model.module
+
     return run
 
 
@@ -141,9 +143,12 @@ def with_ignite(data: StampedData, ref: Reference) -> nn.Module:
 def overhead_table(steps: int, repeats: int) -> list[str]:
     torch.manual_seed(1)
     batches = [(torch.randn(64, 32), torch.randn(64, 32)) for _ in range(200)]
-    variants = {"plain PyTorch loop": plain, "runmodel, 0 hooks": with_runmodel(0),
-                "runmodel, 10 hooks on runstep": with_runmodel(10),
-                f"pytorch-ignite {ignite.__version__} Engine": with_ignite}
+    variants = {
+        "plain PyTorch loop": plain,
+        "runmodel, 0 hooks": with_runmodel(0),
+        "runmodel, 10 hooks on runstep": with_runmodel(10),
+        f"pytorch-ignite {ignite.__version__} Engine": with_ignite,
+    }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     reference = None
     for _ in range(repeats):
@@ -154,8 +159,10 @@ def overhead_table(steps: int, repeats: int) -> list[str]:
                 reference = params
             assert torch.equal(params, reference), f"{name}: parameters differ from plain loop"
             results[name].append(ref.measure(data))
-    rows = ["| variant | median step (µs) | overhead vs plain (µs/step) | ratio to plain |",
-            "|---|---:|---:|---:|"]
+    rows = [
+        "| variant | median step (µs) | overhead vs plain (µs/step) | ratio to plain |",
+        "|---|---:|---:|---:|",
+    ]
     base_step = statistics.median(s for s, _ in results["plain PyTorch loop"])
     base_diff = [d for _, d in results["plain PyTorch loop"]]
     for name, values in results.items():
@@ -176,8 +183,9 @@ class Noop(runmodel.Model):
     def step(self, batch: Any) -> None:
         return None
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         clock, stamps = time.perf_counter_ns, self.stamps
         for _ in range(self.steps):
             stamps.append(clock())
@@ -198,16 +206,20 @@ def dispatch_table(steps: int, repeats: int) -> list[str]:
             gaps = [b - a for a, b in zip(model.stamps, model.stamps[1:], strict=False)]
             per_step[n].append(statistics.median(gaps))
     empty = _empty_phase_ns()
-    rows = ["| hooks on the phase | engine step (ns) | dispatch cost (ns) | per hook (ns) |",
-            "|---:|---:|---:|---:|"]
+    rows = [
+        "| hooks on the phase | engine step (ns) | dispatch cost (ns) | per hook (ns) |",
+        "|---:|---:|---:|---:|",
+    ]
     base = statistics.median(per_step[0])
     for n in counts:
         step = statistics.median(per_step[n])
         cost = step - base + empty
         per_hook = f"{(step - base) / n:.0f}" if n else "-"
         rows.append(f"| {n} | {step:.0f} | {cost:.0f} | {per_hook} |")
-    rows.append(f"\nA phase with no hooks (its dispatch entry read and found empty, timed alone): "
-                f"{empty:.0f} ns.")
+    rows.append(
+        f"\nA phase with no hooks (its dispatch entry read and found empty, timed alone): "
+        f"{empty:.0f} ns."
+    )
     return rows
 
 
@@ -230,9 +242,11 @@ def main() -> None:
     args = parser.parse_args()
     steps, repeats = (2_000, 3) if args.quick else (20_000, 5)
     torch.set_num_threads(1)
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
-          f"Python {platform.python_version()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread; {steps} steps, median of {repeats} repeats\n")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread; {steps} steps, median of {repeats} repeats\n"
+    )
     print("\n".join(overhead_table(steps, repeats)))
     print()
     print("\n".join(dispatch_table(steps * 10, repeats)))

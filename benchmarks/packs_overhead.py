@@ -94,8 +94,9 @@ class Work(runmodel.TorchModel):
         self.module, self.optimizer, self.loss_fn = make_work()
         self.eval_data = [make_batches()[0]]
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         ref = self.ref
         for _ in runstep.epochs():
             for batch in self.train_data:
@@ -105,23 +106,31 @@ class Work(runmodel.TorchModel):
 
 def idle_packs(folder: str) -> list[runmodel.Pack]:
     """Packs with nothing to do between epochs: their per-step cost is the point."""
-    return [Unfreeze({0: "all"}), Checkpoint(folder, every="1ep"),
-            LRSchedule(lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.99),
-                       interval="epoch"),
-            Progress(file=io.StringIO())]
+    return [
+        Unfreeze({0: "all"}),
+        Checkpoint(folder, every="1ep"),
+        LRSchedule(
+            lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.99), interval="epoch"
+        ),
+        Progress(file=io.StringIO()),
+    ]
 
 
 def evaluating_packs(folder: str) -> list[runmodel.Pack]:
     """The idle packs, with an evaluation each epoch (one batch) that early stopping and a
     best-K checkpoint read: work at each epoch's end that a plain loop does not do."""
-    return [*idle_packs(folder)[:1], Evaluate(every="1ep"),
-            EarlyStopping("eval_loss", patience=1000),
-            Checkpoint(folder, every="1ep", best=("eval_loss", "min")),
-            *idle_packs(folder)[2:]]
+    return [
+        *idle_packs(folder)[:1],
+        Evaluate(every="1ep"),
+        EarlyStopping("eval_loss", patience=1000),
+        Checkpoint(folder, every="1ep", best=("eval_loss", "min")),
+        *idle_packs(folder)[2:],
+    ]
 
 
-def with_runmodel(packs: Callable[[str], list[runmodel.Pack]] | None
-                  ) -> Callable[[Any, int, Callable[[Any], None]], nn.Module]:
+def with_runmodel(
+    packs: Callable[[str], list[runmodel.Pack]] | None,
+) -> Callable[[Any, int, Callable[[Any], None]], nn.Module]:
     def run(data: Any, epochs: int, ref: Callable[[Any], None]) -> nn.Module:
         engine = runmodel.Engine()
         with tempfile.TemporaryDirectory() as folder:
@@ -130,13 +139,16 @@ def with_runmodel(packs: Callable[[str], list[runmodel.Pack]] | None
             model = Work(data, ref)
             engine.run(model, epochs=epochs)
         return model.module
+
     return run
 
 
-VARIANTS = {"plain PyTorch loop": plain, "runmodel, no packs": with_runmodel(None),
-            "runmodel, idle packs": with_runmodel(idle_packs),
-            "runmodel, idle packs + Evaluate, EarlyStopping, best-K": with_runmodel(
-                evaluating_packs)}
+VARIANTS = {
+    "plain PyTorch loop": plain,
+    "runmodel, no packs": with_runmodel(None),
+    "runmodel, idle packs": with_runmodel(idle_packs),
+    "runmodel, idle packs + Evaluate, EarlyStopping, best-K": with_runmodel(evaluating_packs),
+}
 
 
 def timed(epochs: int, repeats: int) -> list[str]:
@@ -157,15 +169,20 @@ def timed(epochs: int, repeats: int) -> list[str]:
             epoch_end[name].append(statistics.median(ends) / 1e3 if ends else 0.0)
     base = over["plain PyTorch loop"]
     base_step = statistics.median(step["plain PyTorch loop"])
-    rows = ["| variant | median step (µs) | overhead vs plain (µs/step, median [min, max]) "
-            "| ratio to plain | epoch end (µs) |", "|---|---:|---:|---:|---:|"]
+    rows = [
+        "| variant | median step (µs) | overhead vs plain (µs/step, median [min, max]) "
+        "| ratio to plain | epoch end (µs) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name in VARIANTS:
         paired = [o - b for o, b in zip(over[name], base, strict=True)]
         mid = statistics.median(paired)
-        rows.append(f"| {name} | {statistics.median(step[name]):.2f} | {mid:+.2f} "
-                    f"[{min(paired):+.2f}, {max(paired):+.2f}] | "
-                    f"{(base_step + mid) / base_step:.4f} | "
-                    f"{statistics.median(epoch_end[name]):.0f} |")
+        rows.append(
+            f"| {name} | {statistics.median(step[name]):.2f} | {mid:+.2f} "
+            f"[{min(paired):+.2f}, {max(paired):+.2f}] | "
+            f"{(base_step + mid) / base_step:.4f} | "
+            f"{statistics.median(epoch_end[name]):.0f} |"
+        )
     return rows
 
 
@@ -185,33 +202,47 @@ def instructions(tools: str, dumps: str) -> list[str]:
                 fn(batches, epochs, lambda batch: None)
             region += 1
             text = Path(f"{dumps}.{os.getpid()}.{region}").read_text()
-            totals.append(int(next(line for line in text.splitlines()
-                                   if line.startswith("totals:")).split()[1]))
+            totals.append(
+                int(
+                    next(line for line in text.splitlines() if line.startswith("totals:")).split()[
+                        1
+                    ]
+                )
+            )
         per_step[name] = (totals[1] - totals[0]) / (2 * EPOCH)
     base = per_step["plain PyTorch loop"]
-    rows = ["| variant | instructions per step | over plain | ratio to plain |",
-            "|---|---:|---:|---:|"]
-    rows += [f"| {name} | {n:,.0f} | {n - base:+,.0f} | {n / base:.4f} |"
-             for name, n in per_step.items()]
+    rows = [
+        "| variant | instructions per step | over plain | ratio to plain |",
+        "|---|---:|---:|---:|",
+    ]
+    rows += [
+        f"| {name} | {n:,.0f} | {n - base:+,.0f} | {n / base:.4f} |" for name, n in per_step.items()
+    ]
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 epochs, 3 repeats")
-    parser.add_argument("--instructions", metavar="TOOLS",
-                        help="count instructions with the counted() helper in TOOLS")
-    parser.add_argument("--dumps", default="/tmp/cg",
-                        help="callgrind's --callgrind-out-file, without its .%%p")
+    parser.add_argument(
+        "--instructions",
+        metavar="TOOLS",
+        help="count instructions with the counted() helper in TOOLS",
+    )
+    parser.add_argument(
+        "--dumps", default="/tmp/cg", help="callgrind's --callgrind-out-file, without its .%%p"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.instructions:
         print("\n".join(instructions(args.instructions, args.dumps)))
         return
     epochs, repeats = (2, 3) if args.quick else (10, 5)
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
-          f"Python {platform.python_version()}, torch {torch.__version__}, 1 thread; "
-          f"{epochs} epochs of {EPOCH} steps, median of {repeats} interleaved repeats\n")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, 1 thread; "
+        f"{epochs} epochs of {EPOCH} steps, median of {repeats} interleaved repeats\n"
+    )
     with contextlib.redirect_stderr(io.StringIO()):
         rows = timed(epochs, repeats)
     print("\n".join(rows))

@@ -18,17 +18,52 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 #: Each public name and the module that defines it.
 _EXPORTS = {
     "Engine": "engine",
-    **dict.fromkeys(("Duration", "Hook", "HookHandle", "HookOptions", "HookOrderError", "MODES",
-                     "PHASES", "Pack", "Phase", "RunResult", "RunStep", "State", "StopRun",
-                     "Interrupted", "Preempted", "hook", "override", "FineTuneSpec"), "core"),
-    **dict.fromkeys(("Interface", "Model", "Supervised", "TorchModel", "evaluate",
-                     "load_model"), "models"),
+    **dict.fromkeys(
+        (
+            "Duration",
+            "Hook",
+            "HookHandle",
+            "HookOptions",
+            "HookOrderError",
+            "MODES",
+            "PHASES",
+            "Pack",
+            "Phase",
+            "RunResult",
+            "RunStep",
+            "State",
+            "StopRun",
+            "Interrupted",
+            "Preempted",
+            "hook",
+            "override",
+            "FineTuneSpec",
+        ),
+        "core",
+    ),
+    **dict.fromkeys(
+        ("Interface", "Model", "Supervised", "TorchModel", "evaluate", "load_model"), "models"
+    ),
     **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), "modes"),
     "Backend": "backends",
-    **dict.fromkeys(("Spec", "make_backend", "make_interface", "make_loss", "make_model",
-                     "make_optimizer", "make_pack", "register_backend", "register_interface",
-                     "register_loss", "register_model", "register_optimizer", "register_pack"),
-                    "config.registry"),
+    **dict.fromkeys(
+        (
+            "Spec",
+            "make_backend",
+            "make_interface",
+            "make_loss",
+            "make_model",
+            "make_optimizer",
+            "make_pack",
+            "register_backend",
+            "register_interface",
+            "register_loss",
+            "register_model",
+            "register_optimizer",
+            "register_pack",
+        ),
+        "config.registry",
+    ),
     **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
     "execute": "runs",
     "lr_find": "runs.lr_find",
@@ -36,8 +71,19 @@ _EXPORTS = {
     "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
     "end_distributed": "backends.distributed.env",
 }
-_SUBPACKAGES = ("backends", "checkpoint", "cli", "config", "core", "integrations", "models",
-                "modes", "packs", "runs", "sweeps")
+_SUBPACKAGES = (
+    "backends",
+    "checkpoint",
+    "cli",
+    "config",
+    "core",
+    "integrations",
+    "models",
+    "modes",
+    "packs",
+    "runs",
+    "sweeps",
+)
 
 __all__ = [
     "MODES",

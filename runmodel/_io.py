@@ -35,9 +35,22 @@ try:
 except ImportError:  # not POSIX: no locks, so no stale file is ever removed
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DiskFullError", "atomic_write", "disk_full", "fsync_folder", "hold_lock",
-           "is_temporary", "naming_disk_full", "prepare_folder", "raise_if_disk_full",
-           "read_json", "remove_stale", "shared_lock", "temporary_name", "write_json"]
+__all__ = [
+    "DiskFullError",
+    "atomic_write",
+    "disk_full",
+    "fsync_folder",
+    "hold_lock",
+    "is_temporary",
+    "naming_disk_full",
+    "prepare_folder",
+    "raise_if_disk_full",
+    "read_json",
+    "remove_stale",
+    "shared_lock",
+    "temporary_name",
+    "write_json",
+]
 
 #: ``.<name>.tmp<suffix>``: what ``atomic_write`` (and runmodel before it, with a pid
 #: as the suffix) names its temporary files.
@@ -66,9 +79,11 @@ class DiskFullError(OSError):
     ``filename`` is the file it was writing."""
 
     def __init__(self, number: int, path: str) -> None:
-        super().__init__(f"writing {path!r} failed: {os.strerror(number)} ([Errno {number}]); "
-                         f"free some space (or raise the file-size limit) and resume the run: "
-                         f"the files written before are intact")
+        super().__init__(
+            f"writing {path!r} failed: {os.strerror(number)} ([Errno {number}]); "
+            f"free some space (or raise the file-size limit) and resume the run: "
+            f"the files written before are intact"
+        )
         self.errno, self.filename = number, path
 
     def __str__(self) -> str:
@@ -259,8 +274,10 @@ def prepare_folder(folder: str | os.PathLike[str], owner: str) -> Path:
         return path
     # raised here, outside the except block: one error, no "During handling of ..."
     kind = type(problem) if type(problem).__module__ == "builtins" else OSError
-    raise kind(f"{owner} cannot write to its folder {str(path)!r}: {_cause(path, problem)}; "
-               f"give {owner} a folder it can create and write to")
+    raise kind(
+        f"{owner} cannot write to its folder {str(path)!r}: {_cause(path, problem)}; "
+        f"give {owner} a folder it can create and write to"
+    )
 
 
 def _cause(path: Path, error: OSError) -> str:

@@ -29,12 +29,12 @@ __all__ = ["Engine", "instead_of_first_run"]
 
 #: What the first ``engine.run`` does instead while ``instead_of_first_run`` is in force.
 _instead: ContextVar[Callable[[Engine, Any, dict[str, Any]], Any] | None] = ContextVar(
-    "runmodel_instead_of_run", default=None)
+    "runmodel_instead_of_run", default=None
+)
 
 
 @contextlib.contextmanager
-def instead_of_first_run(replace: Callable[[Engine, Any, dict[str, Any]], Any]
-                         ) -> Iterator[None]:
+def instead_of_first_run(replace: Callable[[Engine, Any, dict[str, Any]], Any]) -> Iterator[None]:
     """While the block runs, the first ``engine.run`` (of any engine) calls
     ``replace(engine, model, arguments)`` instead and returns its result: how the
     ``runmodel`` command runs a script up to its run and then does the asked thing
@@ -64,12 +64,19 @@ class Engine(core.Engine):
         if packs:
             self.attach(*packs)
 
-    def run(self, model: Any, mode: core.Mode | str = "train", *, steps: int | None = None,
-            epochs: int | None = None, setup_options: dict[str, Any] | None = None,
-            backend: core.Backend | Spec | str | dict[str, Any] | None = None,
-            resume: str | os.PathLike[str] | Literal["auto"] | None = None,
-            run_dir: str | os.PathLike[str] | RunFolder | None = None,
-            preempt_signals: Iterable[int | str] = ()) -> core.RunResult:
+    def run(
+        self,
+        model: Any,
+        mode: core.Mode | str = "train",
+        *,
+        steps: int | None = None,
+        epochs: int | None = None,
+        setup_options: dict[str, Any] | None = None,
+        backend: core.Backend | Spec | str | dict[str, Any] | None = None,
+        resume: str | os.PathLike[str] | Literal["auto"] | None = None,
+        run_dir: str | os.PathLike[str] | RunFolder | None = None,
+        preempt_signals: Iterable[int | str] = (),
+    ) -> core.RunResult:
         """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
         ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
         ``epochs`` epochs.
@@ -99,21 +106,35 @@ class Engine(core.Engine):
         replace = _instead.get()
         if replace is not None:
             _instead.set(None)  # once: the asked thing may run the engine itself
-            return replace(self, model, {
-                "mode": mode, "steps": steps, "epochs": epochs, "setup_options": setup_options,
-                "backend": backend, "resume": resume, "run_dir": run_dir,
-                "preempt_signals": preempt_signals})
+            return replace(
+                self,
+                model,
+                {
+                    "mode": mode,
+                    "steps": steps,
+                    "epochs": epochs,
+                    "setup_options": setup_options,
+                    "backend": backend,
+                    "resume": resume,
+                    "run_dir": run_dir,
+                    "preempt_signals": preempt_signals,
+                },
+            )
         mode = as_mode(mode)
         preempt = [signal_number(s) for s in preempt_signals]  # bad input: before the run
         folder = self._run_folder(run_dir, mode) if run_dir is not None else None
         auto = resume == "auto"
         if resume == "auto":
             resume = self._newest_checkpoint_folder()
-        prepares = (make_backend(backend or "plain") if backend is None
-                    or isinstance(backend, (str, Spec, dict)) else backend)
+        prepares = (
+            make_backend(backend or "plain")
+            if backend is None or isinstance(backend, (str, Spec, dict))
+            else backend
+        )
         if setup_options is not None or getattr(model, "setup_defaults", None):
-            setup_options = declared_options(model, "setup", setup_options,
-                                             getattr(model, "setup_defaults", {}))
+            setup_options = declared_options(
+                model, "setup", setup_options, getattr(model, "setup_defaults", {})
+            )
         if folder is not None and not folder.claimed and env.rank() == 0:
             folder.claim(resuming=resume is not None, auto=auto)
         bar = self._progress_for(mode) if self._loop is None else None
@@ -122,9 +143,15 @@ class Engine(core.Engine):
         handle = self.attach(folder) if folder is not None else None
         try:
             with watch_interrupts(self, preempt) as self._on_setup:
-                result = super().run(model, mode, steps=steps, epochs=epochs,
-                                     setup_options=setup_options, backend=prepares,
-                                     resume=resume)
+                result = super().run(
+                    model,
+                    mode,
+                    steps=steps,
+                    epochs=epochs,
+                    setup_options=setup_options,
+                    backend=prepares,
+                    resume=resume,
+                )
         except core.Interrupted as interrupted:  # saved: now say so, in one line
             if folder is not None:
                 folder.finish(self, None, interrupted)
@@ -146,21 +173,26 @@ class Engine(core.Engine):
             folder.finish(self, result)
         return result
 
-    def _run_folder(self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.Mode
-                    ) -> RunFolder | None:
+    def _run_folder(
+        self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.Mode
+    ) -> RunFolder | None:
         """``run_dir``: relative folders of attached packs (and of a Profile mode) go
         inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
         a TensorBoard pack is attached). A config run gives its own ``RunFolder``."""
         from .packs import TensorBoard
         from .runs.folder import RunFolder, start_record
 
-        given, directory = ((run_dir, run_dir.directory) if isinstance(run_dir, RunFolder)
-                            else (None, Path(run_dir)))
+        given, directory = (
+            (run_dir, run_dir.directory)
+            if isinstance(run_dir, RunFolder)
+            else (None, Path(run_dir))
+        )
         packs = list(self.table.packs.values())
         for holder in (*packs, mode):
             folder = getattr(holder, "directory", None)
             inside = isinstance(folder, Path) and (
-                folder.parts[:len(directory.parts)] == directory.parts)
+                folder.parts[: len(directory.parts)] == directory.parts
+            )
             if isinstance(folder, Path) and not folder.is_absolute() and not inside:
                 setattr(holder, "directory", directory / folder)  # noqa: B010
         if mode.name != "train":
@@ -170,20 +202,29 @@ class Engine(core.Engine):
             setattr(folder, "tensorboard", TensorBoard(directory / "tensorboard"))  # noqa: B010
         return folder
 
-    def _interrupted(self, interrupted: core.Interrupted, auto: bool,
-                     folder: RunFolder | None) -> str:
+    def _interrupted(
+        self, interrupted: core.Interrupted, auto: bool, folder: RunFolder | None
+    ) -> str:
         """What a run that an interrupt stopped says once it saved: where, how to go on."""
         from .packs.checkpoint import Checkpoint
         from .runs.folder import COMMAND_KINDS
 
-        what = ("Ctrl-C" if not isinstance(interrupted, core.Preempted)
-                else signal_number(interrupted.signal).name)
+        what = (
+            "Ctrl-C"
+            if not isinstance(interrupted, core.Preempted)
+            else signal_number(interrupted.signal).name
+        )
         step = self.state.step
-        saved = [p.last_path for p in self.table.packs.values()
-                 if isinstance(p, Checkpoint) and p.last_path is not None]
+        saved = [
+            p.last_path
+            for p in self.table.packs.values()
+            if isinstance(p, Checkpoint) and p.last_path is not None
+        ]
         if not saved:
-            return (f"runmodel: {what} stopped the run after step {step}; nothing saved "
-                    f"(attach a runmodel.packs.Checkpoint for a run that can go on)")
+            return (
+                f"runmodel: {what} stopped the run after step {step}; nothing saved "
+                f"(attach a runmodel.packs.Checkpoint for a run that can go on)"
+            )
         if folder is not None and folder.kind in COMMAND_KINDS:
             again = f"continue it with `runmodel resume {folder.directory}`"
         elif auto:
@@ -202,17 +243,24 @@ class Engine(core.Engine):
         """A progress bar for this run when one is wanted and none is attached."""
         from .packs.progress import Progress, interactive
 
-        if (not self.progress or mode.name != "train" or not interactive(sys.stderr)
-                or any(isinstance(p, Progress) for p in self.table.packs.values())
-                or (self._ignite is not None and self._ignite.has_progress_bar())):
+        if (
+            not self.progress
+            or mode.name != "train"
+            or not interactive(sys.stderr)
+            or any(isinstance(p, Progress) for p in self.table.packs.values())
+            or (self._ignite is not None and self._ignite.has_progress_bar())
+        ):
             return None
         return self.attach(Progress())
 
     def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         state = super().state_dict(counters)
         if self._auto_progress is not None:  # there or not by the terminal: not a run's state
-            state["packs"] = {k: v for k, v in state["packs"].items()
-                              if self.table.packs.get(k) not in self._auto_progress.packs}
+            state["packs"] = {
+                k: v
+                for k, v in state["packs"].items()
+                if self.table.packs.get(k) not in self._auto_progress.packs
+            }
         return state
 
     def _newest_checkpoint_folder(self) -> Path | None:
@@ -223,15 +271,20 @@ class Engine(core.Engine):
 
         folders = {p.directory for p in self.table.packs.values() if isinstance(p, Checkpoint)}
         if not folders:
-            raise ValueError('resume="auto" continues from the newest checkpoint of an attached '
-                             'Checkpoint pack, and none is attached: attach one '
-                             '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
-                             'resume="DIR"')
+            raise ValueError(
+                'resume="auto" continues from the newest checkpoint of an attached '
+                "Checkpoint pack, and none is attached: attach one "
+                '(engine.attach(runmodel.packs.Checkpoint("DIR"))) or pass '
+                'resume="DIR"'
+            )
         found = newest([c for f in folders if f.is_dir() for c in checkpoints_in(f)])
         if found is None:
             if env.rank() == 0:  # once, not once per process
-                print(f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
-                      f"starting fresh", file=sys.stderr)
+                print(
+                    f"runmodel: no checkpoint in {', '.join(sorted(map(str, folders)))} yet: "
+                    f"starting fresh",
+                    file=sys.stderr,
+                )
             return None
         self.announce_resume = True  # once the checkpoint is read: a torn one is skipped
         return found.parent

@@ -66,12 +66,13 @@ def install_command(module: str, extra: str | None = None) -> str:
 def _message(module: str, extra: str | None, needed_by: str | None) -> str:
     known = OPTIONAL.get(_top(module))
     pip = known.pip if known else _top(module)
-    return (f"{needed_by or 'this'} needs {pip} (import {_top(module)}): "
-            f"{install_command(module, extra)}")
+    return (
+        f"{needed_by or 'this'} needs {pip} (import {_top(module)}): "
+        f"{install_command(module, extra)}"
+    )
 
 
-def require(module: str, extra: str | None = None, *,
-            needed_by: str | None = None) -> ModuleType:
+def require(module: str, extra: str | None = None, *, needed_by: str | None = None) -> ModuleType:
     """Import ``module`` (``"sklearn.datasets"``) and return it; if it (or its package) is
     not installed, raise ``ModuleNotFoundError`` saying what ``needed_by`` needs and the pip
     command that installs it (the extra from ``OPTIONAL``, or ``extra``).
@@ -85,8 +86,9 @@ def require(module: str, extra: str | None = None, *,
         missing = error.name or ""
         if missing != module and not module.startswith(missing + "."):
             raise  # e.g. scikit-learn is there but one of its dependencies is broken
-        raise ModuleNotFoundError(_message(module, extra, needed_by), name=error.name,
-                                  path=error.path) from error
+        raise ModuleNotFoundError(
+            _message(module, extra, needed_by), name=error.name, path=error.path
+        ) from error
 
 
 def hint(error: BaseException) -> str | None:
@@ -102,7 +104,6 @@ def hint(error: BaseException) -> str | None:
             if known is not None:
                 if "pip install" in str(error):  # require() said it already
                     return None
-                return (f"{known.pip} is an optional dependency: "
-                        f"{install_command(current.name)}")
+                return f"{known.pip} is an optional dependency: {install_command(current.name)}"
         current = current.__cause__ or current.__context__
     return None

@@ -14,8 +14,19 @@ from .runs.plot import (
     sweep_figure,
 )
 
-__all__ = ["Curve", "Run", "add_arguments", "event_folders", "figure", "labels", "load_runs",
-           "main", "plot", "read_curves", "sweep_figure"]
+__all__ = [
+    "Curve",
+    "Run",
+    "add_arguments",
+    "event_folders",
+    "figure",
+    "labels",
+    "load_runs",
+    "main",
+    "plot",
+    "read_curves",
+    "sweep_figure",
+]
 
 if __name__ == "__main__":  # python -m runmodel.plot RUN_DIR...
     import sys

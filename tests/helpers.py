@@ -23,9 +23,20 @@ import runmodel
 from runmodel.core.phases import PHASES
 from runmodel.packs import Checkpoint
 
-__all__ = ["Counting", "Tiny", "assert_equal_params", "assert_same", "build_module",
-           "dropout_mlp", "files", "make_data", "params", "plain_sgd", "record_all",
-           "train_with_checkpoints"]
+__all__ = [
+    "Counting",
+    "Tiny",
+    "assert_equal_params",
+    "assert_same",
+    "build_module",
+    "dropout_mlp",
+    "files",
+    "make_data",
+    "params",
+    "plain_sgd",
+    "record_all",
+    "train_with_checkpoints",
+]
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -36,8 +47,15 @@ BIAS = 0.25
 
 # -- data ------------------------------------------------------------------------------------
 
-def make_data(batches: int = 4, batch_size: int = 8, features: int = 4, *,
-              classes: int | None = None, seed: int = 0) -> Batches:
+
+def make_data(
+    batches: int = 4,
+    batch_size: int = 8,
+    features: int = 4,
+    *,
+    classes: int | None = None,
+    seed: int = 0,
+) -> Batches:
     """``batches`` batches of ``batch_size`` rows of ``features`` standard normal inputs,
     the same for the same arguments, on the CPU.
 
@@ -53,14 +71,16 @@ def make_data(batches: int = 4, batch_size: int = 8, features: int = 4, *,
     else:
         if not 2 <= classes <= features + 1:
             raise ValueError(f"classes={classes}: between 2 and features + 1 ({features + 1})")
-        y = (x[:, :classes - 1] > 0).sum(1)
-    return [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, len(x), batch_size)]
+        y = (x[:, : classes - 1] > 0).sum(1)
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
 
 
 # -- models ----------------------------------------------------------------------------------
 
-def build_module(features: int, outputs: int, hidden: int | None = None,
-                 dropout: float | None = None) -> nn.Module:
+
+def build_module(
+    features: int, outputs: int, hidden: int | None = None, dropout: float | None = None
+) -> nn.Module:
     """``Linear(features, outputs)``; with ``hidden``, ``Linear -> ReLU -> Linear``, or
     ``Linear -> Dropout(dropout) -> Linear`` with ``dropout`` (a layer that draws random
     numbers: an exact resume needs the generator's state). Built as torch's generator
@@ -83,15 +103,29 @@ class Tiny(runmodel.TorchModel):
     1). ``calls`` records ``model.setup`` and ``model.teardown``.
     """
 
-    def __init__(self, device: str | torch.device | None = "cpu",
-                 init_options: dict[str, Any] | None = None, *, classes: int | None = None,
-                 features: int = 4, hidden: int | None = None, dropout: float | None = None,
-                 batches: int = 4, batch_size: int = 8, eval_batches: int | None = None,
-                 optimizer: type[torch.optim.Optimizer] = torch.optim.SGD, lr: float = 0.1,
-                 data: Iterable[Any] | None = None) -> None:
+    def __init__(
+        self,
+        device: str | torch.device | None = "cpu",
+        init_options: dict[str, Any] | None = None,
+        *,
+        classes: int | None = None,
+        features: int = 4,
+        hidden: int | None = None,
+        dropout: float | None = None,
+        batches: int = 4,
+        batch_size: int = 8,
+        eval_batches: int | None = None,
+        optimizer: type[torch.optim.Optimizer] = torch.optim.SGD,
+        lr: float = 0.1,
+        data: Iterable[Any] | None = None,
+    ) -> None:
         super().__init__(device, init_options)
-        self.classes, self.features, self.batches, self.batch_size = (classes, features,
-                                                                      batches, batch_size)
+        self.classes, self.features, self.batches, self.batch_size = (
+            classes,
+            features,
+            batches,
+            batch_size,
+        )
         self.eval_batches = batches if eval_batches is None else eval_batches
         self.make_optimizer, self.lr, self.data = optimizer, lr, data
         self.calls: list[str] = []
@@ -103,16 +137,25 @@ class Tiny(runmodel.TorchModel):
         self.optimizer = self.make_optimizer(self.module.parameters(), lr=self.lr)
         self.loss_fn = nn.MSELoss() if self.classes is None else nn.CrossEntropyLoss()
         shape = (self.batch_size, self.features)
-        self.train_data = (make_data(self.batches, *shape, classes=self.classes)
-                           if self.data is None else self.data)
+        self.train_data = (
+            make_data(self.batches, *shape, classes=self.classes)
+            if self.data is None
+            else self.data
+        )
         self.eval_data = make_data(self.eval_batches, *shape, classes=self.classes, seed=1)
 
     def teardown(self) -> None:
         self.calls.append("model.teardown")
 
 
-def plain_sgd(module: nn.Module, data: Iterable[tuple[torch.Tensor, torch.Tensor]], lr: float,
-              epochs: int = 1, steps: int | None = None, accumulate: int = 1) -> nn.Module:
+def plain_sgd(
+    module: nn.Module,
+    data: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    lr: float,
+    epochs: int = 1,
+    steps: int | None = None,
+    accumulate: int = 1,
+) -> nn.Module:
     """``module`` trained by hand: MSE loss, ``SGD(lr)`` stepped every ``accumulate``
     batches, ``epochs`` passes over ``data`` or its first ``steps`` batches; the batches
     moved to the module's device. The reference a train run must match."""
@@ -138,9 +181,14 @@ def dropout_mlp(device: str | torch.device = "cpu") -> Tiny:
     return Tiny(device, hidden=8, dropout=0.25, optimizer=torch.optim.Adam, lr=0.05)
 
 
-def train_with_checkpoints(directory: str | os.PathLike[str], epochs: int = 2, *,
-                           device: str = "cpu", engine: runmodel.Engine | None = None,
-                           **options: Any) -> tuple[Tiny, runmodel.Engine]:
+def train_with_checkpoints(
+    directory: str | os.PathLike[str],
+    epochs: int = 2,
+    *,
+    device: str = "cpu",
+    engine: runmodel.Engine | None = None,
+    **options: Any,
+) -> tuple[Tiny, runmodel.Engine]:
     """``dropout_mlp(device)`` trained for ``epochs`` on ``engine`` (a new one by default)
     with ``Checkpoint(directory, **options)`` attached."""
     model, engine = dropout_mlp(device), engine or runmodel.Engine()
@@ -167,8 +215,9 @@ class Counting(runmodel.Model):
         self.seen.append(batch)
         return batch
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         self.calls.append("model.run")
         if self.use_epochs:
             for epoch in runstep.epochs():
@@ -185,13 +234,16 @@ class Counting(runmodel.Model):
 def record_all(engine: runmodel.Engine, log: list[str]) -> None:
     """Hook every phase with a recorder that logs ``phase@epoch.step``."""
     for phase in PHASES:
+
         def recorder(engine: runmodel.Engine, phase: str = phase) -> None:
             s = engine.state
             log.append(f"{phase}@{s.epoch}.{s.step}")
+
         engine.on(phase, recorder, name=f"rec_{phase}")
 
 
 # -- comparing -------------------------------------------------------------------------------
+
 
 def params(model: nn.Module | runmodel.TorchModel) -> torch.Tensor:
     """Every parameter of a module (or of a ``TorchModel``'s module), flattened into one
@@ -200,8 +252,9 @@ def params(model: nn.Module | runmodel.TorchModel) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
 
-def assert_equal_params(a: nn.Module | runmodel.TorchModel,
-                        b: nn.Module | runmodel.TorchModel) -> None:
+def assert_equal_params(
+    a: nn.Module | runmodel.TorchModel, b: nn.Module | runmodel.TorchModel
+) -> None:
     """The same parameters, bit for bit (and on the same device)."""
     pa, pb = params(a), params(b)
     assert pa.device == pb.device, (pa.device, pb.device)
@@ -265,7 +318,9 @@ def datasets():
 """
 
 #: ``datasets()`` and ``Net``, a TorchModel with an MLP, SGD and the eval data.
-CHILD_NET = CHILD_DATASETS + """
+CHILD_NET = (
+    CHILD_DATASETS
+    + """
 
 class Net(runmodel.TorchModel):
     setup_defaults = {"batch_size": 4}
@@ -284,6 +339,7 @@ class Net(runmodel.TorchModel):
         self.train_data = DataLoader(train, batch_size=options["batch_size"], shuffle=True)
         self.eval_data = DataLoader(test, batch_size=8)
 """
+)
 
 
 def with_child_net(script: str) -> str:
@@ -293,5 +349,13 @@ def with_child_net(script: str) -> str:
 
 #: What every train run's folder holds (a script's ``run_dir=`` run, a config run), with the
 #: default packs (checkpoints, TensorBoard events); a config run has its config.json too.
-RUN_FOLDER = [".runmodel-reserve", "checkpoint", "metrics.json", "model.pt", "run.json",
-              "run.log", "status.json", "tensorboard"]
+RUN_FOLDER = [
+    ".runmodel-reserve",
+    "checkpoint",
+    "metrics.json",
+    "model.pt",
+    "run.json",
+    "run.log",
+    "status.json",
+    "tensorboard",
+]

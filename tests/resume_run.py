@@ -33,30 +33,37 @@ class Net(runmodel.TorchModel):
         super().__init__("cpu")
         self.workers, self.own_generator = workers, own_generator
         torch.manual_seed(0)
-        self.module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3),
-                                    nn.Linear(16, 1))
+        self.module = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
     def setup(self, setup_options: dict[str, object] | None = None) -> None:
         g = torch.Generator().manual_seed(1)
         x = torch.randn(SAMPLES, 6, generator=g)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-2)
         self.loss_fn = nn.MSELoss()
-        self.train_data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH,
-                                     shuffle=True, num_workers=self.workers,
-                                     generator=torch.Generator().manual_seed(5)
-                                     if self.own_generator else None,
-                                     persistent_workers=self.workers > 0,
-                                     # what a script gets on Linux; a process forked by
-                                     # the forkserver would start its workers through it
-                                     multiprocessing_context="fork" if self.workers else None)
+        self.train_data = DataLoader(
+            TensorDataset(x, x.sum(1, keepdim=True)),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=self.workers,
+            generator=torch.Generator().manual_seed(5) if self.own_generator else None,
+            persistent_workers=self.workers > 0,
+            # what a script gets on Linux; a process forked by
+            # the forkserver would start its workers through it
+            multiprocessing_context="fork" if self.workers else None,
+        )
 
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
-          options: dict[str, Any] | None = None) -> None:
+def train(
+    folder: str,
+    workers: int,
+    kill: tuple[str, int] | None,
+    out: str,
+    options: dict[str, Any] | None = None,
+) -> None:
     """Train; resume from ``folder`` if it holds a checkpoint; die at ``kill``:
     ``("step", k)`` after step k and its checkpoint, ``("epoch", e)`` as epoch e starts,
     ``("save", k)`` in the middle of writing the k-th checkpoint (written, not renamed),
@@ -68,8 +75,14 @@ def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
     options = options or {}
     engine = runmodel.Engine()
     if folder:
-        engine.attach(Checkpoint(folder, every=options.get("every", "1st"), keep=2,
-                                 async_save=options.get("async_save", False)))
+        engine.attach(
+            Checkpoint(
+                folder,
+                every=options.get("every", "1st"),
+                keep=2,
+                async_save=options.get("async_save", False),
+            )
+        )
     if kill is not None:
         kind, at = kill
         if kind == "full":  # before the checkpoint of step `at`
@@ -86,6 +99,7 @@ def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
                 if saves[0] == at:  # the temporary file is complete and fsynced
                     _die()
                 replace(source, target)
+
             runmodel.checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
     model = Net(workers, options.get("own_generator", False))
     resume = "auto" if folder else None
@@ -94,8 +108,9 @@ def train(folder: str, workers: int, kill: tuple[str, int] | None, out: str,
     except OSError as error:
         if kill is None or kill[0] != "full":
             raise
-        Path(out + ".error").write_text(f"{type(error).__name__}: {error}\n"
-                                        f"{error.__cause__!r} {error.__suppress_context__}")
+        Path(out + ".error").write_text(
+            f"{type(error).__name__}: {error}\n{error.__cause__!r} {error.__suppress_context__}"
+        )
         return
     torch.save([p.detach() for p in model.module.parameters()], out)
 
@@ -118,22 +133,26 @@ def log_until_full(kind: str, folder: str) -> None:
 
     torch.set_num_threads(1)
     engine = runmodel.Engine()
-    engine.attach(RunLog(Path(folder) / "run.log") if kind == "run_log" else
-                  TensorBoard(Path(folder) / "tb"))
+    engine.attach(
+        RunLog(Path(folder) / "run.log") if kind == "run_log" else TensorBoard(Path(folder) / "tb")
+    )
 
     def fill(engine: runmodel.Engine) -> None:
         biggest = max(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE,
-                           (biggest + 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        resource.setrlimit(
+            resource.RLIMIT_FSIZE, (biggest + 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+        )
+
     engine.on("runstep", fill, once=2)
     try:
         engine.run(Net(0), epochs=EPOCHS)
     except OSError as error:
         hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-        Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"
-                                         f"{error.__cause__!r} {error.__suppress_context__}")
+        Path(folder, "error").write_text(
+            f"{type(error).__name__}: {error}\n{error.__cause__!r} {error.__suppress_context__}"
+        )
 
 
 def status_until_full(folder: str) -> None:
@@ -150,5 +169,6 @@ def status_until_full(folder: str) -> None:
         write_json(path, {"status": "failed", "error": "x" * 100})
     except OSError as error:
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-        Path(folder, "error").write_text(f"{type(error).__name__}: {error}\n"
-                                         f"{error.__cause__!r} {error.__suppress_context__}")
+        Path(folder, "error").write_text(
+            f"{type(error).__name__}: {error}\n{error.__cause__!r} {error.__suppress_context__}"
+        )

@@ -62,8 +62,9 @@ def parse(path: Path, name: str | None = None) -> Page:
         match = FENCE.match(lines[i])
         if not match:
             if lines[i].strip() == FRAGMENT and not _opens_python(lines, i + 1):
-                page.errors.append(f"{page.name}:{i + 1}: {FRAGMENT} is not directly before "
-                                   "a ```python fence")
+                page.errors.append(
+                    f"{page.name}:{i + 1}: {FRAGMENT} is not directly before a ```python fence"
+                )
             i += 1
             continue
         indent, fence = len(match["indent"]), match["fence"]
@@ -71,19 +72,27 @@ def parse(path: Path, name: str | None = None) -> Page:
         end = i + 1
         while end < len(lines):
             close = FENCE.match(lines[end])
-            if (close and close["fence"][0] == fence[0] and len(close["fence"]) >= len(fence)
-                    and not close["info"]):
+            if (
+                close
+                and close["fence"][0] == fence[0]
+                and len(close["fence"]) >= len(fence)
+                and not close["info"]
+            ):
                 break
             end += 1
         if language in ("py", "python3", "py3", "pycon"):
-            page.errors.append(f"{page.name}:{i + 1}: tag the block ```python (not "
-                               f"```{language}) so that it runs or is a marked fragment")
+            page.errors.append(
+                f"{page.name}:{i + 1}: tag the block ```python (not "
+                f"```{language}) so that it runs or is a marked fragment"
+            )
         if language == "python":
             if i > 0 and lines[i - 1].strip() == FRAGMENT:
                 page.fragments.append(i + 1)
             else:
-                body = [line[indent:] if line[:indent].strip() == "" else line.lstrip()
-                        for line in lines[i + 1:end]]
+                body = [
+                    line[indent:] if line[:indent].strip() == "" else line.lstrip()
+                    for line in lines[i + 1 : end]
+                ]
                 page.blocks.append(Block(i + 1, "\n".join(body) + "\n"))
         i = end + 1
     return page
@@ -158,11 +167,20 @@ for text in sys.stdin:
 
 class Zygote:
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.process = subprocess.Popen([sys.executable, "-c", ZYGOTE], cwd=ROOT, env=env,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._read(120) == "ready", "the docs test's zygote did not start"
 
     def _read(self, timeout: float) -> str:
@@ -174,8 +192,12 @@ class Zygote:
 
     def run(self, page: Page, cwd: Path, log: Path) -> int:
         assert self.process.stdin is not None
-        job = {"cwd": str(cwd), "log": str(log), "timeout": PAGE_TIMEOUT_S,
-               "blocks": [(str(page.path), page.name, b.line, b.code) for b in page.blocks]}
+        job = {
+            "cwd": str(cwd),
+            "log": str(log),
+            "timeout": PAGE_TIMEOUT_S,
+            "blocks": [(str(page.path), page.name, b.line, b.code) for b in page.blocks],
+        }
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
         return int(json.loads(self._read(PAGE_TIMEOUT_S + 30))["rc"])
@@ -198,15 +220,20 @@ def zygote() -> Iterator[Zygote]:
 
 
 @pytest.mark.parametrize("path", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_page_blocks_run(path: Path, zygote: Zygote, tmp_path: Path,
-                         record_property: pytest.RecordProperty) -> None:
+def test_page_blocks_run(
+    path: Path, zygote: Zygote, tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
     page = parse(path)
     assert not page.errors, "\n".join(page.errors)
-    fences = sum(1 for line in path.read_text().splitlines()
-                 if re.fullmatch(r"\s*(```+|~~~+)\s*python\b.*", line))
+    fences = sum(
+        1
+        for line in path.read_text().splitlines()
+        if re.fullmatch(r"\s*(```+|~~~+)\s*python\b.*", line)
+    )
     assert len(page.blocks) + len(page.fragments) == fences, (
         f"{page.name}: {fences} ```python fences, but {len(page.blocks)} blocks to run and "
-        f"{len(page.fragments)} fragments were found")
+        f"{len(page.fragments)} fragments were found"
+    )
     record_property("blocks_run", len(page.blocks))
     record_property("fragments_skipped", len(page.fragments))
     if not page.blocks:
@@ -220,35 +247,67 @@ def test_page_blocks_run(path: Path, zygote: Zygote, tmp_path: Path,
         why = "timed out" if rc == -14 else f"exit code {rc}"
         failed = re.findall(r"DOCS: the block at (\S+) failed", output)
         where = failed[-1] if failed else "(no block named: the process died)"
-        pytest.fail(f"{page.name}: block at {where} failed ({why}):\n{output[-6000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"{page.name}: block at {where} failed ({why}):\n{output[-6000:]}", pytrace=False
+        )
 
 
 def test_the_parser_finds_blocks_fragments_and_stray_markers(tmp_path: Path) -> None:
     """The scanner above, on a page with every case: it is what decides what runs."""
-    text = "\n".join([
-        "# t", "```python", "x = 1", "```",                          # 2: runs
-        FRAGMENT, "```python", "undefined_name", "```",              # 6: fragment
-        "* item", "", "  ```python", "  y = x + 1", "  ```",         # 11: indented, runs
-        FRAGMENT, "", "```python", "z = 3", "```",                   # 14: stray marker
-        "````markdown", "```python", "not a block", "```", "````",   # 19: inside another
-        "```py", "w = 4", "```",                                     # 24: wrong tag
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                "# t",
+                "```python",
+                "x = 1",
+                "```",  # 2: runs
+                FRAGMENT,
+                "```python",
+                "undefined_name",
+                "```",  # 6: fragment
+                "* item",
+                "",
+                "  ```python",
+                "  y = x + 1",
+                "  ```",  # 11: indented, runs
+                FRAGMENT,
+                "",
+                "```python",
+                "z = 3",
+                "```",  # 14: stray marker
+                "````markdown",
+                "```python",
+                "not a block",
+                "```",
+                "````",  # 19: inside another
+                "```py",
+                "w = 4",
+                "```",  # 24: wrong tag
+            ]
+        )
+        + "\n"
+    )
     (tmp_path / "page.md").write_text(text)
     page = parse(tmp_path / "page.md", "docs/_parser_case.md")
-    assert [(b.line, b.code) for b in page.blocks] == [(2, "x = 1\n"), (11, "y = x + 1\n"),
-                                                       (16, "z = 3\n")]
+    assert [(b.line, b.code) for b in page.blocks] == [
+        (2, "x = 1\n"),
+        (11, "y = x + 1\n"),
+        (16, "z = 3\n"),
+    ]
     assert page.fragments == [6]
     assert page.errors == [
         "docs/_parser_case.md:14: <!-- fragment --> is not directly before a ```python fence",
         "docs/_parser_case.md:24: tag the block ```python (not ```py) so that it runs or is "
-        "a marked fragment"]
+        "a marked fragment",
+    ]
 
 
-def test_a_failing_block_is_reported_with_its_page_and_line(zygote: Zygote,
-                                                             tmp_path: Path) -> None:
-    page = Page(ROOT / "docs" / "x.md", "docs/x.md", blocks=[Block(3, "a = 1\n"),
-                                                Block(9, "b = a\nraise ValueError('no')\n")])
+def test_a_failing_block_is_reported_with_its_page_and_line(zygote: Zygote, tmp_path: Path) -> None:
+    page = Page(
+        ROOT / "docs" / "x.md",
+        "docs/x.md",
+        blocks=[Block(3, "a = 1\n"), Block(9, "b = a\nraise ValueError('no')\n")],
+    )
     log = tmp_path / "log"
     assert zygote.run(page, tmp_path, log) == 1
     output = log.read_text()
@@ -261,7 +320,10 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     """README.md shows the command that checks a change; .ci/run must be that command."""
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    shown = [line for line in readme.splitlines() if line.startswith("python3 -m pip install")
-             and "pytest" in line]
+    shown = [
+        line
+        for line in readme.splitlines()
+        if line.startswith("python3 -m pip install") and "pytest" in line
+    ]
     assert shown == [ci]
     assert "mkdocs build --strict" in ci

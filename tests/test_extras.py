@@ -20,23 +20,29 @@ from runmodel.extras import OPTIONAL, hint, install_command, require
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits.py"
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import os
 import sys
 
 for name in os.environ["BLOCK_MODULES"].split(","):
     sys.modules[name] = None  # as if not installed: importing it raises ModuleNotFoundError
-'''
-NO_SKLEARN = ("examples/digits.py needs scikit-learn (import sklearn): "
-              "pip install 'runmodel[examples]'")
+"""
+NO_SKLEARN = (
+    "examples/digits.py needs scikit-learn (import sklearn): pip install 'runmodel[examples]'"
+)
 
 
 def without(tmp_path: Path, *modules: str) -> dict[str, str]:
     """The environment of a process in which ``modules`` cannot be imported."""
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "BLOCK_MODULES": ",".join(modules),
-            "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "BLOCK_MODULES": ",".join(modules),
+        "PYTHONIOENCODING": "utf-8",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 @pytest.fixture
@@ -49,6 +55,7 @@ def no_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- require, hint, the table ------------------------------------------------------------
+
 
 def test_require_returns_the_module() -> None:
     assert require("json") is json
@@ -66,8 +73,12 @@ def test_require_names_the_extra(no_sklearn: None) -> None:
 
 
 def test_require_without_an_extra_says_the_pip_name() -> None:
-    with pytest.raises(ModuleNotFoundError, match=re.escape(
-            "x needs nosuch_mod_7f3 (import nosuch_mod_7f3): pip install nosuch_mod_7f3")):
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=re.escape(
+            "x needs nosuch_mod_7f3 (import nosuch_mod_7f3): pip install nosuch_mod_7f3"
+        ),
+    ):
         require("nosuch_mod_7f3.sub", needed_by="x")
     with pytest.raises(ModuleNotFoundError, match=re.escape("pip install 'runmodel[plot]'")):
         require("nosuch_mod_7f3", "plot")
@@ -75,16 +86,19 @@ def test_require_without_an_extra_says_the_pip_name() -> None:
     assert install_command("matplotlib.pyplot") == "pip install 'runmodel[plot]'"
 
 
-def test_a_broken_install_is_not_called_missing(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_install_is_not_called_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An installed package failing on its own import is raised as it is."""
     (tmp_path / "broken_pkg_7f3").mkdir()
     (tmp_path / "broken_pkg_7f3" / "__init__.py").write_text("import nosuch_inner_7f3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError) as raised:
         require("broken_pkg_7f3", "plot")
-    assert (str(raised.value), raised.value.name) == ("No module named 'nosuch_inner_7f3'",
-                                                      "nosuch_inner_7f3")
+    assert (str(raised.value), raised.value.name) == (
+        "No module named 'nosuch_inner_7f3'",
+        "nosuch_inner_7f3",
+    )
 
 
 def test_hint_finds_a_missing_optional_module_in_the_chain(no_sklearn: None) -> None:
@@ -94,8 +108,9 @@ def test_hint_finds_a_missing_optional_module_in_the_chain(no_sklearn: None) -> 
         except ImportError as error:
             raise RuntimeError("loading the model failed") from error
     except RuntimeError as error:
-        assert hint(error) == ("scikit-learn is an optional dependency: "
-                               "pip install 'runmodel[examples]'")
+        assert hint(error) == (
+            "scikit-learn is an optional dependency: pip install 'runmodel[examples]'"
+        )
     try:
         require("sklearn")
     except ModuleNotFoundError as error:
@@ -106,7 +121,8 @@ def test_hint_finds_a_missing_optional_module_in_the_chain(no_sklearn: None) -> 
 
 def test_the_table_agrees_with_pyproject() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     for module, dependency in OPTIONAL.items():
         extra = dependency.extra or "dev"  # no extra of its own: the dev extra has it
         names = [re.split(r"[<>=~!; ]", requirement)[0] for requirement in extras[extra]]
@@ -117,10 +133,16 @@ def test_the_table_agrees_with_pyproject() -> None:
 
 # -- in real runs ------------------------------------------------------------------------
 
+
 def test_the_digits_example_without_scikit_learn(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "runmodel", "run", str(DIGITS), "--epochs",
-                           "1", "--no-progress"], cwd=tmp_path, env=without(tmp_path, "sklearn"),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "runmodel", "run", str(DIGITS), "--epochs", "1", "--no-progress"],
+        cwd=tmp_path,
+        env=without(tmp_path, "sklearn"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     said, *lines = done.stderr.splitlines()  # first, where its run folder is
     assert said.startswith("run directory: runs/digits_"), said
@@ -130,10 +152,19 @@ def test_the_digits_example_without_scikit_learn(tmp_path: Path) -> None:
 
 
 def test_a_digits_config_run_without_scikit_learn_records_why(
-        tmp_path: Path, no_sklearn: None, capsys: pytest.CaptureFixture[str]) -> None:
-    code = runmodel.cli.main(["run", str(ROOT / "examples" / "configs" / "digits.toml"),
-                              "--epochs", "1", "--no-progress", "--runs-dir",
-                              str(tmp_path / "runs")])
+    tmp_path: Path, no_sklearn: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = runmodel.cli.main(
+        [
+            "run",
+            str(ROOT / "examples" / "configs" / "digits.toml"),
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert f"runmodel run: error: ModuleNotFoundError: {NO_SKLEARN}\n" in err
@@ -142,16 +173,24 @@ def test_a_digits_config_run_without_scikit_learn_records_why(
 
 
 def test_plot_without_matplotlib(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "runmodel.plot", str(tmp_path)], cwd=tmp_path,
-                          env=without(tmp_path, "matplotlib"), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "runmodel.plot", str(tmp_path)],
+        cwd=tmp_path,
+        env=without(tmp_path, "matplotlib"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == ("runmodel plot: error: runmodel plot needs matplotlib "
-                           "(import matplotlib): pip install 'runmodel[plot]'\n")
+    assert done.stderr == (
+        "runmodel plot: error: runmodel plot needs matplotlib "
+        "(import matplotlib): pip install 'runmodel[plot]'\n"
+    )
 
 
 def test_the_command_names_the_extra_for_any_missing_optional_module(
-        tmp_path: Path, no_sklearn: None, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, no_sklearn: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = tmp_path / "bare.py"
     model.write_text(
         "import torch\nimport runmodel\n\n\n"
@@ -160,17 +199,22 @@ def test_the_command_names_the_extra_for_any_missing_optional_module(
         "        super().__init__(device, init_options)\n"
         "        self.module = torch.nn.Linear(2, 2)\n\n"
         "    def setup(self, setup_options=None):\n"
-        "        from sklearn.datasets import load_digits  # noqa: F401\n")
-    assert runmodel.cli.main(["run", str(model), "--no-progress", "--runs-dir",
-                              str(tmp_path / "runs")]) == 1
+        "        from sklearn.datasets import load_digits  # noqa: F401\n"
+    )
+    assert (
+        runmodel.cli.main(
+            ["run", str(model), "--no-progress", "--runs-dir", str(tmp_path / "runs")]
+        )
+        == 1
+    )
     said, *lines = capsys.readouterr().err.splitlines()  # first, where its run folder is
     assert said.startswith(f"run directory: {tmp_path / 'runs' / 'bare_'}"), said
     assert lines[0].startswith("runmodel run: error: ModuleNotFoundError: ")
-    assert ("  scikit-learn is an optional dependency: pip install 'runmodel[examples]'"
-            in lines)
+    assert "  scikit-learn is an optional dependency: pip install 'runmodel[examples]'" in lines
     # a source that cannot even be loaded (scikit-learn imported at its top): exit 2
     model.write_text("from sklearn.datasets import load_digits  # noqa: F401\n")
     assert runmodel.cli.main(["run", str(model), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.endswith("\n  scikit-learn is an optional dependency: "
-                        "pip install 'runmodel[examples]'\n")
+    assert err.endswith(
+        "\n  scikit-learn is an optional dependency: pip install 'runmodel[examples]'\n"
+    )

@@ -26,8 +26,8 @@ def read_layers(readme: Path) -> list[tuple[str, ...]]:
     """README's Layout table, bottom to top: each row's first cell names its modules
     (``core``, ``runs.folder``; ``runmodel`` is the package's ``__init__``)."""
     text = readme.read_text()
-    section = text[text.index("## Layout"):]
-    section = section[:section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+    section = text[text.index("## Layout") :]
+    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
     layers = []
     for line in section.splitlines():
         cells = line.split("|")
@@ -52,9 +52,12 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def group(module: str) -> tuple[int, str]:
     """The layer of ``module`` and the entry of LAYERS it belongs to (the longest match)."""
-    found = [(len(entry), rank, entry) for rank, entries in enumerate(LAYERS)
-             for entry in entries if module == entry or (
-                 module.startswith(entry + ".") and entry != "runmodel")]
+    found = [
+        (len(entry), rank, entry)
+        for rank, entries in enumerate(LAYERS)
+        for entry in entries
+        if module == entry or (module.startswith(entry + ".") and entry != "runmodel")
+    ]
     assert found, f"{module} is in no layer: add it to LAYERS"
     _, rank, entry = max(found)
     return rank, entry
@@ -63,7 +66,8 @@ def group(module: str) -> tuple[int, str]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports(module: str, typing: bool = False) -> set[str]:
@@ -83,7 +87,7 @@ def imports(module: str, typing: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")
             if node.level:
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -106,8 +110,9 @@ TYPING_CIRCLES_ALLOWED = ("runmodel.core",)
 
 def _typing_edges(module: str) -> set[str]:
     inside = [p for p in TYPING_CIRCLES_ALLOWED if module.startswith(p + ".")]
-    return {t for t in imports(module, typing=True)
-            if not any(t.startswith(p + ".") for p in inside)} | GRAPH[module]
+    return {
+        t for t in imports(module, typing=True) if not any(t.startswith(p + ".") for p in inside)
+    } | GRAPH[module]
 
 
 TYPING_GRAPH = {module: _typing_edges(module) for module in MODULES}
@@ -134,7 +139,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(module)
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
-                return [*path[path.index(target):], target]
+                return [*path[path.index(target) :], target]
             if target in graph and state.get(target) is None and (found := walk(target)):
                 return found
         path.pop()
@@ -158,7 +163,8 @@ def test_a_circle_through_type_hints_is_found(tmp_path: Path) -> None:
     # a Protocol instead of TorchModel: put that typing-only import back and it is found
     (tmp_path / "metrics.py").write_text(
         MODULES["runmodel.models.metrics"].read_text() + "\nif TYPE_CHECKING:\n"
-        "    from .torch_model import TorchModel\n")
+        "    from .torch_model import TorchModel\n"
+    )
     saved = MODULES["runmodel.models.metrics"]
     MODULES["runmodel.models.metrics"] = tmp_path / "metrics.py"
     try:
@@ -167,16 +173,19 @@ def test_a_circle_through_type_hints_is_found(tmp_path: Path) -> None:
     finally:
         MODULES["runmodel.models.metrics"] = saved
     cycle = find_cycle(graph)
-    assert cycle is not None and set(cycle) == {"runmodel.models.interface",
-                                                "runmodel.models.metrics",
-                                                "runmodel.models.torch_model"}
+    assert cycle is not None and set(cycle) == {
+        "runmodel.models.interface",
+        "runmodel.models.metrics",
+        "runmodel.models.torch_model",
+    }
 
 
 def test_function_level_imports_count_and_type_checking_ones_do_not(tmp_path: Path) -> None:
     (tmp_path / "example.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from ..models import Model\n"
-        "def f():\n    from ..modes import Train\n    from .. import checkpoint\n")
+        "def f():\n    from ..modes import Train\n    from .. import checkpoint\n"
+    )
     MODULES["runmodel.core.example"] = tmp_path / "example.py"
     try:
         assert imports("runmodel.core.example") == {"runmodel.modes", "runmodel.checkpoint"}
@@ -207,7 +216,8 @@ def test_a_package_folder_sits_on_one_side_of_the_engine(package: str) -> None:
                     reached.add(target)
                     todo.append(target)
         assert "runmodel.engine" not in reached and not any(
-            r.startswith("runmodel.runs") for r in reached), "config/ reaches up to the engine"
+            r.startswith("runmodel.runs") for r in reached
+        ), "config/ reaches up to the engine"
 
 
 # -- no module-global hook points ---------------------------------------------------------------
@@ -215,9 +225,11 @@ def test_a_package_folder_sits_on_one_side_of_the_engine(package: str) -> None:
 #: Attributes of imported modules that runmodel may set: Python's documented hook for how an
 #: uncaught exception ends the process (an uncaught ``runmodel.Interrupted`` ends it by its
 #: signal, as Python does for a plain KeyboardInterrupt: ``runs/interrupt.py``).
-ASSIGNABLE = {("sys", "excepthook"),
-              # a script run as __main__ by the command gets its own arguments, put back after
-              ("sys", "argv")}
+ASSIGNABLE = {
+    ("sys", "excepthook"),
+    # a script run as __main__ by the command gets its own arguments, put back after
+    ("sys", "argv"),
+}
 
 
 def _module_names(tree: ast.AST, module: str) -> dict[str, str]:
@@ -231,9 +243,13 @@ def _module_names(tree: ast.AST, module: str) -> dict[str, str]:
                 names[alias.asname or alias.name.split(".")[0]] = alias.name
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")
-            target = (".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module
-                                                                    else []))
-                      if node.level else node.module or "")
+            target = (
+                ".".join(
+                    base[: len(base) - node.level + 1] + ([node.module] if node.module else [])
+                )
+                if node.level
+                else node.module or ""
+            )
             for alias in node.names:
                 full = f"{target}.{alias.name}"
                 if full in MODULES or (not full.startswith("runmodel") and _is_module(full)):
@@ -253,21 +269,36 @@ def _is_module(name: str) -> bool:
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_global_statement_and_no_imported_module_changed(module: str) -> None:
     tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
-    found = [f"line {n.lineno}: global {', '.join(n.names)}" for n in ast.walk(tree)
-             if isinstance(n, ast.Global)]
+    found = [
+        f"line {n.lineno}: global {', '.join(n.names)}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Global)
+    ]
     modules = _module_names(tree, module)
     for node in ast.walk(tree):
-        targets = (node.targets if isinstance(node, ast.Assign) else
-                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
         for target in targets:
-            if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                    and target.value.id in modules
-                    and (modules[target.value.id], target.attr) not in ASSIGNABLE):
-                found.append(f"line {target.lineno}: {target.value.id}.{target.attr} = ... "
-                             f"(an attribute of the module {modules[target.value.id]})")
-    assert not found, (f"{module} keeps state in a module global or changes an imported "
-                       f"module (hold it in an object, or scope it with a context manager): "
-                       f"{found}")
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id in modules
+                and (modules[target.value.id], target.attr) not in ASSIGNABLE
+            ):
+                found.append(
+                    f"line {target.lineno}: {target.value.id}.{target.attr} = ... "
+                    f"(an attribute of the module {modules[target.value.id]})"
+                )
+    assert not found, (
+        f"{module} keeps state in a module global or changes an imported "
+        f"module (hold it in an object, or scope it with a context manager): "
+        f"{found}"
+    )
 
 
 def test_the_package_top_holds_at_most_four_modules() -> None:
@@ -279,6 +310,8 @@ def test_the_layers_are_readmes_and_core_imports_nothing_else() -> None:
     assert LAYERS[0] == ("runmodel._io",) and LAYERS[-1] == ("runmodel.__main__",)
     assert len({n for layer in LAYERS for n in layer}) == sum(map(len, LAYERS))
     core = [m for m in MODULES if m.startswith("runmodel.core")]
-    outside = {m: sorted(t for t in imports(m, typing=True) if not t.startswith(
-        "runmodel.core")) for m in core}
+    outside = {
+        m: sorted(t for t in imports(m, typing=True) if not t.startswith("runmodel.core"))
+        for m in core
+    }
     assert not any(outside.values()), {m: t for m, t in outside.items() if t}

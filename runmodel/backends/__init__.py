@@ -11,11 +11,27 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import FineTuneSpec
 
-__all__ = ["AMP", "BACKEND_TYPES", "DDP", "FSDP", "Backend", "Compile", "FineTuneSpec",
-           "OptimizerFactory", "Plain"]
+__all__ = [
+    "AMP",
+    "BACKEND_TYPES",
+    "DDP",
+    "FSDP",
+    "Backend",
+    "Compile",
+    "FineTuneSpec",
+    "OptimizerFactory",
+    "Plain",
+]
 
-_EXPORTS = {"AMP": "amp", "Backend": "base", "OptimizerFactory": "base", "Plain": "base",
-            "Compile": "compile", "DDP": "distributed", "FSDP": "distributed"}
+_EXPORTS = {
+    "AMP": "amp",
+    "Backend": "base",
+    "OptimizerFactory": "base",
+    "Plain": "base",
+    "Compile": "compile",
+    "DDP": "distributed",
+    "FSDP": "distributed",
+}
 
 
 def __getattr__(name: str) -> Any:

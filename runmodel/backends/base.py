@@ -23,18 +23,22 @@ class Backend:
 
     def __init__(self, optimizer: OptimizerFactory | None = None) -> None:
         if optimizer is not None and not callable(optimizer):
-            raise TypeError(f"optimizer= takes a factory called with the parameters (such as "
-                            f"torch.optim.SGD or functools.partial(torch.optim.Adam, lr=1e-3)), "
-                            f"got {optimizer!r}; a config names optimizers by their "
-                            f"registered name")
+            raise TypeError(
+                f"optimizer= takes a factory called with the parameters (such as "
+                f"torch.optim.SGD or functools.partial(torch.optim.Adam, lr=1e-3)), "
+                f"got {optimizer!r}; a config names optimizers by their "
+                f"registered name"
+            )
         self.optimizer = optimizer
 
     def initialize(self, model: Any, spec: FineTuneSpec) -> None:
         if self.optimizer is not None:
             module = getattr(model, "module", None)
             if module is None:
-                raise ValueError(f"an optimizer for the backend needs "
-                                 f"{type(model).__name__}.module to take parameters from")
+                raise ValueError(
+                    f"an optimizer for the backend needs "
+                    f"{type(model).__name__}.module to take parameters from"
+                )
             model.optimizer = self.optimizer(module.parameters())
 
     def pack(self) -> Pack | None:

@@ -18,11 +18,21 @@ class Compile(Backend):
     shared, so the optimizer stays valid; checkpoints store the original module's keys).
     ``backend="eager"`` checks the wiring without compiling."""
 
-    def __init__(self, mode: str | None = None, backend: str = "inductor",
-                 fullgraph: bool = False, dynamic: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        mode: str | None = None,
+        backend: str = "inductor",
+        fullgraph: bool = False,
+        dynamic: bool | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
-        self.compile_options: dict[str, Any] = {"mode": mode, "backend": backend,
-                                                "fullgraph": fullgraph, "dynamic": dynamic}
+        self.compile_options: dict[str, Any] = {
+            "mode": mode,
+            "backend": backend,
+            "fullgraph": fullgraph,
+            "dynamic": dynamic,
+        }
 
     def initialize(self, model: Any, spec: FineTuneSpec) -> None:
         super().initialize(model, spec)

@@ -16,18 +16,50 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "DiskFullError": "runmodel._io",
-    **dict.fromkeys(("FORMAT", "FormatError", "check_same_optimizer", "load", "qualified_name",
-                     "read", "rng_state", "run_of", "save", "set_rng_state", "weights"),
-                    f"{__name__}.format"),
-    **dict.fromkeys(("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"),
-                    f"{__name__}.names"),
+    **dict.fromkeys(
+        (
+            "FORMAT",
+            "FormatError",
+            "check_same_optimizer",
+            "load",
+            "qualified_name",
+            "read",
+            "rng_state",
+            "run_of",
+            "save",
+            "set_rng_state",
+            "weights",
+        ),
+        f"{__name__}.format",
+    ),
+    **dict.fromkeys(
+        ("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"), f"{__name__}.names"
+    ),
     **dict.fromkeys(("FileStorage", "Storage"), f"{__name__}.storage"),
     "Writer": f"{__name__}.writer",
 }
 
-__all__ = ["BEST_PATTERN", "FORMAT", "PATTERN", "DiskFullError", "FileStorage", "FormatError",
-           "Storage", "Unreadable", "Writer", "check_same_optimizer", "checkpoints_in", "load",
-           "qualified_name", "read", "rng_state", "run_of", "save", "set_rng_state", "weights"]
+__all__ = [
+    "BEST_PATTERN",
+    "FORMAT",
+    "PATTERN",
+    "DiskFullError",
+    "FileStorage",
+    "FormatError",
+    "Storage",
+    "Unreadable",
+    "Writer",
+    "check_same_optimizer",
+    "checkpoints_in",
+    "load",
+    "qualified_name",
+    "read",
+    "rng_state",
+    "run_of",
+    "save",
+    "set_rng_state",
+    "weights",
+]
 
 
 def __getattr__(name: str) -> Any:

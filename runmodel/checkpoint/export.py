@@ -22,8 +22,9 @@ __all__ = ["AVERAGED", "averaged_weights", "export", "model_state", "module_weig
 AVERAGED = "averaged_module"
 
 
-def export(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
-           averaged: bool = False) -> tuple[Path, Path]:
+def export(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], *, averaged: bool = False
+) -> tuple[Path, Path]:
     """Write the full model state dict of the checkpoint at ``path`` to ``out``, one
     plain ``torch.save`` file that ``torch.load(weights_only=True)`` loads into the bare
     module. ``path`` is a checkpoint file, a sharded checkpoint folder, or a folder of
@@ -34,10 +35,13 @@ def export(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r}: no such checkpoint file or folder")
     if out.is_dir():
-        raise IsADirectoryError(f"{str(out)!r} is a folder: the export is one file; give a "
-                                f"file path, such as {str(out / 'model.pt')!r}")
-    used, state = first_readable(path, averaged_weights if averaged else module_weights,
-                                 doing="export")
+        raise IsADirectoryError(
+            f"{str(out)!r} is a folder: the export is one file; give a "
+            f"file path, such as {str(out / 'model.pt')!r}"
+        )
+    used, state = first_readable(
+        path, averaged_weights if averaged else module_weights, doing="export"
+    )
     with atomic_write(out) as file:
         torch.save(state, file)
     return used, out
@@ -58,10 +62,13 @@ def module_weights(checkpoint: Path) -> dict[str, Any]:
     else:
         module = model.get("module") if isinstance(model, dict) else None
         if not isinstance(module, dict):
-            raise Unreadable(checkpoint, "it holds no module weights (a model without a "
-                                         "module state)")
-        return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value
-                for key, value in module.items()}
+            raise Unreadable(
+                checkpoint, "it holds no module weights (a model without a module state)"
+            )
+        return {
+            key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+            for key, value in module.items()
+        }
     raise Unreadable(checkpoint, why) from None  # one error: nothing chained, no context
 
 
@@ -70,28 +77,43 @@ def averaged_weights(checkpoint: Path) -> dict[str, Any]:
     a checkpoint file; ``Unreadable`` where the file cannot be read, ``ValueError`` where
     it holds none (or the packs of two averages, naming them)."""
     if is_sharded(checkpoint):
-        raise ValueError(f"{str(checkpoint)!r} is a sharded checkpoint: it holds no averaged "
-                         f"weights (EMA and SWA are refused under fsdp)")
+        raise ValueError(
+            f"{str(checkpoint)!r} is a sharded checkpoint: it holds no averaged "
+            f"weights (EMA and SWA are refused under fsdp)"
+        )
     try:
         packs = read_file(checkpoint).get("engine", {}).get("packs", {})
     except Unreadable as error:
         if not error.foreign:
             raise
-        raise ValueError(f"{str(checkpoint)!r} is no checkpoint (the module's weights alone, "
-                         f"as a run's model.pt or an export): averaged weights are kept in "
-                         f"checkpoints; attach a Checkpoint pack to the run") from None
-    found = {key: state[AVERAGED] for key, state in packs.items()
-             if isinstance(state, dict) and isinstance(state.get(AVERAGED), dict)
-             and int(state.get("n_averaged", 0)) > 0}  # 0: a copy, nothing averaged yet
+        raise ValueError(
+            f"{str(checkpoint)!r} is no checkpoint (the module's weights alone, "
+            f"as a run's model.pt or an export): averaged weights are kept in "
+            f"checkpoints; attach a Checkpoint pack to the run"
+        ) from None
+    found = {
+        key: state[AVERAGED]
+        for key, state in packs.items()
+        if isinstance(state, dict)
+        and isinstance(state.get(AVERAGED), dict)
+        and int(state.get("n_averaged", 0)) > 0
+    }  # 0: a copy, nothing averaged yet
     if len(found) != 1:
-        raise ValueError(f"{str(checkpoint)!r} holds " + (
-            "no averaged weights (its run had no EMA or SWA pack, or saved it before the "
-            "average began)" if not found else
-            f"the averaged weights of {len(found)} packs ({', '.join(map(repr, found))}); "
-            f"export each pack's from Python"))
+        raise ValueError(
+            f"{str(checkpoint)!r} holds "
+            + (
+                "no averaged weights (its run had no EMA or SWA pack, or saved it before the "
+                "average began)"
+                if not found
+                else f"the averaged weights of {len(found)} packs ({', '.join(map(repr, found))}); "
+                f"export each pack's from Python"
+            )
+        )
     weights = next(iter(found.values()))
-    return {key: value.detach().clone() if isinstance(value, torch.Tensor) else value
-            for key, value in weights.items()}
+    return {
+        key: value.detach().clone() if isinstance(value, torch.Tensor) else value
+        for key, value in weights.items()
+    }
 
 
 def model_state(path: str | os.PathLike[str], *, averaged: bool = False) -> Any:

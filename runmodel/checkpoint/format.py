@@ -24,9 +24,23 @@ from .._io import atomic_write, remove_stale
 from ..core.snapshot import rng_state, set_rng_state
 from .names import RUN_STATE, Unreadable, first_readable, saved_world
 
-__all__ = ["FORMAT", "FormatError", "check_loadable", "check_same_optimizer", "load",
-           "load_values", "qualified_name", "read", "remove_stale_in", "rng_state", "run_of",
-           "save", "set_rng_state", "weights", "write"]
+__all__ = [
+    "FORMAT",
+    "FormatError",
+    "check_loadable",
+    "check_same_optimizer",
+    "load",
+    "load_values",
+    "qualified_name",
+    "read",
+    "remove_stale_in",
+    "rng_state",
+    "run_of",
+    "save",
+    "set_rng_state",
+    "weights",
+    "write",
+]
 
 FORMAT = 2
 
@@ -71,9 +85,11 @@ def _check_plain(value: Any, where: str) -> None:
         for i, item in enumerate(value):
             _check_plain(item, f"{where}[{i}]")
     elif not isinstance(value, _PLAIN):
-        raise TypeError(f"{where} holds {type(value).__name__} {value!r}, which a checkpoint "
-                        f"cannot load back safely; keep dicts, lists, tuples, numbers, strings "
-                        f"and tensors (e.g. str(path) for a path)")
+        raise TypeError(
+            f"{where} holds {type(value).__name__} {value!r}, which a checkpoint "
+            f"cannot load back safely; keep dicts, lists, tuples, numbers, strings "
+            f"and tensors (e.g. str(path) for a path)"
+        )
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -83,19 +99,29 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     would run code (refused unread); a missing file is ``FileNotFoundError``."""
     path = Path(path)
     state = load_values(path)
-    if not isinstance(state, dict) or not isinstance(state.get("format"), int) or (
-            isinstance(state["format"], bool)):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("format"), int)
+        or (isinstance(state["format"], bool))
+    ):
         raise Unreadable(path, "it holds no runmodel checkpoint", foreign=True) from None
-    if state["format"] < 1 or (state["format"] <= FORMAT
-                               and not isinstance(state.get("engine"), dict)):
-        raise Unreadable(path, f"it holds no runmodel checkpoint (a 'format' of "
-                               f"{state['format']}, but no engine state)", foreign=True) from None
+    if state["format"] < 1 or (
+        state["format"] <= FORMAT and not isinstance(state.get("engine"), dict)
+    ):
+        raise Unreadable(
+            path,
+            f"it holds no runmodel checkpoint (a 'format' of "
+            f"{state['format']}, but no engine state)",
+            foreign=True,
+        ) from None
     if state["format"] == 1:  # weights and optimizer were kept beside the engine's state
         state["model"] = {"module": state["model"], "optimizer": state.pop("optimizer")}
     elif state["format"] != FORMAT:
-        raise FormatError(f"{str(path)!r} was written in checkpoint format {state['format']} "
-                          f"by a newer runmodel; this one reads formats 1 to {FORMAT}: "
-                          f"upgrade runmodel to resume it")
+        raise FormatError(
+            f"{str(path)!r} was written in checkpoint format {state['format']} "
+            f"by a newer runmodel; this one reads formats 1 to {FORMAT}: "
+            f"upgrade runmodel to resume it"
+        )
     return state
 
 
@@ -116,9 +142,11 @@ def _why_unreadable(path: Path, error: BaseException) -> str:
     """What is wrong with a checkpoint file that ``torch.load`` refused, in words."""
     found = re.search(r"GLOBAL ([\w.]+)", str(error))
     if isinstance(error, pickle.UnpicklingError) and found:  # weights_only refused a name
-        return (f"it holds an object whose loading would run code ({found.group(1)}), which "
-                f"no runmodel checkpoint holds; it was refused unread. Delete it unless you "
-                f"know where it came from")
+        return (
+            f"it holds an object whose loading would run code ({found.group(1)}), which "
+            f"no runmodel checkpoint holds; it was refused unread. Delete it unless you "
+            f"know where it came from"
+        )
     try:
         size = path.stat().st_size
         with open(path, "rb") as file:
@@ -128,12 +156,16 @@ def _why_unreadable(path: Path, error: BaseException) -> str:
     if size == 0:
         return "it is empty (0 bytes): its write was cut short"
     if not zipped:
-        return (f"its {size} bytes are not a file torch.save writes (a zip archive): another "
-                f"kind of file, or overwritten")
+        return (
+            f"its {size} bytes are not a file torch.save writes (a zip archive): another "
+            f"kind of file, or overwritten"
+        )
     text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
-    return (f"it is cut short or damaged ({size} bytes), not a whole checkpoint "
-            f"({type(error).__name__}: {first[:160]})")
+    return (
+        f"it is cut short or damaged ({size} bytes), not a whole checkpoint "
+        f"({type(error).__name__}: {first[:160]})"
+    )
 
 
 def run_of(path: str | os.PathLike[str], rank: int = 0) -> dict[str, Any] | None:
@@ -180,8 +212,9 @@ def weights(path: str | os.PathLike[str]) -> dict[str, Any]:
     model = state.get("model")
     module = model.get("module") if isinstance(model, dict) else None
     if not isinstance(module, dict):
-        raise ValueError(f"{str(where)!r} holds no module weights (its model's state_dict() "
-                         f"has no 'module')")
+        raise ValueError(
+            f"{str(where)!r} holds no module weights (its model's state_dict() has no 'module')"
+        )
     return module
 
 
@@ -190,8 +223,9 @@ def qualified_name(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def check_same_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                         name: str) -> None:
+def check_same_optimizer(
+    optimizer: torch.optim.Optimizer, state: dict[str, Any], name: str
+) -> None:
     """Refuse a checkpoint of another optimizer class or parameter-group layout (torch
     would fail a step later, or load another optimizer's state), naming both."""
     saved_class = state.get("optimizer_class")  # None: a checkpoint from before it was kept
@@ -206,4 +240,5 @@ def check_same_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]
         f"continues the optimizer it was saved with. To train on from the checkpoint's weights "
         f"with this optimizer, start a new run from its weights only: "
         f"module.load_state_dict(runmodel.checkpoint.weights(path)) in setup(), without resume= "
-        f"(docs/packs/checkpoint.md, 'Starting from a checkpoint's weights')")
+        f"(docs/packs/checkpoint.md, 'Starting from a checkpoint's weights')"
+    )

@@ -22,10 +22,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["BEST_PATTERN", "BEST_RECORD", "METADATA", "PATTERN", "RUN_STATE", "Unreadable",
-           "best_file_name", "best_in", "checkpoints_in", "file_name", "first_readable",
-           "folder_name", "is_checkpoint", "is_sharded", "newest", "position", "saved_entries",
-           "saved_world"]
+__all__ = [
+    "BEST_PATTERN",
+    "BEST_RECORD",
+    "METADATA",
+    "PATTERN",
+    "RUN_STATE",
+    "Unreadable",
+    "best_file_name",
+    "best_in",
+    "checkpoints_in",
+    "file_name",
+    "first_readable",
+    "folder_name",
+    "is_checkpoint",
+    "is_sharded",
+    "newest",
+    "position",
+    "saved_entries",
+    "saved_world",
+]
 
 PATTERN = "ckpt-*.pt"
 BEST_PATTERN = "best-*.pt"
@@ -81,8 +97,11 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a whole sharded checkpoint folder (a staging folder or one
     that lost its index is not)."""
     path = Path(path)
-    return path.is_dir() and (path / METADATA).is_file() and (
-        path / RUN_STATE.format(rank=0)).is_file()
+    return (
+        path.is_dir()
+        and (path / METADATA).is_file()
+        and (path / RUN_STATE.format(rank=0)).is_file()
+    )
 
 
 def saved_world(folder: Path) -> int:
@@ -104,8 +123,10 @@ def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
     (``Checkpoint(keep=0, best=...)``), those."""
     directory = Path(directory)
     for folder in (directory, directory / "checkpoint"):
-        found = {*(p for p in folder.glob(PATTERN) if p.is_file()),
-                 *(p for p in folder.glob("ckpt-*") if is_sharded(p))}
+        found = {
+            *(p for p in folder.glob(PATTERN) if p.is_file()),
+            *(p for p in folder.glob("ckpt-*") if is_sharded(p)),
+        }
         if found:
             return sorted(found, key=_order, reverse=True)
     return best_in(directory)
@@ -130,13 +151,17 @@ def newest(paths: list[Path]) -> Path | None:
 def saved_entries(directory: Path) -> list[Path]:
     """What a Checkpoint pack saved in ``directory``: checkpoint files, best files, sharded
     checkpoint folders and the best record (what ``overwrite=True`` moves aside)."""
-    return sorted(p for p in directory.iterdir()
-                  if (p.is_file() and (p.suffix == ".pt" or p.name == BEST_RECORD))
-                  or (p.is_dir() and p.name.startswith("ckpt-")))
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if (p.is_file() and (p.suffix == ".pt" or p.name == BEST_RECORD))
+        or (p.is_dir() and p.name.startswith("ckpt-"))
+    )
 
 
-def first_readable(path: str | os.PathLike[str], read: Callable[[Path], T],
-                   doing: str = "resume from") -> tuple[Path, T]:
+def first_readable(
+    path: str | os.PathLike[str], read: Callable[[Path], T], doing: str = "resume from"
+) -> tuple[Path, T]:
     """``(checkpoint, read(checkpoint))`` for the checkpoint at ``path``: a checkpoint file
     or a sharded folder itself, else the newest of the folder's checkpoints that reads.
     ``read`` raises ``Unreadable`` for one that does not: given alone it is the error;
@@ -148,15 +173,21 @@ def first_readable(path: str | os.PathLike[str], read: Callable[[Path], T],
         return path, read(path)
     candidates = checkpoints_in(path)
     if not candidates:
-        raise FileNotFoundError(f"no checkpoint to {doing} at {str(path)!r} (a checkpoint "
-                                f"file, a sharded checkpoint folder, or a folder holding "
-                                f"{PATTERN} files or sharded checkpoint folders)")
+        raise FileNotFoundError(
+            f"no checkpoint to {doing} at {str(path)!r} (a checkpoint "
+            f"file, a sharded checkpoint folder, or a folder holding "
+            f"{PATTERN} files or sharded checkpoint folders)"
+        )
     for n, candidate in enumerate(candidates, 1):
         try:
             return candidate, read(candidate)
         except Unreadable as error:
             older = "; trying an older one" if n < len(candidates) else ""
-            warnings.warn(f"skipping unreadable checkpoint {str(candidate)!r}: {error.why}"
-                          f"{older}", stacklevel=3)
-    raise FileNotFoundError(f"no readable checkpoint in {str(path)!r}: all "
-                            f"{len(candidates)} are damaged (see the warnings above)")
+            warnings.warn(
+                f"skipping unreadable checkpoint {str(candidate)!r}: {error.why}{older}",
+                stacklevel=3,
+            )
+    raise FileNotFoundError(
+        f"no readable checkpoint in {str(path)!r}: all "
+        f"{len(candidates)} are damaged (see the warnings above)"
+    )

@@ -42,8 +42,12 @@ class AsyncWriter(Protocol):
         """Whether a checkpoint is being written now."""
         ...
 
-    def submit(self, path: str | os.PathLike[str], snapshot: dict[str, Any],
-               then: Callable[[], None] | None = None) -> None:
+    def submit(
+        self,
+        path: str | os.PathLike[str],
+        snapshot: dict[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``snapshot`` at ``path`` in the background, then call ``then`` (where the
         storage ``leads``); waits for the write before, and raises its error."""
         ...
@@ -84,8 +88,9 @@ class Storage(Protocol):
         """The name under which a checkpoint counts among the best-K."""
         ...
 
-    def save(self, path: Path, snapshot: dict[str, Any],
-             then: Callable[[], None] | None = None) -> None:
+    def save(
+        self, path: Path, snapshot: dict[str, Any], then: Callable[[], None] | None = None
+    ) -> None:
         """Write ``snapshot`` at ``path`` now, then call ``then`` where this storage leads."""
         ...
 
@@ -132,8 +137,9 @@ class FileStorage:
     def best_name(self, metric: str, value: float, epoch: int, step: int) -> str:
         return best_file_name(metric, value, epoch, step)
 
-    def save(self, path: Path, snapshot: dict[str, Any],
-             then: Callable[[], None] | None = None) -> None:
+    def save(
+        self, path: Path, snapshot: dict[str, Any], then: Callable[[], None] | None = None
+    ) -> None:
         save(path, snapshot)
         if then is not None:
             then()
@@ -157,8 +163,10 @@ class FileStorage:
         state = model.state_dict()
         module = state.get("module") if isinstance(state, dict) else None
         if not isinstance(module, dict):
-            raise ValueError(f"{type(model).__name__}.state_dict() has no 'module' state: "
-                             f"there are no module weights to write")
+            raise ValueError(
+                f"{type(model).__name__}.state_dict() has no 'module' state: "
+                f"there are no module weights to write"
+            )
         return module
 
     def __repr__(self) -> str:
@@ -170,7 +178,7 @@ def link(source: Path, target: Path) -> None:
     has no hard links), put in place atomically."""
     try:
         with open(source, "rb") as held:  # the temporary name shares its lock: a
-            hold_lock(held.fileno())          # cleaner leaves it while it is in use
+            hold_lock(held.fileno())  # cleaner leaves it while it is in use
             temporary = target.with_name(f"{temporary_name(target)}{os.getpid()}")
             temporary.unlink(missing_ok=True)
             try:

@@ -32,8 +32,9 @@ def raise_background_error(error: BaseException, what: str, path: Path | None) -
     if isinstance(error, DiskFullError):  # it names the file already
         raise error
     raise_if_disk_full(error, str(path))
-    raise RuntimeError(f"writing {what} {str(path)!r} in the background failed: "
-                       f"{type(error).__name__}: {error}") from error
+    raise RuntimeError(
+        f"writing {what} {str(path)!r} in the background failed: {type(error).__name__}: {error}"
+    ) from error
 
 
 class _Copy:
@@ -91,21 +92,29 @@ class Writer:
         """Whether a checkpoint is being written now."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, path: str | os.PathLike[str], snapshot: dict[str, Any],
-               then: Callable[[], None] | None = None) -> None:
+    def submit(
+        self,
+        path: str | os.PathLike[str],
+        snapshot: dict[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
         waits for the write before, and raises its error."""
         self.wait()
         check_loadable(snapshot)
         staged, events = self._stager.stage(snapshot)
         self._path = Path(path)
-        self._thread = threading.Thread(target=self._run, args=(self._path, staged, events, then),
-                                        name=f"runmodel checkpoint writer {self._path.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(self._path, staged, events, then),
+            name=f"runmodel checkpoint writer {self._path.name}",
+            daemon=True,
+        )
         self._thread.start()
 
-    def _run(self, path: Path, staged: dict[str, Any], events: list[Any],
-             then: Callable[[], None] | None) -> None:
+    def _run(
+        self, path: Path, staged: dict[str, Any], events: list[Any], then: Callable[[], None] | None
+    ) -> None:
         try:
             for event in events:
                 event.synchronize()
@@ -140,8 +149,11 @@ class Stager:
     ``torch.Tensor`` and ``Parameter``, stages them (the sharded writer's DTensors:
     their local shard through ``stage_tensor``); by default they are copied plainly."""
 
-    def __init__(self, other: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]],
-                                       torch.Tensor | None] | None = None) -> None:
+    def __init__(
+        self,
+        other: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor | None]
+        | None = None,
+    ) -> None:
         self._buffers: _Copies = {}
         self._fresh: _Copies = {}
         self._devices: set[torch.device] = set()
@@ -160,8 +172,7 @@ class Stager:
         try:
             with torch.no_grad():  # staged copies of parameters are leaves keeping their flag
                 staged = self._stage_value(value)
-                for (targets, sources), gpu in ((self._copies, False),
-                                                (self._gpu_copies, True)):
+                for (targets, sources), gpu in ((self._copies, False), (self._gpu_copies, True)):
                     if targets:
                         torch._foreach_copy_(targets, sources, non_blocking=gpu)
         finally:
@@ -204,8 +215,14 @@ class Stager:
             if staged_other is not None:
                 return staged_other
         # (the tensor's flags, not its device's .type: a string made at every call)
-        if (kind not in _PLAIN_TENSORS or tensor.layout is not _STRIDED or tensor.is_quantized
-                or tensor.is_meta or tensor.is_conj() or tensor.is_neg()):
+        if (
+            kind not in _PLAIN_TENSORS
+            or tensor.layout is not _STRIDED
+            or tensor.is_quantized
+            or tensor.is_meta
+            or tensor.is_conj()
+            or tensor.is_neg()
+        ):
             return tensor.detach().to("cpu", copy=True)  # rare kinds: a plain blocking copy
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
@@ -218,12 +235,21 @@ class Stager:
         if target is None:
             target = self._buffers.pop(key, None)
             if target is None:
-                target = _Copy(torch.empty(nbytes, dtype=torch.uint8,
-                                           pin_memory=tensor.is_cuda).untyped_storage())
+                target = _Copy(
+                    torch.empty(
+                        nbytes, dtype=torch.uint8, pin_memory=tensor.is_cuda
+                    ).untyped_storage()
+                )
             self._fresh[key] = target
         offset = tensor.storage_offset()
-        view_key = (tensor.dtype, offset, tensor.size(), tensor.stride(), tensor.requires_grad,
-                    kind)
+        view_key = (
+            tensor.dtype,
+            offset,
+            tensor.size(),
+            tensor.stride(),
+            tensor.requires_grad,
+            kind,
+        )
         staged = target.views.get(view_key)
         if staged is None:
             staged = target.new_view(view_key)

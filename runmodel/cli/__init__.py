@@ -46,8 +46,15 @@ from .commands import (
 )
 from .parser import parser
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "UsageError", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "main",
+]
 
 EXIT_BROKEN_PIPE = 141  # as a process that SIGPIPE ended
 
@@ -88,13 +95,20 @@ def _run(args: argparse.Namespace) -> int:
         if args.debug:
             traceback.print_exception(error)
         elif refused_at_setup(error):  # bad input the run found before its first step
-            last_words(f"runmodel {args.command}: error: {type(error).__name__}: {error} "
-                       f"({REFUSED.removeprefix('runmodel: ')})")
+            last_words(
+                f"runmodel {args.command}: error: {type(error).__name__}: {error} "
+                f"({REFUSED.removeprefix('runmodel: ')})"
+            )
         else:
             where = f" [rank {env.rank()}]" if env.launched() else ""
-            last_words("\n".join([
-                f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
-                *(f"  {note}" for note in getattr(error, "__notes__", ()))]))
+            last_words(
+                "\n".join(
+                    [
+                        f"runmodel {args.command}{where}: error: {type(error).__name__}: {error}",
+                        *(f"  {note}" for note in getattr(error, "__notes__", ())),
+                    ]
+                )
+            )
             _print_hint(error)
             last_words("  (run with --debug for the traceback)")
         return EXIT_USAGE if refused_at_setup(error) else EXIT_FAILED

@@ -28,9 +28,24 @@ if TYPE_CHECKING:
     from ..core import RunResult
     from ..runs.target import RunRequest, Target
 
-__all__ = ["UsageError", "check_resume", "describe", "evaluate", "export", "last_words",
-           "lr_find", "measure", "plot", "preempt_signals", "quiet", "report", "resume", "run",
-           "runs", "sweep"]
+__all__ = [
+    "UsageError",
+    "check_resume",
+    "describe",
+    "evaluate",
+    "export",
+    "last_words",
+    "lr_find",
+    "measure",
+    "plot",
+    "preempt_signals",
+    "quiet",
+    "report",
+    "resume",
+    "run",
+    "runs",
+    "sweep",
+]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -58,8 +73,13 @@ def _target(args: argparse.Namespace) -> Target:
     script arguments."""
     from ..runs.target import open_target
 
-    return open_target(args.source, device=args.device, options=args.options, argv=args.extra,
-                       seed=getattr(args, "seed", None))
+    return open_target(
+        args.source,
+        device=args.device,
+        options=args.options,
+        argv=args.extra,
+        seed=getattr(args, "seed", None),
+    )
 
 
 def _run_folder(args: argparse.Namespace) -> Target:
@@ -81,8 +101,14 @@ def _packs(args: argparse.Namespace) -> tuple[Any, ...]:
 def _request(args: argparse.Namespace, **given: Any) -> RunRequest:
     from ..runs.target import RunRequest
 
-    return RunRequest(epochs=args.epochs, steps=args.steps, progress=args.progress,
-                      packs=_packs(args), preempt=preempt_signals(args), **given)
+    return RunRequest(
+        epochs=args.epochs,
+        steps=args.steps,
+        progress=args.progress,
+        packs=_packs(args),
+        preempt=preempt_signals(args),
+        **given,
+    )
 
 
 def preempt_signals(args: argparse.Namespace) -> tuple[int, ...]:
@@ -123,28 +149,39 @@ def report(result: RunResult, as_json: bool = False) -> None:
 
 
 def summary(result: RunResult) -> str:
-    lines = [f"{result.mode}: {result.ended} after {result.steps} steps, {result.epochs} epochs "
-             f"in {result.seconds:.2f}s" + (f" ({result.skipped} skipped)" if result.skipped
-                                            else "")]
+    lines = [
+        f"{result.mode}: {result.ended} after {result.steps} steps, {result.epochs} epochs "
+        f"in {result.seconds:.2f}s" + (f" ({result.skipped} skipped)" if result.skipped else "")
+    ]
     if result.reason:
         lines.append(f"  why: {result.reason}")
     lines += [f"  {name}: {_number(value)}" for name, value in result.metrics.items()]
     timings = result.timings
     if "step_ms_median" in timings:
-        lines.append(f"  {timings['measured_steps']} steps measured after {timings['warmup']} "
-                     f"warm-up on {timings['device']}: {timings['steps_per_s']:.1f} steps/s"
-                     + (f", {timings['samples_per_s']:.0f} samples/s"
-                        if timings.get("samples_per_s") else ""))
-        lines.append(f"  step time: median {timings['step_ms_median']:.3f} ms, "
-                     f"p90 {timings['step_ms_p90']:.3f} ms, mean {timings['step_ms_mean']:.3f} ms")
+        lines.append(
+            f"  {timings['measured_steps']} steps measured after {timings['warmup']} "
+            f"warm-up on {timings['device']}: {timings['steps_per_s']:.1f} steps/s"
+            + (
+                f", {timings['samples_per_s']:.0f} samples/s"
+                if timings.get("samples_per_s")
+                else ""
+            )
+        )
+        lines.append(
+            f"  step time: median {timings['step_ms_median']:.3f} ms, "
+            f"p90 {timings['step_ms_p90']:.3f} ms, mean {timings['step_ms_mean']:.3f} ms"
+        )
     if result.outputs is not None:
         lines.append(f"  outputs: {len(result.outputs)} batches collected")
     for key in ("phases", "hooks"):
         if key in result.timings:
             rows = result.timings[key]
             lines.append(f"  time in {key}:" if rows else f"  time in {key}: (no {key})")
-            lines += [f"    {r['phase']:<15} {r['hook'] or '':<30} {r['calls']:>7} calls "
-                      f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call" for r in rows]
+            lines += [
+                f"    {r['phase']:<15} {r['hook'] or '':<30} {r['calls']:>7} calls "
+                f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call"
+                for r in rows
+            ]
     lines += [f"  {name}: {path}" for name, path in result.files.items()]
     return "\n".join(lines)
 
@@ -161,24 +198,37 @@ def _json(result: RunResult) -> str:
 
 # -- run ------------------------------------------------------------------------------------
 
+
 def run(args: argparse.Namespace) -> int:
     """``runmodel run SOURCE``: a model, or a config in its run folder; with launcher
     options, the same in the processes torchrun starts."""
     if args.backend and not (launch.asked_for(args) or env.launched()):
-        raise UsageError(f"--backend {args.backend} picks the distributed backend of a run "
-                         f"in several processes: add --nproc-per-node N (a config may name "
-                         f"its backend itself: backend = {{type = \"{args.backend}\"}})")
+        raise UsageError(
+            f"--backend {args.backend} picks the distributed backend of a run "
+            f"in several processes: add --nproc-per-node N (a config may name "
+            f'its backend itself: backend = {{type = "{args.backend}"}})'
+        )
     if launch.asked_for(args):
         return _launch_run(args)
     mode = args.mode
     if mode in ("eval", "infer"):  # no trained weights: say so, once, and how to use them
-        print(f"runmodel: warning: --mode {mode} runs the model with its initial weights (no "
-              f"trained weights are loaded); to {mode} a trained run, use `runmodel {mode} "
-              f"RUN_DIR`", file=sys.stderr)
+        print(
+            f"runmodel: warning: --mode {mode} runs the model with its initial weights (no "
+            f"trained weights are loaded); to {mode} a trained run, use `runmodel {mode} "
+            f"RUN_DIR`",
+            file=sys.stderr,
+        )
     with bad_input():
-        result = _target(args).run(_request(
-            args, mode=mode, backend=args.backend, runs_dir=args.runs_dir,
-            resume=args.resume, restart=args.restart))
+        result = _target(args).run(
+            _request(
+                args,
+                mode=mode,
+                backend=args.backend,
+                runs_dir=args.runs_dir,
+                resume=args.resume,
+                restart=args.restart,
+            )
+        )
     report(result, args.json)
     return EXIT_OK
 
@@ -221,14 +271,22 @@ def _launch_in_folder(args: argparse.Namespace, command: str) -> int:
         told = Path(folder) / "run_dir"
         os.environ[LAUNCH_RECORD] = str(told)  # torchrun's processes inherit it
         try:
-            return launch.launch(args, args.argv, command, on_failure=lambda rank, text: (
-                record_launch_failure(Path(told.read_text()), rank, text)
-                if told.is_file() else None))
+            return launch.launch(
+                args,
+                args.argv,
+                command,
+                on_failure=lambda rank, text: (
+                    record_launch_failure(Path(told.read_text()), rank, text)
+                    if told.is_file()
+                    else None
+                ),
+            )
         finally:
             os.environ.pop(LAUNCH_RECORD, None)
 
 
 # -- benchmark, profile, describe -------------------------------------------------------------
+
 
 def _timed_mode(args: argparse.Namespace) -> Any:
     """The ``Benchmark`` or ``Profile`` mode the options ask for; too few steps for its
@@ -239,8 +297,11 @@ def _timed_mode(args: argparse.Namespace) -> Any:
         if args.command == "benchmark":
             mode: Any = Benchmark(measure=args.measure, warmup=args.warmup)
         else:  # the trace's folder as given here (a script runs from its own folder)
-            mode = Profile(measure=args.measure, warmup=args.warmup,
-                           directory=None if args.dir is None else Path(args.dir).resolve())
+            mode = Profile(
+                measure=args.measure,
+                warmup=args.warmup,
+                directory=None if args.dir is None else Path(args.dir).resolve(),
+            )
         mode.budget(args.steps)
     return mode
 
@@ -277,13 +338,19 @@ def lr_find(args: argparse.Namespace) -> int:
     with bad_input(), bad_input(ValueError, TypeError):
         action = LRFind(args.start_lr, args.end_lr, args.steps, plot)
         result = _target(args).run_with(action)
-    last_words(json.dumps({**vars(result), "plot": None if result.plot is None
-                           else str(result.plot)}, indent=2) if args.json
-               else result.summary(), sys.stdout)
+    last_words(
+        json.dumps(
+            {**vars(result), "plot": None if result.plot is None else str(result.plot)}, indent=2
+        )
+        if args.json
+        else result.summary(),
+        sys.stdout,
+    )
     return EXIT_OK
 
 
 # -- run folders: runs, resume, eval, infer, export ---------------------------------------------
+
 
 def runs(args: argparse.Namespace) -> int:
     """``runmodel runs [DIR]``: the table of runs, from their JSON files alone (no torch),
@@ -317,10 +384,12 @@ def _relaunch(args: argparse.Namespace, target: Target) -> bool:
     if processes is None:
         return asked
     if not asked and processes["nnodes"] > 1:
-        raise UsageError(f"{args.run_dir} ran on {processes['nnodes']} machines, "
-                         f"{processes['nproc_per_node']} processes each: resume it on each "
-                         f"machine with the launcher options it was started with (--nnodes, "
-                         f"--nproc-per-node, --rdzv-endpoint...)")
+        raise UsageError(
+            f"{args.run_dir} ran on {processes['nnodes']} machines, "
+            f"{processes['nproc_per_node']} processes each: resume it on each "
+            f"machine with the launcher options it was started with (--nnodes, "
+            f"--nproc-per-node, --rdzv-endpoint...)"
+        )
     if getattr(args, "nproc_per_node", None) is None:
         args.nproc_per_node = str(processes["nproc_per_node"])
     return True
@@ -334,8 +403,10 @@ def evaluate(args: argparse.Namespace) -> int:
     from ..runs.target import WithWeights
 
     if not is_run(Path(args.run_dir)):
-        raise UsageError(f"{args.run_dir} is not a run folder (it has no config.json or "
-                         f"run.json); give a folder that `runmodel runs` lists")
+        raise UsageError(
+            f"{args.run_dir} is not a run folder (it has no config.json or "
+            f"run.json); give a folder that `runmodel runs` lists"
+        )
     with bad_input():
         target = _run_folder(args)
         assert target.directory is not None  # opened from a run folder
@@ -344,8 +415,10 @@ def evaluate(args: argparse.Namespace) -> int:
         with bad_input(FileNotFoundError):
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
-        last_words(f"runmodel {args.command}: {run_dir.name} with {weights}"
-                   + (" (its averaged weights)" if args.averaged else ""))
+        last_words(
+            f"runmodel {args.command}: {run_dir.name} with {weights}"
+            + (" (its averaged weights)" if args.averaged else "")
+        )
         if args.averaged:  # a checkpoint without an average: said in one line, before
             from ..checkpoint.export import averaged_weights
 
@@ -388,9 +461,11 @@ def export(args: argparse.Namespace) -> int:
     if args.format != "state_dict":
         return _export_program(args)
     if args.checkpoint is not None:
-        raise UsageError(f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
-                         f"for a state dict give the checkpoint itself as PATH "
-                         f"({args.checkpoint})")
+        raise UsageError(
+            f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
+            f"for a state dict give the checkpoint itself as PATH "
+            f"({args.checkpoint})"
+        )
     from ..checkpoint.export import export as export_weights
 
     with bad_input(OSError, ValueError):
@@ -405,10 +480,12 @@ def _export_program(args: argparse.Namespace) -> int:
     from ..runs.folder import is_run
 
     if not is_run(Path(args.path)):
-        raise UsageError(f"--format {args.format} exports a run's model, made as the run's "
-                         f"config, model source or script makes it: PATH must be a run "
-                         f"folder, and {args.path} is not one (a checkpoint alone holds "
-                         f"weights; --format state_dict exports those)")
+        raise UsageError(
+            f"--format {args.format} exports a run's model, made as the run's "
+            f"config, model source or script makes it: PATH must be a run "
+            f"folder, and {args.path} is not one (a checkpoint alone holds "
+            f"weights; --format state_dict exports those)"
+        )
     from ..extras import require
     from ..runs.evaluate import choose_weights
     from ..runs.export import ExportProgram
@@ -425,13 +502,15 @@ def _export_program(args: argparse.Namespace) -> int:
             weights = choose_weights(target.directory, args.checkpoint).resolve()
         _check_weights(weights)
         with bad_input(ValueError):
-            exported = target.run_with(ExportProgram(weights, Path(args.out).resolve(),
-                                                     args.format, args.averaged))
+            exported = target.run_with(
+                ExportProgram(weights, Path(args.out).resolve(), args.format, args.averaged)
+            )
     last_words(exported.summary())
     return EXIT_OK
 
 
 # -- sweeps and plots ----------------------------------------------------------------------------
+
 
 def sweep(args: argparse.Namespace) -> int:
     """``runmodel sweep``: bad input is exit 2 before any trial; trials failing in a row
@@ -440,11 +519,22 @@ def sweep(args: argparse.Namespace) -> int:
         from ..sweeps import SweepError, SweepFailed, parse_param, sweep
 
         params = dict(parse_param(text) for text in args.params)
-        result = sweep(args.source, params=params, trials=args.trials,
-                       metric=args.metric, direction=args.direction, sampler=args.sampler,
-                       pruner=args.pruner, seed=args.seed, storage=args.storage,
-                       jobs=args.jobs, runs_dir=args.runs_dir, overrides=args.options,
-                       nproc_per_node=args.nproc_per_node, heartbeat=args.heartbeat)
+        result = sweep(
+            args.source,
+            params=params,
+            trials=args.trials,
+            metric=args.metric,
+            direction=args.direction,
+            sampler=args.sampler,
+            pruner=args.pruner,
+            seed=args.seed,
+            storage=args.storage,
+            jobs=args.jobs,
+            runs_dir=args.runs_dir,
+            overrides=args.options,
+            nproc_per_node=args.nproc_per_node,
+            heartbeat=args.heartbeat,
+        )
     except KeyboardInterrupt:  # the running trials saved themselves
         return EXIT_INTERRUPTED
     except (SweepError, ImportError) as error:
@@ -452,13 +542,17 @@ def sweep(args: argparse.Namespace) -> int:
     except SweepFailed as error:
         last_words(f"runmodel sweep: error: {error}")
         return EXIT_FAILED
-    said = (f"{result.complete} complete, {result.pruned} pruned, {result.failed} failed in "
-            f"{result.directory}")
+    said = (
+        f"{result.complete} complete, {result.pruned} pruned, {result.failed} failed in "
+        f"{result.directory}"
+    )
     if result.best:
         best = result.best
-        said += (f"\nbest: trial {best['number']}, {result.metric} {best['value']:.4f}, "
-                 + ", ".join(f"{k}={v}" for k, v in best["params"].items())
-                 + f"\n  {best['run_dir']}")
+        said += (
+            f"\nbest: trial {best['number']}, {result.metric} {best['value']:.4f}, "
+            + ", ".join(f"{k}={v}" for k, v in best["params"].items())
+            + f"\n  {best['run_dir']}"
+        )
     last_words(said, sys.stdout)
     return EXIT_OK
 
@@ -477,10 +571,19 @@ def check_resume(args: argparse.Namespace) -> int:
     from ..runs.check_resume import check_resume as check
 
     with bad_input():
-        verdict = check(CheckRequest(
-            args.source, steps=args.steps, at=args.at, nproc_per_node=args.nproc_per_node,
-            backend=args.backend, directory=None if args.dir is None else Path(args.dir),
-            device=args.device, options=tuple(args.options), argv=tuple(args.extra)))
+        verdict = check(
+            CheckRequest(
+                args.source,
+                steps=args.steps,
+                at=args.at,
+                nproc_per_node=args.nproc_per_node,
+                backend=args.backend,
+                directory=None if args.dir is None else Path(args.dir),
+                device=args.device,
+                options=tuple(args.options),
+                argv=tuple(args.extra),
+            )
+        )
     last_words(verdict.text(), sys.stdout)
     return EXIT_OK if verdict.exact else EXIT_FAILED
 

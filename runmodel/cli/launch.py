@@ -29,8 +29,16 @@ from ..backends.distributed import env
 from ..backends.distributed.failures import first_failure
 from ..runs.interrupt import say
 
-__all__ = ["LAUNCH_OPTIONS", "PREEMPT_GRACE", "TORCHRUN_SIGNALS", "add_arguments",
-           "asked_for", "launch", "preemption_arguments", "torchrun_arguments"]
+__all__ = [
+    "LAUNCH_OPTIONS",
+    "PREEMPT_GRACE",
+    "TORCHRUN_SIGNALS",
+    "add_arguments",
+    "asked_for",
+    "launch",
+    "preemption_arguments",
+    "torchrun_arguments",
+]
 
 #: Seconds torchrun gives its processes to save after a preemption signal, before SIGKILL.
 PREEMPT_GRACE = 30
@@ -46,9 +54,13 @@ class LaunchOption(NamedTuple):
 
 #: torchrun's options that ``runmodel run`` takes, under the same names.
 LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
-    LaunchOption("--nproc-per-node", True, "processes on this machine: a number, or auto, gpu "
-                 "or cpu (torchrun's); the run uses the ddp backend (or --backend, or a "
-                 "config's own)"),
+    LaunchOption(
+        "--nproc-per-node",
+        True,
+        "processes on this machine: a number, or auto, gpu "
+        "or cpu (torchrun's); the run uses the ddp backend (or --backend, or a "
+        "config's own)",
+    ),
     LaunchOption("--nnodes", True, "machines, or MIN:MAX for an elastic run (default 1)"),
     LaunchOption("--node-rank", True, "this machine's rank, for --master-addr/--master-port"),
     LaunchOption("--master-addr", True, "the address of the machine with node rank 0"),
@@ -57,8 +69,11 @@ LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("--rdzv-endpoint", True, "HOST:PORT where the machines meet"),
     LaunchOption("--rdzv-id", True, "the job's id: the same on every machine"),
     LaunchOption("--rdzv-conf", True, "rendezvous settings, KEY=VALUE,..."),
-    LaunchOption("--standalone", False, "one machine, a free port of its own (the default "
-                 "with one machine and no address given)"),
+    LaunchOption(
+        "--standalone",
+        False,
+        "one machine, a free port of its own (the default with one machine and no address given)",
+    ),
     LaunchOption("--max-restarts", True, "restarts of the processes after a failure"),
     LaunchOption("--local-ranks-filter", True, "show output of these local ranks only (0,1)"),
 )
@@ -71,20 +86,34 @@ def _dest(flag: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser, text: str | None = None) -> None:
     """The launcher options, in a group of their own (``text`` describes it)."""
     group = parser.add_argument_group(
-        "distributed (torchrun)", text or "start the run in several processes with torchrun "
+        "distributed (torchrun)",
+        text
+        or "start the run in several processes with torchrun "
         "(torch.distributed.run), each training with the ddp backend (or --backend fsdp); "
-        "a config run too (docs/runs.md)")
+        "a config run too (docs/runs.md)",
+    )
     for option in LAUNCH_OPTIONS:
         if option.takes_value:
-            group.add_argument(option.flag, dest=_dest(option.flag), metavar="VALUE",
-                               type=_checked(option.flag), help=option.help)
+            group.add_argument(
+                option.flag,
+                dest=_dest(option.flag),
+                metavar="VALUE",
+                type=_checked(option.flag),
+                help=option.help,
+            )
         else:
-            group.add_argument(option.flag, dest=_dest(option.flag), action="store_true",
-                               help=option.help)
-    group.add_argument("--preempt-grace", type=_seconds, default=PREEMPT_GRACE,
-                       metavar="SECONDS", help="after a preemption signal, how long torchrun "
-                       "lets the processes save before it sends SIGKILL (its "
-                       f"--shutdown-timeout; default {PREEMPT_GRACE})")
+            group.add_argument(
+                option.flag, dest=_dest(option.flag), action="store_true", help=option.help
+            )
+    group.add_argument(
+        "--preempt-grace",
+        type=_seconds,
+        default=PREEMPT_GRACE,
+        metavar="SECONDS",
+        help="after a preemption signal, how long torchrun "
+        "lets the processes save before it sends SIGKILL (its "
+        f"--shutdown-timeout; default {PREEMPT_GRACE})",
+    )
 
 
 def _seconds(text: str) -> int:
@@ -95,18 +124,24 @@ def _seconds(text: str) -> int:
 
 def _checked(flag: str) -> Any:
     """Values torchrun would refuse late (after importing torch), refused at once."""
+
     def check(text: str) -> str:
-        if flag == "--nproc-per-node" and text not in ("auto", "cpu", "gpu") and not (
-                text.isdigit() and int(text) >= 1):
-            raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes >= 1, or "
-                                             f"auto, cpu or gpu")
+        if (
+            flag == "--nproc-per-node"
+            and text not in ("auto", "cpu", "gpu")
+            and not (text.isdigit() and int(text) >= 1)
+        ):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a number of processes >= 1, or auto, cpu or gpu"
+            )
         if flag in ("--node-rank", "--master-port", "--max-restarts") and not text.isdigit():
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-        if flag == "--nnodes" and not all(p.isdigit() and int(p) >= 1
-                                          for p in text.split(":", 1)):
-            raise argparse.ArgumentTypeError(f"{text!r}: give a number of machines >= 1, or "
-                                             f"MIN:MAX")
+        if flag == "--nnodes" and not all(p.isdigit() and int(p) >= 1 for p in text.split(":", 1)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a number of machines >= 1, or MIN:MAX"
+            )
         return text
+
     return check
 
 
@@ -114,7 +149,8 @@ def asked_for(args: argparse.Namespace) -> bool:
     """Whether ``args`` ask for a launch: a launcher option given, outside torchrun (a
     process torchrun started runs, never launches)."""
     return not env.launched() and any(
-        getattr(args, _dest(o.flag), None) not in (None, False) for o in LAUNCH_OPTIONS)
+        getattr(args, _dest(o.flag), None) not in (None, False) for o in LAUNCH_OPTIONS
+    )
 
 
 def torchrun_arguments(args: argparse.Namespace) -> list[str]:
@@ -127,8 +163,10 @@ def torchrun_arguments(args: argparse.Namespace) -> list[str]:
             continue
         found += [option.flag] if not option.takes_value else [option.flag, str(value)]
     one_machine = getattr(args, "nnodes", None) in (None, "1", "1:1")
-    addressed = any(getattr(args, name, None) is not None
-                    for name in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend"))
+    addressed = any(
+        getattr(args, name, None) is not None
+        for name in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")
+    )
     if one_machine and not addressed and "--standalone" not in found:
         found.append("--standalone")
     return found
@@ -138,15 +176,18 @@ def preemption_arguments(args: argparse.Namespace) -> list[str]:
     """torchrun's options for the run's preemption: the signals it handles and sends on to
     its processes (its own, and those of ``--preempt-signal``), and how long it waits for
     them to save (``--preempt-grace``) before SIGKILL."""
-    asked = [signal.Signals(number).name for number in getattr(args, "preempt_signals", None)
-             or ()]
+    asked = [signal.Signals(number).name for number in getattr(args, "preempt_signals", None) or ()]
     names = ",".join(dict.fromkeys([*TORCHRUN_SIGNALS, *asked]))
     grace = getattr(args, "preempt_grace", None) or PREEMPT_GRACE
     return ["--signals-to-handle", names, "--shutdown-timeout", str(grace)]
 
 
-def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
-           on_failure: Callable[[int, str], Any] | None = None) -> int:
+def launch(
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    command: str = "run",
+    on_failure: Callable[[int, str], Any] | None = None,
+) -> int:
     """Run ``python -m runmodel ARGV`` in the processes ``args`` ask torchrun for; the
     exit code: 0, or the first failed process's when it is 2 (bad input, found at setup),
     else 1 (the first failure is reported, and given to ``on_failure`` with its rank);
@@ -156,19 +197,24 @@ def launch(args: argparse.Namespace, argv: Sequence[str], command: str = "run",
     from torch.distributed.run import get_args_parser, run
 
     options = get_args_parser().parse_args(
-        [*torchrun_arguments(args), *preemption_arguments(args), "-m", "runmodel", *argv])
+        [*torchrun_arguments(args), *preemption_arguments(args), "-m", "runmodel", *argv]
+    )
     try:
         run(options)  # not torch.distributed.run.main, which prints its own report
     except SignalException as stopped:  # torchrun handed it on to the processes
         number = int(stopped.sigval)
-        say(f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
+        say(
+            f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
             f"the run's processes, which stop after a step and save ("
-            f"{preemption_arguments(args)[-1]} s before torchrun ends them with SIGKILL)")
+            f"{preemption_arguments(args)[-1]} s before torchrun ends them with SIGKILL)"
+        )
         return 128 + number
     except ChildFailedError as failed:
         rank, text = first_failure(failed)
-        print(f"runmodel {command}: error: {text}; every process was ended (their errors "
-              f"are above)", file=sys.stderr)
+        print(
+            f"runmodel {command}: error: {text}; every process was ended (their errors are above)",
+            file=sys.stderr,
+        )
         if on_failure is not None:
             on_failure(rank, text)
         return 2 if failed.failures[rank].exitcode == 2 else 1

@@ -16,11 +16,23 @@ from ..packs import PACK_TYPES
 __all__ = ["BUILTINS"]
 
 BUILTINS: dict[str, dict[str, Callable[..., Any]]] = {
-    "optimizer": {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-                  "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad},
-    "loss": {"cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss, "l1": nn.L1Loss,
-             "smooth_l1": nn.SmoothL1Loss, "nll": nn.NLLLoss, "bce": nn.BCELoss,
-             "bce_with_logits": nn.BCEWithLogitsLoss, "huber": nn.HuberLoss},
+    "optimizer": {
+        "sgd": torch.optim.SGD,
+        "adam": torch.optim.Adam,
+        "adamw": torch.optim.AdamW,
+        "rmsprop": torch.optim.RMSprop,
+        "adagrad": torch.optim.Adagrad,
+    },
+    "loss": {
+        "cross_entropy": nn.CrossEntropyLoss,
+        "mse": nn.MSELoss,
+        "l1": nn.L1Loss,
+        "smooth_l1": nn.SmoothL1Loss,
+        "nll": nn.NLLLoss,
+        "bce": nn.BCELoss,
+        "bce_with_logits": nn.BCEWithLogitsLoss,
+        "huber": nn.HuberLoss,
+    },
     "interface": {"supervised": Supervised},
     "backend": dict(BACKEND_TYPES),
     "pack": dict(PACK_TYPES),

@@ -70,15 +70,17 @@ class Spec:
         if isinstance(value, dict) and isinstance(value.get("type"), str):
             extra = set(value) - {"type", "args"}
             if extra:
-                raise ValueError(f"{what}: unknown key(s) {sorted(extra)}; a spec has 'type' "
-                                 f"and 'args'")
+                raise ValueError(
+                    f"{what}: unknown key(s) {sorted(extra)}; a spec has 'type' and 'args'"
+                )
             args = value.get("args", {})
             args = {} if args is None else args
             if not isinstance(args, dict):
                 raise TypeError(f"{what}: 'args' must be a table/dict, got {args!r}")
             return cls(value["type"], dict(args))
-        raise TypeError(f"{what}: give a registered name or {{type = NAME, args = {{...}}}}, "
-                        f"got {value!r}")
+        raise TypeError(
+            f"{what}: give a registered name or {{type = NAME, args = {{...}}}}, got {value!r}"
+        )
 
 
 def _place(obj: object) -> str:
@@ -92,8 +94,7 @@ def _place(obj: object) -> str:
         return f"{name} ({os.path.realpath(code.co_filename)}:{code.co_firstlineno})"
     try:
         source = inspect.getsourcefile(target)
-        return (f"{name} ({source and os.path.realpath(source)}:"
-                f"{inspect.getsourcelines(target)[1]})")
+        return f"{name} ({source and os.path.realpath(source)}:{inspect.getsourcelines(target)[1]})"
     except (TypeError, OSError):
         return f"{name} (defined without a source file, id {id(target):#x})"
 
@@ -111,21 +112,26 @@ class Registry:
             raise TypeError(f"a {self.kind} name must be a non-empty string, got {name!r}")
         _load_builtins()  # so that taking a built-in's name fails here, not later
         if factory is None:
+
             def decorate(factory: Callable[..., Any]) -> Callable[..., Any]:
                 self.register(name, factory)
                 return factory
+
             return decorate
         if not callable(factory):
-            raise TypeError(f"register_{self.kind}({name!r}, ...) needs a callable factory, "
-                            f"got {factory!r}")
+            raise TypeError(
+                f"register_{self.kind}({name!r}, ...) needs a callable factory, got {factory!r}"
+            )
         old = self._factories.get(name)
         if old is not None and _place(old) == _place(factory) and old is not factory:
             self._factories[name] = factory  # the same code loaded again (a re-imported file)
             return factory
         if old is not None:
-            raise ValueError(f"{self.kind} {name!r} is registered already, by "
-                             f"{_place(old)}; now again by "
-                             f"{_place(factory)}. Choose another name")
+            raise ValueError(
+                f"{self.kind} {name!r} is registered already, by "
+                f"{_place(old)}; now again by "
+                f"{_place(factory)}. Choose another name"
+            )
         self._factories[name] = factory
         return factory
 
@@ -138,12 +144,19 @@ class Registry:
         if name not in self._factories:
             close = difflib.get_close_matches(name, list(self._factories), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(f"no {self.kind} registered as {name!r}.{hint} Registered: "
-                           f"{', '.join(sorted(self._factories)) or 'none'}")
+            raise KeyError(
+                f"no {self.kind} registered as {name!r}.{hint} Registered: "
+                f"{', '.join(sorted(self._factories)) or 'none'}"
+            )
         return self._factories[name]
 
-    def make(self, spec: Spec | str | dict[str, Any], *args: Any, args_as: str | None = None,
-             **kwargs: Any) -> Any:
+    def make(
+        self,
+        spec: Spec | str | dict[str, Any],
+        *args: Any,
+        args_as: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Call the factory ``spec`` names with ``*args``, ``**kwargs`` and the spec's args
         (as keywords, or as the one keyword ``args_as``)."""
         spec = Spec.of(spec, self.kind)
@@ -152,11 +165,15 @@ class Registry:
         try:
             made = factory(*args, **kwargs, **given)
         except TypeError as error:
-            raise TypeError(f"{self.kind} {spec.type_!r} ({_place(factory)}) could not be made "
-                            f"with args {spec.args}: {error}") from error
+            raise TypeError(
+                f"{self.kind} {spec.type_!r} ({_place(factory)}) could not be made "
+                f"with args {spec.args}: {error}"
+            ) from error
         if not self.check(made):
-            raise TypeError(f"{self.kind} {spec.type_!r}: its factory {_place(factory)} "
-                            f"returned {type(made).__name__} {made!r}, not {self.expected}")
+            raise TypeError(
+                f"{self.kind} {spec.type_!r}: its factory {_place(factory)} "
+                f"returned {type(made).__name__} {made!r}, not {self.expected}"
+            )
         return made
 
     def __contains__(self, name: object) -> bool:
@@ -201,8 +218,9 @@ register_optimizer = registries["optimizer"].register
 register_loss = registries["loss"].register
 
 
-def make_model(spec: Spec | str | dict[str, Any], name: str | None = None,
-               device: str | None = None) -> Any:
+def make_model(
+    spec: Spec | str | dict[str, Any], name: str | None = None, device: str | None = None
+) -> Any:
     """Build a registered model. A ``Model`` subclass registered as a factory is called as
     ``cls(device=, init_options=args)``; any other factory as
     ``factory(name=, device=, **args)``."""
@@ -217,8 +235,11 @@ def _declared_init_options(spec: Spec) -> tuple[str, dict[str, Any] | None]:
     """The registered model's name and the init options it declares (None: a factory
     that declares none takes whatever it is given)."""
     factory = registries["model"].get(spec.type_)
-    declared = getattr(factory, "init_defaults", None) if inspect.isclass(factory) and (
-        issubclass(factory, Model)) else None
+    declared = (
+        getattr(factory, "init_defaults", None)
+        if inspect.isclass(factory) and (issubclass(factory, Model))
+        else None
+    )
     return getattr(factory, "__name__", spec.type_), declared or None
 
 
@@ -234,8 +255,7 @@ def known_model_args(spec: Spec) -> Spec:
     if not unknown:
         return spec
     for key in unknown:
-        warnings.warn(unknown_option_text(name, "init", key, declared), UserWarning,
-                      stacklevel=2)
+        warnings.warn(unknown_option_text(name, "init", key, declared), UserWarning, stacklevel=2)
     return Spec(spec.type_, {k: v for k, v in spec.args.items() if k in declared})
 
 
@@ -250,9 +270,11 @@ def check_model_args(spec: Spec, given: dict[str, str]) -> list[str]:
         return sorted(given)
     for key, how in given.items():
         if key not in declared:
-            raise ConfigError(f"{how}: {name} (model {spec.type_!r}) declares no init option "
-                              f"{key!r}{did_you_mean(key, declared)}; its init options: "
-                              f"{', '.join(declared)}")
+            raise ConfigError(
+                f"{how}: {name} (model {spec.type_!r}) declares no init option "
+                f"{key!r}{did_you_mean(key, declared)}; its init options: "
+                f"{', '.join(declared)}"
+            )
     return []
 
 
@@ -265,8 +287,9 @@ def make_backend(spec: Spec | str | dict[str, Any]) -> Any:
     optimizer's spec, checked now."""
     spec = Spec.of(spec, "backend")
     if spec.args.get("optimizer") is not None:
-        spec = Spec(spec.type_, {**spec.args, "optimizer": optimizer_factory(
-            spec.args["optimizer"])})
+        spec = Spec(
+            spec.type_, {**spec.args, "optimizer": optimizer_factory(spec.args["optimizer"])}
+        )
     return registries["backend"].make(spec)
 
 
@@ -284,8 +307,11 @@ def make_pack(spec: Spec | str | dict[str, Any], **context: Any) -> Any:
     spec = Spec.of(spec, "pack")
     factory = registries["pack"].get(spec.type_)
     accepted = _accepted(factory)
-    extra = {k: v for k, v in context.items() if k not in spec.args and (
-        accepted is None or k in accepted)}
+    extra = {
+        k: v
+        for k, v in context.items()
+        if k not in spec.args and (accepted is None or k in accepted)
+    }
     return registries["pack"].make(spec, **extra)
 
 

@@ -40,8 +40,14 @@ from ..core import MODES
 from . import CONFIG_SUFFIXES, did_you_mean
 from .registry import ConfigError, Spec
 
-__all__ = ["ConfigError", "RunConfig", "apply_overrides", "load_config",
-           "overridden_model_args", "sanitize"]
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "apply_overrides",
+    "load_config",
+    "overridden_model_args",
+    "sanitize",
+]
 
 
 _SPEC_FIELDS = ("model", "optimizer", "interface", "backend")
@@ -70,11 +76,15 @@ class RunConfig:
             raise ConfigError(f"{source}: a config is a table/object, got {type(data).__name__}")
         unknown = [key for key in data if key not in _FIELDS]
         if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0])}; "
-                              f"valid keys: {', '.join(_FIELDS)}")
+            raise ConfigError(
+                f"{source}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0])}; "
+                f"valid keys: {', '.join(_FIELDS)}"
+            )
         if data.get("model") is None:
-            raise ConfigError(f"{source}: 'model' is required (a registered model's name, or "
-                              f"{{type = NAME, args = {{...}}}})")
+            raise ConfigError(
+                f"{source}: 'model' is required (a registered model's name, or "
+                f"{{type = NAME, args = {{...}}}})"
+            )
         values: dict[str, Any] = {}
         for key, value in data.items():
             where = f"{source}: {key}"
@@ -97,18 +107,27 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form: every field, specs as ``{"type", "args"}``."""
+
         def spec(s: Spec | None) -> dict[str, Any] | None:
             return None if s is None else {"type": s.type_, "args": copy.deepcopy(s.args)}
-        return {"model": spec(self.model), "optimizer": spec(self.optimizer),
-                "interface": spec(self.interface), "backend": spec(self.backend),
-                "packs": [spec(p) for p in self.packs], "epochs": self.epochs,
-                "steps": self.steps, "seed": self.seed, "device": self.device,
-                "mode": self.mode, "imports": list(self.imports)}
+
+        return {
+            "model": spec(self.model),
+            "optimizer": spec(self.optimizer),
+            "interface": spec(self.interface),
+            "backend": spec(self.backend),
+            "packs": [spec(p) for p in self.packs],
+            "epochs": self.epochs,
+            "steps": self.steps,
+            "seed": self.seed,
+            "device": self.device,
+            "mode": self.mode,
+            "imports": list(self.imports),
+        }
 
     def digest(self) -> str:
         """A short hash of the canonical form, the same in every process."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
-                               default=repr)
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=repr)
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
     def with_overrides(self, overrides: Sequence[str], source: str = "config") -> RunConfig:
@@ -128,8 +147,13 @@ class RunConfig:
         return "_".join(p for p in parts if p)[:100] + "_" + self.digest()
 
 
-_TYPES: dict[str, tuple[type, ...]] = {"epochs": (int,), "steps": (int,), "seed": (int,),
-                                       "device": (str,), "mode": (str,)}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "epochs": (int,),
+    "steps": (int,),
+    "seed": (int,),
+    "device": (str,),
+    "mode": (str,),
+}
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
@@ -138,8 +162,9 @@ def _check_scalar(key: str, value: Any, where: str) -> Any:
         return None
     types = _TYPES[key]
     if not isinstance(value, types) or isinstance(value, bool):
-        raise ConfigError(f"{where} must be {' or '.join(t.__name__ for t in types)}, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{where} must be {' or '.join(t.__name__ for t in types)}, got {value!r}"
+        )
     if isinstance(value, int) and value < 0:  # epochs, steps, seed
         raise ConfigError(f"{where} must be >= 0, got {value}")
     if key == "mode" and value not in MODES:
@@ -163,12 +188,16 @@ def sanitize(text: str) -> str:
 
 
 def _words(spec: Spec) -> str:
-    args = [f"{k}{v}" for k, v in sorted(spec.args.items())[:2]  # sorted: order-free names
-            if isinstance(v, (int, float, str, bool))]
+    args = [
+        f"{k}{v}"
+        for k, v in sorted(spec.args.items())[:2]  # sorted: order-free names
+        if isinstance(v, (int, float, str, bool))
+    ]
     return "-".join(sanitize(p) for p in (spec.type_, *args))
 
 
 # -- files and overrides ------------------------------------------------------------------
+
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw data of a TOML or JSON config file; malformed files name file and line."""
@@ -178,8 +207,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(f"cannot read config {str(path)!r}: {error.strerror}") from None
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte "
-                          f"{error.start})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
     if path.suffix == ".toml":
         try:
             return tomllib.loads(text)
@@ -189,8 +219,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}:{error.lineno}:{error.colno}: malformed JSON: "
-                              f"{error.msg}") from None
+            raise ConfigError(
+                f"{path}:{error.lineno}:{error.colno}: malformed JSON: {error.msg}"
+            ) from None
         return data
     raise ConfigError(f"{path}: a config file ends in {' or '.join(CONFIG_SUFFIXES)}")
 
@@ -202,8 +233,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     for item in overrides:
         dotted, sep, text = item.partition("=")
         if not sep or not dotted:
-            raise ConfigError(f"--set {item!r}: write KEY=VALUE, as in --set "
-                              f"optimizer.args.lr=0.01")
+            raise ConfigError(
+                f"--set {item!r}: write KEY=VALUE, as in --set optimizer.args.lr=0.01"
+            )
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
@@ -212,9 +244,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if keys[0] not in _FIELDS:
             # a dotted key goes into a table: guess among the fields that are tables
             tables = (*_SPEC_FIELDS, "packs") if len(keys) > 1 else _FIELDS
-            raise ConfigError(f"--set {item!r}: unknown key {keys[0]!r}"
-                              f"{_did_you_mean(keys[0], tables)}; valid keys: "
-                              f"{', '.join(_FIELDS)}")
+            raise ConfigError(
+                f"--set {item!r}: unknown key {keys[0]!r}"
+                f"{_did_you_mean(keys[0], tables)}; valid keys: "
+                f"{', '.join(_FIELDS)}"
+            )
         _set(data, keys, value, item)
     return data
 
@@ -223,24 +257,29 @@ def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
     spec_depth = 1 if keys[0] in _SPEC_FIELDS else 2 if keys[0] == "packs" else None
     if spec_depth is None and len(keys) > 1 and keys[0] != "imports":
         raise ConfigError(f"--set {item!r}: {keys[0]!r} is a plain value, not a table")
-    if spec_depth is not None and len(keys) > spec_depth and (
-            keys[spec_depth] not in ("type", "args")):
+    if (
+        spec_depth is not None
+        and len(keys) > spec_depth
+        and (keys[spec_depth] not in ("type", "args"))
+    ):
         key = keys[spec_depth]
-        raise ConfigError(f"--set {item!r}: a spec has 'type' and 'args', not {key!r}"
-                          f"{_did_you_mean(key, ('type', 'args'))}")
+        raise ConfigError(
+            f"--set {item!r}: a spec has 'type' and 'args', not {key!r}"
+            f"{_did_you_mean(key, ('type', 'args'))}"
+        )
     node: Any = data
     for depth, key in enumerate(keys):
         last = depth == len(keys) - 1
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
-                raise ConfigError(f"--set {item!r}: {key!r} is not an index of the "
-                                  f"{len(node)} entries there")
+                raise ConfigError(
+                    f"--set {item!r}: {key!r} is not an index of the {len(node)} entries there"
+                )
             index: Any = int(key)
         elif isinstance(node, dict):
             index = key
         else:
-            raise ConfigError(f"--set {item!r}: {keys[depth - 1]!r} holds {node!r}, "
-                              f"not a table")
+            raise ConfigError(f"--set {item!r}: {keys[depth - 1]!r} holds {node!r}, not a table")
         if last:
             break
         if depth + 1 == spec_depth and isinstance(_get(node, index), str):
@@ -254,10 +293,13 @@ def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
     if old is not None and value is not None:
         if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)  # 1 over 0.5 is 1.0: the same config, the same hash
-        elif not (isinstance(value, type(old)) and isinstance(value, bool) == isinstance(
-                old, bool)):
-            raise ConfigError(f"--set {item!r}: {'.'.join(keys)} is {type(old).__name__} "
-                              f"({old!r}); {value!r} is {type(value).__name__}")
+        elif not (
+            isinstance(value, type(old)) and isinstance(value, bool) == isinstance(old, bool)
+        ):
+            raise ConfigError(
+                f"--set {item!r}: {'.'.join(keys)} is {type(old).__name__} "
+                f"({old!r}); {value!r} is {type(value).__name__}"
+            )
     node[index] = value
 
 

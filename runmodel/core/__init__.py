@@ -12,7 +12,31 @@ from .plan import Backend, CheckpointStorage, FineTuneSpec, Mode, StepPlan
 from .state import Interrupted, Preempted, RunResult, RunStep, State, StopRun
 from .table import Dispatch
 
-__all__ = ["ACTION_PHASES", "MODES", "PHASES", "Backend", "CheckpointStorage", "Dispatch",
-           "Duration", "Engine", "FineTuneSpec", "Hook", "HookArgs", "HookHandle", "HookOptions",
-           "HookOrderError", "Interrupted", "Mode", "Pack", "Phase", "Preempted", "RunResult",
-           "RunStep", "State", "StepPlan", "StopRun", "hook", "override"]
+__all__ = [
+    "ACTION_PHASES",
+    "MODES",
+    "PHASES",
+    "Backend",
+    "CheckpointStorage",
+    "Dispatch",
+    "Duration",
+    "Engine",
+    "FineTuneSpec",
+    "Hook",
+    "HookArgs",
+    "HookHandle",
+    "HookOptions",
+    "HookOrderError",
+    "Interrupted",
+    "Mode",
+    "Pack",
+    "Phase",
+    "Preempted",
+    "RunResult",
+    "RunStep",
+    "State",
+    "StepPlan",
+    "StopRun",
+    "hook",
+    "override",
+]

@@ -17,8 +17,15 @@ def is_whole_number(value: object, least: int = 0) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def whole_number(value: object, what: str, *, least: int = 0, none: bool = False,
-                 unit: str = "", meaning: str = "") -> int | None:
+def whole_number(
+    value: object,
+    what: str,
+    *,
+    least: int = 0,
+    none: bool = False,
+    unit: str = "",
+    meaning: str = "",
+) -> int | None:
     """``value`` if it is a whole number >= ``least`` (or None, when ``none``); else a
     ``ValueError`` that reads ``{what} must be a whole number[ of {unit}] >= {least}
     [ or None][ ({meaning})]; got {value!r}``: ``what`` names the option as its owner
@@ -29,8 +36,10 @@ def whole_number(value: object, what: str, *, least: int = 0, none: bool = False
     if not is_whole_number(value, least):
         of = f" of {unit}" if unit else ""
         detail = f" ({meaning})" if meaning else ""
-        raise ValueError(f"{what} must be a whole number{of} >= {least}"
-                         f"{' or None' if none else ''}{detail}; got {value!r}")
+        raise ValueError(
+            f"{what} must be a whole number{of} >= {least}"
+            f"{' or None' if none else ''}{detail}; got {value!r}"
+        )
     return value
 
 

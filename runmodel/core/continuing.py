@@ -34,8 +34,11 @@ def run_record(loaded: dict[str, Any] | None) -> dict[str, Any]:
     records counts as one run's: it gets an id."""
     if loaded is None:
         return {"id": uuid.uuid4().hex[:12], "started": time.time(), "world_size": world_size()}
-    return {"id": loaded.get("id") or uuid.uuid4().hex[:12], "started": loaded.get("started"),
-            "world_size": world_size()}
+    return {
+        "id": loaded.get("id") or uuid.uuid4().hex[:12],
+        "started": loaded.get("started"),
+        "world_size": world_size(),
+    }
 
 
 def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> None:
@@ -54,30 +57,43 @@ def check_world(s: State, loaded: dict[str, Any], resumed_from: Path | None) -> 
     drawn = bool(loaded.get("epoch_drawn"))  # after the epoch's last batch: a boundary
     middle = s.epoch_step > 0 and not drawn
     if middle and (loaded.get("data") != "dealt" or not _grouped()):
-        why = ("this run has no distributed backend (ddp, fsdp) to deal the rest out"
-               if loaded.get("data") == "dealt" else
-               f"the training data of the run that wrote it were "
-               f"{loaded.get('data') or 'not dealt out by a ddp or fsdp backend'}")
-        raise ValueError(f"the checkpoint{where} was written by {saved} process(es) in the "
-                         f"middle of epoch {s.epoch + 1} (after {s.epoch_step} steps), and "
-                         f"this run has {world}: the rest of an epoch is dealt out anew over "
-                         f"another number of processes only for training data that a ddp or "
-                         f"fsdp backend dealt out (a DataLoader it made again, a list of "
-                         f"batches), in a run with one of them, and {why}. Resume in {saved} "
-                         f"process(es), or from a checkpoint taken at an epoch's end "
-                         f"(Checkpoint(every='1ep'))")
+        why = (
+            "this run has no distributed backend (ddp, fsdp) to deal the rest out"
+            if loaded.get("data") == "dealt"
+            else f"the training data of the run that wrote it were "
+            f"{loaded.get('data') or 'not dealt out by a ddp or fsdp backend'}"
+        )
+        raise ValueError(
+            f"the checkpoint{where} was written by {saved} process(es) in the "
+            f"middle of epoch {s.epoch + 1} (after {s.epoch_step} steps), and "
+            f"this run has {world}: the rest of an epoch is dealt out anew over "
+            f"another number of processes only for training data that a ddp or "
+            f"fsdp backend dealt out (a DataLoader it made again, a list of "
+            f"batches), in a run with one of them, and {why}. Resume in {saved} "
+            f"process(es), or from a checkpoint taken at an epoch's end "
+            f"(Checkpoint(every='1ep'))"
+        )
     if s.rank == 0:
-        rng = ("each takes the generators of saved rank (its rank mod " f"{saved})"
-               if loaded.get("sharded") else "each takes saved rank 0's generators")
-        data = (f"what the {saved} processes had not drawn of epoch {s.epoch + 1} is dealt out "
-                f"over {world} (the epoch trains on the samples a {saved}-process run's "
-                f"does, apart from padding), then from epoch {s.epoch + 2} on"
-                if middle else f"from epoch {s.epoch + (2 if drawn else 1)} on")
-        print(f"runmodel: resuming in {world} process(es) a checkpoint written by {saved}: "
-              f"weights and optimizer state carry over exactly; {data} the training data "
-              f"are dealt out over {world}, so the batches (and a step's batch size overall) "
-              f"differ from a {saved}-process run's; random generators: {rng}",
-              file=sys.stderr, flush=True)
+        rng = (
+            f"each takes the generators of saved rank (its rank mod {saved})"
+            if loaded.get("sharded")
+            else "each takes saved rank 0's generators"
+        )
+        data = (
+            f"what the {saved} processes had not drawn of epoch {s.epoch + 1} is dealt out "
+            f"over {world} (the epoch trains on the samples a {saved}-process run's "
+            f"does, apart from padding), then from epoch {s.epoch + 2} on"
+            if middle
+            else f"from epoch {s.epoch + (2 if drawn else 1)} on"
+        )
+        print(
+            f"runmodel: resuming in {world} process(es) a checkpoint written by {saved}: "
+            f"weights and optimizer state carry over exactly; {data} the training data "
+            f"are dealt out over {world}, so the batches (and a step's batch size overall) "
+            f"differ from a {saved}-process run's; random generators: {rng}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _grouped() -> bool:
@@ -86,29 +102,42 @@ def _grouped() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
-def check_length(s: State, budget: float, max_epochs: float, planned: dict[str, Any],
-                 resumed_from: Path | None) -> str | None:
+def check_length(
+    s: State, budget: float, max_epochs: float, planned: dict[str, Any], resumed_from: Path | None
+) -> str | None:
     """Refuse a continued run asked for less than it did; say so in one line when it has
     nothing left to do; return how it extends the length it was started with
     (``"epochs 2 -> 4"``), or None."""
     where = f" (resumed from {resumed_from})" if resumed_from else ""
     if s.max_steps is not None and s.max_steps < s.step:
-        raise ValueError(f"steps={s.max_steps}, but the run did {s.step} steps already"
-                         f"{where}; ask for {s.step} or more (steps count from the run's "
-                         f"start)")
-    if s.max_epochs is not None and (s.max_epochs < s.epoch or (
-            s.max_epochs == s.epoch and s.epoch_step > 0)):
+        raise ValueError(
+            f"steps={s.max_steps}, but the run did {s.step} steps already"
+            f"{where}; ask for {s.step} or more (steps count from the run's "
+            f"start)"
+        )
+    if s.max_epochs is not None and (
+        s.max_epochs < s.epoch or (s.max_epochs == s.epoch and s.epoch_step > 0)
+    ):
         done = f"{s.epoch} epochs" + (f" and {s.epoch_step} steps" if s.epoch_step else "")
-        raise ValueError(f"epochs={s.max_epochs}, but the run did {done} already{where}; "
-                         f"ask for {s.epoch + (1 if s.epoch_step else 0)} or more (epochs "
-                         f"count from the run's start)")
+        raise ValueError(
+            f"epochs={s.max_epochs}, but the run did {done} already{where}; "
+            f"ask for {s.epoch + (1 if s.epoch_step else 0)} or more (epochs "
+            f"count from the run's start)"
+        )
     if s.step >= budget or (s.epoch >= max_epochs and s.epoch_step == 0):
-        print(f"runmodel: the run{where} has done its {s.epoch} epochs ({s.step} steps) "
-              f"already: nothing to train; ask for more epochs or steps to extend it",
-              file=sys.stderr, flush=True)
+        print(
+            f"runmodel: the run{where} has done its {s.epoch} epochs ({s.step} steps) "
+            f"already: nothing to train; ask for more epochs or steps to extend it",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
-    longer = [f"{unit} {planned.get(key)} -> {asked}"
-              for unit, key, asked in (("epochs", "max_epochs", s.max_epochs),
-                                       ("steps", "max_steps", s.max_steps))
-              if planned.get(key) is not None and (asked is None or asked > planned[key])]
+    longer = [
+        f"{unit} {planned.get(key)} -> {asked}"
+        for unit, key, asked in (
+            ("epochs", "max_epochs", s.max_epochs),
+            ("steps", "max_steps", s.max_steps),
+        )
+        if planned.get(key) is not None and (asked is None or asked > planned[key])
+    ]
     return ", ".join(longer) or None

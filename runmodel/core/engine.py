@@ -67,8 +67,9 @@ class Engine(Snapshots):
 
     # -- registration ------------------------------------------------------------------
 
-    def on(self, phase: str, fn: Callable[[Any], Any] | None = None,
-           **options: Unpack[HookArgs]) -> Any:
+    def on(
+        self, phase: str, fn: Callable[[Any], Any] | None = None, **options: Unpack[HookArgs]
+    ) -> Any:
         """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
         are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
         ``when``, ``modes``, ``rank``, ``name``, and ``reads``/``writes`` (the metrics it
@@ -77,15 +78,20 @@ class Engine(Snapshots):
         it stays callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))
 
-    def override(self, phase: str, fn: Callable[[Any, Callable[[Any], Any]], Any] | None = None,
-                 **options: Unpack[HookArgs]) -> Any:
+    def override(
+        self,
+        phase: str,
+        fn: Callable[[Any, Callable[[Any], Any]], Any] | None = None,
+        **options: Unpack[HookArgs],
+    ) -> Any:
         """Wrap or replace ``phase``'s action with ``fn(engine, default)``; calling
         ``default(engine)`` reaches the next override and, last, the built-in action.
         Takes the options of ``on``; overrides are ordered like hooks, first outermost."""
         return self._register(phase, fn, True, HookOptions.of(**options))
 
-    def _register(self, phase: str, fn: Callable[..., Any] | None, override: bool,
-                  options: HookOptions) -> Any:
+    def _register(
+        self, phase: str, fn: Callable[..., Any] | None, override: bool, options: HookOptions
+    ) -> Any:
         check_phase(phase, override=override)
         if fn is None:
             return lambda f: self.table.add([Hook(f, phase, options, override=override)], fn=f)
@@ -97,8 +103,9 @@ class Engine(Snapshots):
 
     def describe(self) -> str:
         """The resolved table: phase, position, hook, priority, filter, pack, source."""
-        return describe_table(self.table.hooks, self.table.overrides,
-                              {id(p): k for k, p in self.table.packs.items()})
+        return describe_table(
+            self.table.hooks, self.table.overrides, {id(p): k for k, p in self.table.packs.items()}
+        )
 
     # -- dispatch and run controls ------------------------------------------------------
 
@@ -154,16 +161,24 @@ class Engine(Snapshots):
         """From a ``step_start`` hook: drop this batch. The step's action and ``runstep``
         hooks do not run, ``step`` does not advance, ``state.skipped`` does."""
         if self._loop is None:
-            raise RuntimeError("skip_step() drops a batch of a running step; call it from a "
-                               "step_start hook")
+            raise RuntimeError(
+                "skip_step() drops a batch of a running step; call it from a step_start hook"
+            )
         self._loop.skip_step()
 
     # -- the run -------------------------------------------------------------------------
 
-    def run(self, model: Any, mode: Mode, *, steps: int | None = None,
-            epochs: int | None = None, setup_options: dict[str, Any] | None = None,
-            backend: Backend | None = None,
-            resume: str | os.PathLike[str] | None = None) -> RunResult:
+    def run(
+        self,
+        model: Any,
+        mode: Mode,
+        *,
+        steps: int | None = None,
+        epochs: int | None = None,
+        setup_options: dict[str, Any] | None = None,
+        backend: Backend | None = None,
+        resume: str | os.PathLike[str] | None = None,
+    ) -> RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
 
         Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
@@ -174,11 +189,12 @@ class Engine(Snapshots):
         """
         steps = mode.budget(_count(steps, "steps"))
         if self._loop is not None:
-            raise RuntimeError("this engine is running already; an engine runs one model at "
-                               "a time (make another Engine for a nested run)")
+            raise RuntimeError(
+                "this engine is running already; an engine runs one model at "
+                "a time (make another Engine for a nested run)"
+            )
         if resume is not None and not Path(resume).exists():
-            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or "
-                                    f"directory")
+            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or directory")
         loop = self._start(model, mode, steps, _count(epochs, "epochs"), backend)
         started = time.perf_counter()
         try:
@@ -202,12 +218,21 @@ class Engine(Snapshots):
         s = self.state
         extras["timings"] = {**s.timings, **extras.get("timings", {})}
         extras["files"] = {**s.files, **extras.get("files", {})}
-        return RunResult(mode.name, loop.ended, s.step, s.epoch, s.skipped,
-                         time.perf_counter() - started, dict(s.metrics), reason=loop.reason,
-                         **extras)
+        return RunResult(
+            mode.name,
+            loop.ended,
+            s.step,
+            s.epoch,
+            s.skipped,
+            time.perf_counter() - started,
+            dict(s.metrics),
+            reason=loop.reason,
+            **extras,
+        )
 
-    def _start(self, model: Any, mode: Mode, steps: int | None, epochs: int | None,
-               backend: Backend | None) -> Loop:
+    def _start(
+        self, model: Any, mode: Mode, steps: int | None, epochs: int | None, backend: Backend | None
+    ) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
         self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
         if not self._resuming:
@@ -230,9 +255,14 @@ class Engine(Snapshots):
             self._loop, self.storage = None, self._own_storage
             self.table.stop()
 
-    def _prepare(self, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
-                 backend: Backend | None, resume: str | os.PathLike[str] | None
-                 ) -> tuple[StepPlan, dict[str, Any] | None]:
+    def _prepare(
+        self,
+        model: Any,
+        mode: Mode,
+        setup_options: dict[str, Any] | None,
+        backend: Backend | None,
+        resume: str | os.PathLike[str] | None,
+    ) -> tuple[StepPlan, dict[str, Any] | None]:
         """Before the first step: ``setup.prepare`` (what a subclass may add to)."""
         return prepare(self, model, mode, setup_options, backend, resume)
 

@@ -86,9 +86,11 @@ def check_unit(phase: str, duration: Duration, option: str) -> None:
     counted by step phases only."""
     if duration.unit == "est" and PHASES[phase].scope != "step":
         steps = ", ".join(p for p, spec in PHASES.items() if spec.scope == "step")
-        raise ValueError(f"{option}={duration.text!r} on phase {phase!r}: 'est' counts the "
-                         f"steps of each epoch, which only a step phase sees ({steps}); hook "
-                         f"one of those, or count epochs ('1ep') or the run's steps ('500st')")
+        raise ValueError(
+            f"{option}={duration.text!r} on phase {phase!r}: 'est' counts the "
+            f"steps of each epoch, which only a step phase sees ({steps}); hook "
+            f"one of those, or count epochs ('1ep') or the run's steps ('500st')"
+        )
 
 
 def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Filter:
@@ -105,8 +107,7 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
     if scope == "epoch" and unit in ("own", "ep"):
         return _Position(lambda: state.epoch, test)
     if scope == "step":  # epochs: the epoch's first step
-        return _Position(lambda: state.step, lambda _: state.epoch_step == 0 and test(
-            state.epoch))
+        return _Position(lambda: state.step, lambda _: state.epoch_step == 0 and test(state.epoch))
     if phase == "epoch_end" and unit == "st":  # the steps of this epoch
         if once:
             return lambda: state.step - state.epoch_step <= n < state.step
@@ -117,6 +118,7 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
         def count() -> int:
             events[0] += 1
             return events[0]
+
         return _Position(count, test)
     return _Crossing((lambda: state.step) if unit == "st" else (lambda: state.epoch), n, once)
 
@@ -148,8 +150,11 @@ def past_once_hooks(table: HookTable, state: State, phases: Iterable[str]) -> li
     for phase in phases:
         for hook in (*table.hooks[phase], *table.overrides.get(phase, ())):
             o = hook.options
-            if o.once is None or (o.modes is not None and state.mode not in o.modes) or (
-                    o.rank is not None and state.rank not in o.rank):
+            if (
+                o.once is None
+                or (o.modes is not None and state.mode not in o.modes)
+                or (o.rank is not None and state.rank not in o.rank)
+            ):
                 continue
             if moment_past(phase, o.once, state):
                 found.append(hook)

@@ -28,8 +28,15 @@ class Hook:
 
     __slots__ = ("fn", "name", "options", "override", "pack", "phase", "seq", "source")
 
-    def __init__(self, fn: Callable[..., Any], phase: str, options: HookOptions = _DEFAULT, *,
-                 override: bool = False, pack: Pack | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        phase: str,
+        options: HookOptions = _DEFAULT,
+        *,
+        override: bool = False,
+        pack: Pack | None = None,
+    ) -> None:
         self.phase = check_phase(phase, override=override)
         check_signature(fn, ARGS[override], "an override" if override else "a hook")
         if options.every is not None:
@@ -45,7 +52,8 @@ class Hook:
         ``None`` when the hook does not apply to this run."""
         o, fn = self.options, self.fn
         if (o.modes is not None and mode not in o.modes) or (
-                o.rank is not None and rank not in o.rank):
+            o.rank is not None and rank not in o.rank
+        ):
             return None
         counter = o.every or o.once
         crossing = counter and make_filter(state, self.phase, counter, once=o.once is not None)
@@ -53,16 +61,19 @@ class Hook:
         if not crossing and when is None:
             return fn
         if self.override:
+
             def filtered_override(engine: Any, default: Callable[[Any], Any]) -> Any:
                 if (not crossing or crossing()) and (when is None or when(engine)):
                     return fn(engine, default)
                 return default(engine)
+
             return filtered_override
 
         def filtered(engine: Any) -> Any:
             if (not crossing or crossing()) and (when is None or when(engine)):
                 return fn(engine)
             return None
+
         return filtered
 
     def __repr__(self) -> str:
@@ -110,10 +121,12 @@ def _cycle_text(hooks: list[Hook], successors: list[set[int]], indegree: list[in
     while node not in path:
         path.append(node)
         node = predecessor[node]
-    cycle = [*path[path.index(node):], node][::-1]
+    cycle = [*path[path.index(node) :], node][::-1]
     chain = " -> ".join(repr(hooks[i].name) for i in cycle)
-    return (f"hook order on phase {hooks[0].phase!r} has a cycle: {chain} "
-            f"(each must run before the next); drop one of these before=/after= constraints")
+    return (
+        f"hook order on phase {hooks[0].phase!r} has a cycle: {chain} "
+        f"(each must run before the next); drop one of these before=/after= constraints"
+    )
 
 
 class HookHandle:
@@ -122,9 +135,14 @@ class HookHandle:
 
     __slots__ = ("_detach", "_is_attached", "fn", "hooks", "packs")
 
-    def __init__(self, hooks: list[Hook], detach: Callable[[HookHandle], None],
-                 is_attached: Callable[[HookHandle], bool], fn: Callable[..., Any] | None = None,
-                 packs: tuple[Pack, ...] = ()) -> None:
+    def __init__(
+        self,
+        hooks: list[Hook],
+        detach: Callable[[HookHandle], None],
+        is_attached: Callable[[HookHandle], bool],
+        fn: Callable[..., Any] | None = None,
+        packs: tuple[Pack, ...] = (),
+    ) -> None:
         self.hooks, self.fn, self.packs = hooks, fn, packs
         self._detach, self._is_attached = detach, is_attached
 

@@ -32,8 +32,9 @@ class Loop:
         self.engine, self.state = engine, engine.state
         self.budget = _NO_BUDGET if steps is None else steps
         # without epochs=, the model's loop decides: one epoch, or as many as steps= needs
-        self.max_epochs: float = epochs if epochs is not None else (
-            1 if steps is None else float("inf"))
+        self.max_epochs: float = (
+            epochs if epochs is not None else (1 if steps is None else float("inf"))
+        )
         self.ended = "completed"
         self.reason: str | None = None  # what stop() was given
         self.interrupted = False  # engine.interrupt(): the run ends with Interrupted
@@ -48,8 +49,13 @@ class Loop:
     def _arm(self) -> None:
         """The fast path while an epoch runs with nothing to do but steps."""
         p = self.position
-        busy = self.stopping or self.epoch_ending or not self.epoch_open or p.replay or (
-            p.pending is not None)
+        busy = (
+            self.stopping
+            or self.epoch_ending
+            or not self.epoch_open
+            or p.replay
+            or (p.pending is not None)
+        )
         self.guard = -1 if busy else self.budget
 
     # -- run controls -------------------------------------------------------------------
@@ -65,8 +71,9 @@ class Loop:
         """``engine.interrupt()``: stop after this step, then raise ``Interrupted``
         (``Preempted`` for a preemption ``signal``) once the model's loop has ended."""
         if reason is None:
-            reason = ("interrupted: Ctrl-C" if signal is None else
-                      f"preempted: {signal_name(signal)}")
+            reason = (
+                "interrupted: Ctrl-C" if signal is None else f"preempted: {signal_name(signal)}"
+            )
         self.stop(reason, "interrupted" if signal is None else "preempted")
         self.interrupted, self.preempted_by = True, signal
 
@@ -80,8 +87,10 @@ class Loop:
 
     def skip_step(self) -> None:
         if not self.in_step_start:
-            raise RuntimeError("skip_step() drops a batch before its step runs, so only a "
-                               "step_start hook may call it; use stop() or end_epoch() elsewhere")
+            raise RuntimeError(
+                "skip_step() drops a batch before its step runs, so only a "
+                "step_start hook may call it; use stop() or end_epoch() elsewhere"
+            )
         self.skip = True
 
     # -- the runstep callable ---------------------------------------------------------------
@@ -111,7 +120,12 @@ class Loop:
 
         step: Any = runstep
         step.epochs, step.engine, step.mode, step.kind, step.steps = (
-            self.epochs, engine, state.mode, kind, state.max_steps)
+            self.epochs,
+            engine,
+            state.mode,
+            kind,
+            state.max_steps,
+        )
         engine.table.where.add("runstep (engine)", runstep)
         return step
 
@@ -142,8 +156,10 @@ class Loop:
     def epochs(self) -> Iterator[int]:
         """``runstep.epochs()``: the epochs of the run, each between its phases."""
         if self.epoch_open:
-            raise RuntimeError("runstep.epochs() was entered after steps already ran outside "
-                               "it; start the model's loop with `for epoch in runstep.epochs()`")
+            raise RuntimeError(
+                "runstep.epochs() was entered after steps already ran outside "
+                "it; start the model's loop with `for epoch in runstep.epochs()`"
+            )
         self.explicit_epochs = True
         s = self.state
         while s.epoch < self.max_epochs and not self.stopping and s.step < self.budget:
@@ -158,13 +174,18 @@ class Loop:
             ended_early = self.epoch_ending or self.stopping
             # no batch at all (skipped ones count: skip_step and NaNGuard drew them); a
             # resumed epoch may have had none left
-            empty = s.step == steps_before and s.skipped == skipped_before and not (
-                ended_early or resumed or self.position.replay)
+            empty = (
+                s.step == steps_before
+                and s.skipped == skipped_before
+                and not (ended_early or resumed or self.position.replay)
+            )
             if empty:
-                raise RuntimeError(f"epoch {s.epoch} drew no batch: {_empty(self.engine)}, "
-                                   f"so the run would go on with nothing done; give it data "
-                                   f"(an empty dataset? drop_last=True with fewer samples "
-                                   f"than batch_size?)")
+                raise RuntimeError(
+                    f"epoch {s.epoch} drew no batch: {_empty(self.engine)}, "
+                    f"so the run would go on with nothing done; give it data "
+                    f"(an empty dataset? drop_last=True with fewer samples "
+                    f"than batch_size?)"
+                )
             self.end_epoch_now(completed=True)
         if self.stopping:
             self.ended = "stopped"
@@ -202,8 +223,11 @@ class Loop:
             self.end_epoch_now(completed=self.ended == "completed")
         if self.interrupted:
             said = f"{self.reason} (after step {self.state.step})"
-            raise (Interrupted(said) if self.preempted_by is None
-                   else Preempted(said, self.preempted_by))
+            raise (
+                Interrupted(said)
+                if self.preempted_by is None
+                else Preempted(said, self.preempted_by)
+            )
 
     # -- errors and teardown -------------------------------------------------------------
 
@@ -216,8 +240,10 @@ class Loop:
         if only is not None:
             error.add_note(REFUSED)
         elif not isinstance(error, Interrupted):  # raised by the run itself: no place to name
-            error.add_note(f"runmodel: raised in {self.engine.table.where.locate(error)} "
-                           f"({s.mode} mode, epoch {s.epoch}, step {s.step})")
+            error.add_note(
+                f"runmodel: raised in {self.engine.table.where.locate(error)} "
+                f"({s.mode} mode, epoch {s.epoch}, step {s.step})"
+            )
         self._fire_guarded("exception", error, only)
 
     def teardown(self, model: Any, only: set[int] | None = None) -> None:
@@ -238,8 +264,9 @@ class Loop:
         if failure is not None and error is None:
             raise failure
 
-    def _fire_guarded(self, phase: str, error: BaseException | None,
-                      only: set[int] | None = None) -> BaseException | None:
+    def _fire_guarded(
+        self, phase: str, error: BaseException | None, only: set[int] | None = None
+    ) -> BaseException | None:
         """Fire every hook of ``phase`` (of the packs in ``only``, when given) even if
         some raise; return the first failure."""
         first = None
@@ -250,8 +277,9 @@ class Loop:
                 hook(self.engine)
             except Exception as failure:
                 if error is not None:
-                    error.add_note(f"runmodel: {phase} hook {describe_fn(hook)} also raised "
-                                   f"{failure!r}")
+                    error.add_note(
+                        f"runmodel: {phase} hook {describe_fn(hook)} also raised {failure!r}"
+                    )
                 elif first is None:
                     first = failure
                     failure.add_note(f"runmodel: raised in phase {phase!r}")
@@ -277,6 +305,8 @@ def _empty(engine: Engine) -> str:
         samples = f"{len(dataset)} samples"
     except TypeError:
         samples = "samples"
-    return (f"{name}'s {kind} data ({type(data).__name__} over {type(dataset).__name__} of "
-            f"{samples}, batch_size={getattr(data, 'batch_size', None)}, "
-            f"drop_last={getattr(data, 'drop_last', None)}) yielded nothing")
+    return (
+        f"{name}'s {kind} data ({type(data).__name__} over {type(dataset).__name__} of "
+        f"{samples}, batch_size={getattr(data, 'batch_size', None)}, "
+        f"drop_last={getattr(data, 'drop_last', None)}) yielded nothing"
+    )

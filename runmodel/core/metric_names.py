@@ -28,8 +28,16 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .table import HookTable
 
-__all__ = ["STEP_WRITES", "TEST_PREFIX", "check_metric_names", "check_not_test",
-           "closest_name", "declared_reads", "declared_writes", "edit_distance"]
+__all__ = [
+    "STEP_WRITES",
+    "TEST_PREFIX",
+    "check_metric_names",
+    "check_not_test",
+    "closest_name",
+    "declared_reads",
+    "declared_writes",
+    "edit_distance",
+]
 
 #: The prefix of a test split's metrics: reserved, read and written by no pack or hook.
 TEST_PREFIX = "test_"
@@ -41,8 +49,9 @@ TEST_PREFIX = "test_"
 STEP_WRITES = ("loss",)
 
 
-def declared_writes(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
-                    ) -> dict[str, str]:
+def declared_writes(
+    table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
+) -> dict[str, str]:
     """The metric names declared written in a run of ``table`` (mode ``mode``, process
     ``rank``), each with who declares it: the step (``step_writes``), then the hooks
     and packs that run in it."""
@@ -55,8 +64,7 @@ def declared_reads(table: HookTable, mode: str, rank: int) -> set[str]:
     return {name for _, name in _declarations(table, mode, rank, ())[1]}
 
 
-def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
-                       ) -> None:
+def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]) -> None:
     """Refuse a read metric name that is not one of the names declared written by the
     packs and hooks of this run (mode ``mode``, process ``rank``) and the step: always
     when it is close to one of them; else when every hook of the user's that runs declares
@@ -69,21 +77,27 @@ def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iter
         close = closest_name(name, written)
         if close is None and undeclared:
             continue  # one of those hooks may write it: its reader says so if none does
-        guess = (f"Did you mean {close!r} (written by {written[close]})? " if close is not None
-                 else _where_from(name))
+        guess = (
+            f"Did you mean {close!r} (written by {written[close]})? "
+            if close is not None
+            else _where_from(name)
+        )
         raise ValueError(
             f"{who} reads the metric {name!r}, which nothing in this run writes. {guess}"
             f"Declared: {', '.join(sorted(written))}. If a hook of yours writes {name!r}, "
             f"declare it: engine.on(phase, fn, writes=[{name!r}]), or in a pack, "
-            f"writes = [{name!r}]")
+            f"writes = [{name!r}]"
+        )
 
 
 def _where_from(name: str) -> str:
     """What usually writes a metric named like ``name``."""
     if not name.startswith("eval_"):
         return ""
-    return (f"Evaluation metrics come from an Evaluate pack: engine.attach(Evaluate()) "
-            f"measures {name!r} from the model's metric {name[len('eval_'):]!r}. ")
+    return (
+        f"Evaluation metrics come from an Evaluate pack: engine.attach(Evaluate()) "
+        f"measures {name!r} from the model's metric {name[len('eval_') :]!r}. "
+    )
 
 
 def check_not_test(name: str, who: str, does: str = "reads") -> None:
@@ -92,20 +106,27 @@ def check_not_test(name: str, who: str, does: str = "reads") -> None:
     if not name.startswith(TEST_PREFIX):
         return
     if does == "reads":
-        why = (f"a test split's metrics are measured once, after training, and nothing that "
-               f"chooses during a run (best checkpoints, early stopping, schedules, sweeps) "
-               f"may see them: the test set would then no longer measure the model. Read the "
-               f"validation metric ({'eval_' + name[len(TEST_PREFIX):]!r}) instead")
+        why = (
+            f"a test split's metrics are measured once, after training, and nothing that "
+            f"chooses during a run (best checkpoints, early stopping, schedules, sweeps) "
+            f"may see them: the test set would then no longer measure the model. Read the "
+            f"validation metric ({'eval_' + name[len(TEST_PREFIX) :]!r}) instead"
+        )
     else:
-        why = ("the prefix is reserved for the test split (TorchModel.test_data), which the run "
-               "folder evaluates once after training; give these metrics another prefix, such "
-               "as 'eval_' or 'val_'")
-    raise ValueError(f"{who} {does} the metric {name!r}: {TEST_PREFIX}* metrics are reserved. "
-                     f"{why[0].upper()}{why[1:]}")
+        why = (
+            "the prefix is reserved for the test split (TorchModel.test_data), which the run "
+            "folder evaluates once after training; give these metrics another prefix, such "
+            "as 'eval_' or 'val_'"
+        )
+    raise ValueError(
+        f"{who} {does} the metric {name!r}: {TEST_PREFIX}* metrics are reserved. "
+        f"{why[0].upper()}{why[1:]}"
+    )
 
 
-def _declarations(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
-                  ) -> tuple[dict[str, str], list[tuple[str, str]], bool]:
+def _declarations(
+    table: HookTable, mode: str, rank: int, step_writes: Iterable[str]
+) -> tuple[dict[str, str], list[tuple[str, str]], bool]:
     """(name written -> who declares it, [(who, name read)], whether a hook of the user's
     that declares no writes runs) of a run."""
     written: dict[str, str] = dict.fromkeys(step_writes, "the step")
@@ -164,8 +185,7 @@ def edit_distance(a: str, b: str) -> int:
     for i, ca in enumerate(a, 1):
         current = [i] + [0] * len(b)
         for j, cb in enumerate(b, 1):
-            current[j] = min(previous[j] + 1, current[j - 1] + 1,
-                             previous[j - 1] + (ca != cb))
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
             if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
                 current[j] = min(current[j], previous2[j - 2] + 1)
         previous2, previous = previous, current

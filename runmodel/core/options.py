@@ -23,8 +23,19 @@ from .phases import MODES, PHASES
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ARGS", "Duration", "HookArgs", "HookOptions", "check_phase", "check_signature",
-           "code_of", "describe_fn", "metric_names", "parse_duration", "source_of"]
+__all__ = [
+    "ARGS",
+    "Duration",
+    "HookArgs",
+    "HookOptions",
+    "check_phase",
+    "check_signature",
+    "code_of",
+    "describe_fn",
+    "metric_names",
+    "parse_duration",
+    "source_of",
+]
 
 #: What a hook (False) and an override (True) are called with.
 ARGS = {False: ("engine",), True: ("engine", "default")}
@@ -85,8 +96,10 @@ class HookOptions:
         """Check the options as a user writes them; see ``docs/hooks.md``."""
         unknown = [key for key in args if key not in _FIELDS]
         if unknown:
-            raise TypeError(f"unknown hook option {unknown[0]!r}."
-                            f"{did_you_mean(unknown[0], _FIELDS)} Options: {', '.join(_FIELDS)}")
+            raise TypeError(
+                f"unknown hook option {unknown[0]!r}."
+                f"{did_you_mean(unknown[0], _FIELDS)} Options: {', '.join(_FIELDS)}"
+            )
         priority = args.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise TypeError(f"priority= must be a number (higher runs first), got {priority!r}")
@@ -96,22 +109,31 @@ class HookOptions:
         if once is False:
             once = None
         if every is not None and once is not None:
-            raise ValueError("every= and once= exclude each other: every= fires repeatedly, "
-                             "once= fires a single time; give one of them")
+            raise ValueError(
+                "every= and once= exclude each other: every= fires repeatedly, "
+                "once= fires a single time; give one of them"
+            )
         when = args.get("when")
         if when is not None:
             check_signature(when, ("engine",), "when=")
         name = args.get("name")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name= must be a non-empty string, got {name!r}")
-        return cls(priority=priority, before=_names(args.get("before"), "before"),
-                   after=_names(args.get("after"), "after"),
-                   every=None if every is None else parse_duration(every, "every"),
-                   once=None if once is None else parse_duration(once, "once"),
-                   when=when, modes=_modes(args.get("modes")), rank=_ranks(args.get("rank")),
-                   name=name, reads=metric_names(args.get("reads"), "reads"),
-                   writes=None if args.get("writes") is None
-                   else metric_names(args.get("writes"), "writes"))
+        return cls(
+            priority=priority,
+            before=_names(args.get("before"), "before"),
+            after=_names(args.get("after"), "after"),
+            every=None if every is None else parse_duration(every, "every"),
+            once=None if once is None else parse_duration(once, "once"),
+            when=when,
+            modes=_modes(args.get("modes")),
+            rank=_ranks(args.get("rank")),
+            name=name,
+            reads=metric_names(args.get("reads"), "reads"),
+            writes=None
+            if args.get("writes") is None
+            else metric_names(args.get("writes"), "writes"),
+        )
 
     def replace(self, **changes: Any) -> HookOptions:
         """A copy with some fields changed (already in their checked form)."""
@@ -119,11 +141,13 @@ class HookOptions:
 
     def filter_text(self) -> str:
         """The filters, as ``describe()`` shows them."""
-        parts = [f"every={self.every}" if self.every else "",
-                 f"once={self.once}" if self.once else "",
-                 f"when={describe_fn(self.when)}" if self.when else "",
-                 f"modes={','.join(sorted(self.modes))}" if self.modes else "",
-                 f"rank={','.join(map(str, sorted(self.rank)))}" if self.rank else ""]
+        parts = [
+            f"every={self.every}" if self.every else "",
+            f"once={self.once}" if self.once else "",
+            f"when={describe_fn(self.when)}" if self.when else "",
+            f"modes={','.join(sorted(self.modes))}" if self.modes else "",
+            f"rank={','.join(map(str, sorted(self.rank)))}" if self.rank else "",
+        ]
         return " ".join(p for p in parts if p) or "-"
 
 
@@ -131,9 +155,21 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(HookOptions))
 
 # -- durations ---------------------------------------------------------------------------
 
-_UNITS = {"ep": "ep", "epoch": "ep", "epochs": "ep", "st": "st", "step": "st", "steps": "st",
-          "est": "est", "epoch_step": "est", "epoch_steps": "est",
-          "s": "s", "sec": "s", "min": "min", "h": "h"}
+_UNITS = {
+    "ep": "ep",
+    "epoch": "ep",
+    "epochs": "ep",
+    "st": "st",
+    "step": "st",
+    "steps": "st",
+    "est": "est",
+    "epoch_step": "est",
+    "epoch_steps": "est",
+    "s": "s",
+    "sec": "s",
+    "min": "min",
+    "h": "h",
+}
 _SECONDS = {"s": 1.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z_]+)\s*$")
 
@@ -158,15 +194,19 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     match = _DURATION.match(value.lower())
     unit = _UNITS.get(match.group(2)) if match else None
     if match is None or unit is None:
-        raise ValueError(f"{option}={value!r} is not a duration: write a number and a unit, "
-                         f"one of ep, st, s, min, h, or est for the steps of each epoch (as "
-                         f"in '2ep', '500st', '10min', '200est')")
+        raise ValueError(
+            f"{option}={value!r} is not a duration: write a number and a unit, "
+            f"one of ep, st, s, min, h, or est for the steps of each epoch (as "
+            f"in '2ep', '500st', '10min', '200est')"
+        )
     if position and unit == "est":
-        raise ValueError(f"{option}={value!r}: 'est' counts the steps of each epoch anew, so "
-                         f"it names a moment of every epoch, not one of the run; write "
-                         f"every={value!r} to fire at every epoch's steps {match.group(1)}, "
-                         f"{2 * int(match.group(1))}, ..., or a position in the run such as "
-                         f"once='{match.group(1)}st'")
+        raise ValueError(
+            f"{option}={value!r}: 'est' counts the steps of each epoch anew, so "
+            f"it names a moment of every epoch, not one of the run; write "
+            f"every={value!r} to fire at every epoch's steps {match.group(1)}, "
+            f"{2 * int(match.group(1))}, ..., or a position in the run such as "
+            f"once='{match.group(1)}st'"
+        )
     amount = float(match.group(1)) * _SECONDS.get(unit, 1.0)
     if unit in _SECONDS:
         unit = "s"
@@ -178,9 +218,11 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     return Duration(amount, unit, value)
 
 
-_FORMS = {"every": "a positive int or a duration such as '2ep', '500st', '200est', '10min'",
-          "once": "a position such as 2 (the phase's own counter), '2ep', '500st', a time "
-                  "such as '10min', or True (the first)"}
+_FORMS = {
+    "every": "a positive int or a duration such as '2ep', '500st', '200est', '10min'",
+    "once": "a position such as 2 (the phase's own counter), '2ep', '500st', a time "
+    "such as '10min', or True (the first)",
+}
 
 # -- the other options --------------------------------------------------------------------
 
@@ -206,11 +248,16 @@ def metric_names(value: str | Iterable[str] | None, option: str) -> tuple[str, .
     """Metric names as declared (``reads=``/``writes=``): one name or several."""
     if value is None:
         return ()
-    items = (value,) if isinstance(value, str) else (
-        tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else None)
+    items = (
+        (value,)
+        if isinstance(value, str)
+        else (tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else None)
+    )
     if items is None or not all(isinstance(v, str) and v for v in items):
-        raise TypeError(f"{option}= takes a metric name (a key of state.metrics, such as "
-                        f"'eval_loss') or a list of them, got {value!r}")
+        raise TypeError(
+            f"{option}= takes a metric name (a key of state.metrics, such as "
+            f"'eval_loss') or a list of them, got {value!r}"
+        )
     return tuple(dict.fromkeys(items))
 
 
@@ -240,12 +287,15 @@ def check_phase(phase: object, *, override: bool) -> str:
     """``phase`` if it names a phase (with an action, for an override)."""
     if not isinstance(phase, str) or phase not in PHASES:
         valid = [p for p, spec in PHASES.items() if spec.has_action or not override]
-        raise ValueError(f"unknown phase {phase!r}.{did_you_mean(phase, valid)} Valid phases: "
-                         f"{', '.join(valid)}")
+        raise ValueError(
+            f"unknown phase {phase!r}.{did_you_mean(phase, valid)} Valid phases: {', '.join(valid)}"
+        )
     if override and not PHASES[phase].has_action:
         with_action = [p for p, spec in PHASES.items() if spec.has_action]
-        raise ValueError(f"phase {phase!r} has no action to override; phases with an "
-                         f"action: {', '.join(with_action)}. Use engine.on({phase!r}) for a hook")
+        raise ValueError(
+            f"phase {phase!r} has no action to override; phases with an "
+            f"action: {', '.join(with_action)}. Use engine.on({phase!r}) for a hook"
+        )
     return phase
 
 
@@ -260,8 +310,10 @@ def check_signature(fn: Callable[..., Any], args: tuple[str, ...], what: str) ->
     try:
         sig.bind(*args)
     except TypeError:
-        raise TypeError(f"{what} {describe_fn(fn)} has signature {sig}, but it is called "
-                        f"as fn({', '.join(args)})") from None
+        raise TypeError(
+            f"{what} {describe_fn(fn)} has signature {sig}, but it is called "
+            f"as fn({', '.join(args)})"
+        ) from None
 
 
 def describe_fn(fn: object) -> str:

@@ -30,6 +30,7 @@ def _mark(phase: str | None, override: bool, options: HookOptions) -> Callable[[
             check_unit(target, options.every, "every")
         fn.__dict__.setdefault(_MARK, []).append((target, override, options))
         return fn
+
     return decorate
 
 
@@ -118,8 +119,10 @@ def pack_hooks(pack: Pack) -> list[Hook]:
     hooks = []
     for h in pack.hooks():
         if not isinstance(h, Hook):
-            raise TypeError(f"{type(pack).__name__}.hooks() yielded {h!r}; yield "
-                            f"runmodel.Hook(fn, phase, options) records")
+            raise TypeError(
+                f"{type(pack).__name__}.hooks() yielded {h!r}; yield "
+                f"runmodel.Hook(fn, phase, options) records"
+            )
         h.pack = pack
         if h.options.name is None:
             h.name = f"{label}.{getattr(h.fn, '__name__', h.name)}"
@@ -135,8 +138,10 @@ def flatten_packs(packs: Iterable[Pack], taken: set[str]) -> list[tuple[str, Pac
 
     def visit(pack: Pack, parent: str | None) -> None:
         if not isinstance(pack, Pack):
-            raise TypeError(f"attach() takes Pack instances, got {type(pack).__name__} "
-                            f"{pack!r}; for a function use engine.on(phase, fn)")
+            raise TypeError(
+                f"attach() takes Pack instances, got {type(pack).__name__} "
+                f"{pack!r}; for a function use engine.on(phase, fn)"
+            )
         name = pack.name or type(pack).__name__
         key = base = name if parent is None else f"{parent}/{name}"
         for n in itertools.count(2):

@@ -70,8 +70,13 @@ PHASES: dict[str, Phase] = {
         Phase("backward", "step", True, "inside a train step: loss.backward()"),
         Phase("optimizer_step", "step", True, "inside a train step: optimizer.step(), zero grads"),
         Phase("epoch_end", "epoch", False, "end of each epoch"),
-        Phase("eval_start", "eval", False, "before every evaluation pass (runmodel.evaluate, "
-                                            "the Evaluate pack's; once in eval mode)"),
+        Phase(
+            "eval_start",
+            "eval",
+            False,
+            "before every evaluation pass (runmodel.evaluate, "
+            "the Evaluate pack's; once in eval mode)",
+        ),
         Phase("eval_end", "eval", False, "after every evaluation pass"),
         Phase("exception", "run", False, "anything raised during the run; state.error holds it"),
         Phase("teardown", "run", False, "always once setup began, before model.teardown()"),

@@ -19,8 +19,16 @@ if TYPE_CHECKING:
     from .pack import Pack
     from .state import State
 
-__all__ = ["Action", "Backend", "CheckpointStorage", "DataTracker", "FineTuneSpec", "Mode",
-           "StepPlan", "Wrapper"]
+__all__ = [
+    "Action",
+    "Backend",
+    "CheckpointStorage",
+    "DataTracker",
+    "FineTuneSpec",
+    "Mode",
+    "StepPlan",
+    "Wrapper",
+]
 
 Action = Callable[[Any], Any]
 #: ``wrap(phase, hook, fn) -> fn``: what dispatch calls instead of ``fn``, a hook's
@@ -60,8 +68,9 @@ class DataTracker(Protocol):
         """What a checkpoint keeps (plain values): the epoch's order, generator states."""
         ...
 
-    def resume(self, state: Any, batches: int, restore: Callable[[], None]
-               ) -> Callable[[], None] | None:
+    def resume(
+        self, state: Any, batches: int, restore: Callable[[], None]
+    ) -> Callable[[], None] | None:
         """Make the next epoch start after its first ``batches`` batches, as ``state``
         recorded them. ``restore()`` puts the random generators where they were at the
         checkpoint; return what must run before that epoch's first step (``restore`` and

@@ -50,8 +50,11 @@ class Position:
         counters = counters or {}
         if counters.get("epoch", self.state.epoch) != self.state.epoch:
             return 0  # it resumes at the next epoch's start
-        return (counters.get("epoch_step", self.state.epoch_step)
-                + counters.get("skipped", self.state.skipped) - self.skipped_before)
+        return (
+            counters.get("epoch_step", self.state.epoch_step)
+            + counters.get("skipped", self.state.skipped)
+            - self.skipped_before
+        )
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -61,8 +64,11 @@ class Position:
         if not batches:  # at an epoch's end: the loader's own generators, for the next
             boundary = getattr(self.tracker, "boundary_state", None)
             return {"batches": 0} if boundary is None else {"batches": 0, "data": boundary()}
-        return {"batches": batches, "epoch_rng": self.epoch_rng,
-                "data": None if self.tracker is None else self.tracker.state()}
+        return {
+            "batches": batches,
+            "epoch_rng": self.epoch_rng,
+            "data": None if self.tracker is None else self.tracker.state(),
+        }
 
     def resume(self, saved: dict[str, Any], rng: Any, drawn: bool = False) -> None:
         """Continue a checkpoint's epoch: arm the tracker now (before any data is drawn),
@@ -81,19 +87,24 @@ class Position:
             return
         self.epoch_rng = saved["epoch_rng"]
         restore = _once(lambda: set_rng_state(rng))
-        start = None if self.tracker is None else self.tracker.resume(saved.get("data"),
-                                                                     batches, restore)
+        start = (
+            None
+            if self.tracker is None
+            else self.tracker.resume(saved.get("data"), batches, restore)
+        )
         self.pending = _once(start) if start is not None else restore
         if start is not None:
             return
         self.replay, self._replay_rng = batches, saved["epoch_rng"]
         if getattr(self.tracker, "quiet", False):  # batches in memory: nothing is loaded
             return
-        warnings.warn(f"resuming in the middle of epoch {self.state.epoch}: its data cannot "
-                      f"start after the {batches} batches already drawn, so they are drawn "
-                      f"again and dropped (a DataLoader over a map-style dataset, or a "
-                      f"torchdata StatefulDataLoader, skips them without loading them)",
-                      stacklevel=2)
+        warnings.warn(
+            f"resuming in the middle of epoch {self.state.epoch}: its data cannot "
+            f"start after the {batches} batches already drawn, so they are drawn "
+            f"again and dropped (a DataLoader over a map-style dataset, or a "
+            f"torchdata StatefulDataLoader, skips them without loading them)",
+            stacklevel=2,
+        )
 
     def _resume_boundary(self, saved: dict[str, Any], rng: Any) -> None:
         """The next epoch starts as it would after the saved one's end."""
@@ -140,4 +151,5 @@ def _once(fn: Callable[[], None]) -> Callable[[], None]:
         if not done[0]:
             done[0] = True
             fn()
+
     return once

@@ -32,9 +32,14 @@ if TYPE_CHECKING:
 __all__ = ["check", "prepare"]
 
 
-def prepare(engine: Engine, model: Any, mode: Mode, setup_options: dict[str, Any] | None,
-            backend: Backend | None, resume: str | os.PathLike[str] | None
-            ) -> tuple[StepPlan, dict[str, Any] | None]:
+def prepare(
+    engine: Engine,
+    model: Any,
+    mode: Mode,
+    setup_options: dict[str, Any] | None,
+    backend: Backend | None,
+    resume: str | os.PathLike[str] | None,
+) -> tuple[StepPlan, dict[str, Any] | None]:
     """Set the model up, let the backend prepare it, read the checkpoint to resume from,
     build the mode's plan; returns the plan and the checkpoint's snapshot (or None)."""
     model.setup(setup_options)
@@ -53,14 +58,15 @@ def prepare(engine: Engine, model: Any, mode: Mode, setup_options: dict[str, Any
     return plan, saved
 
 
-def _read_checkpoint(engine: Engine, model: Any, resume: str | os.PathLike[str]
-                     ) -> dict[str, Any]:
+def _read_checkpoint(engine: Engine, model: Any, resume: str | os.PathLike[str]) -> dict[str, Any]:
     """The snapshot to resume from; its counters and packs' state loaded now. A
     checkpoint that cannot be read is a refusal: nothing of the run has begun."""
     if engine.storage is None:
-        raise ValueError("resume= reads the checkpoint through the engine's checkpoint "
-                         "storage, and this engine has none: use runmodel.Engine, or give "
-                         "runmodel.core.Engine(storage=...)")
+        raise ValueError(
+            "resume= reads the checkpoint through the engine's checkpoint "
+            "storage, and this engine has none: use runmodel.Engine, or give "
+            "runmodel.core.Engine(storage=...)"
+        )
     loop = engine._loop
     if loop is not None:
         loop.refusing = True
@@ -86,8 +92,9 @@ def check(engine: Engine, loop: Loop, plan: StepPlan, saved: dict[str, Any] | No
         check_state(saved["model"])  # before the setup hooks, not when restoring
     if engine._loaded_run is not None and state.kind == "train":
         check_world(state, engine._loaded_run, engine.resumed_from)
-        engine.extension = check_length(state, loop.budget, loop.max_epochs,
-                                        engine._loaded_run, engine.resumed_from)
+        engine.extension = check_length(
+            state, loop.budget, loop.max_epochs, engine._loaded_run, engine.resumed_from
+        )
     for pack in list(engine.table.packs.values()):
         pack.check_setup(engine)
     check_metric_names(engine.table, state.mode, state.rank, (*STEP_WRITES, *plan.writes))

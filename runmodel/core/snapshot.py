@@ -26,15 +26,18 @@ def rng_state() -> dict[str, Any]:
     import torch  # imported once a run needs it
 
     version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"torch": torch.get_rng_state(),  # Python's 625 words as a tensor:
-                             "python": (version, torch.tensor(internal), gauss)}  # one record
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),  # Python's 625 words as a tensor:
+        "python": (version, torch.tensor(internal), gauss),
+    }  # one record
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy
 
-        name, keys, pos, has_gauss, cached = cast("tuple[str, Any, int, int, float]",
-                                                  numpy.random.get_state())
+        name, keys, pos, has_gauss, cached = cast(
+            "tuple[str, Any, int, int, float]", numpy.random.get_state()
+        )
         state["numpy"] = (name, torch.from_numpy(keys.copy()), pos, has_gauss, cached)
     except ImportError:
         pass
@@ -76,16 +79,27 @@ class Snapshots:
         """The run's counters (``counters`` replacing some), the last loss and the
         metrics a file can hold (numbers, strings, tensors), and every pack's state."""
         s = self.state
-        return {"counters": {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step,
-                             "skipped": s.skipped, **(counters or {})},
-                "loss": _plain(s.loss),
-                "metrics": {k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items())
-                            if v is not None},
-                "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()},
-                # which run this is, and the length it was started or extended to: a
-                # resumed run continues the record; an extension is checked against it
-                "run": {**getattr(self, "run_record", {}),
-                        "max_epochs": s.max_epochs, "max_steps": s.max_steps}}
+        return {
+            "counters": {
+                "step": s.step,
+                "epoch": s.epoch,
+                "epoch_step": s.epoch_step,
+                "skipped": s.skipped,
+                **(counters or {}),
+            },
+            "loss": _plain(s.loss),
+            "metrics": {
+                k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items()) if v is not None
+            },
+            "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()},
+            # which run this is, and the length it was started or extended to: a
+            # resumed run continues the record; an extension is checked against it
+            "run": {
+                **getattr(self, "run_record", {}),
+                "max_epochs": s.max_epochs,
+                "max_steps": s.max_steps,
+            },
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counters and pack states; the next run continues these counters."""
@@ -101,8 +115,11 @@ class Snapshots:
             if key in self.table.packs:
                 self.table.packs[key].load_state_dict(pack_state)
             elif pack_state:  # a pack without state (a run folder's log) loses nothing
-                warnings.warn(f"saved state of pack {key!r} has no attached pack to go to "
-                              f"(attached: {sorted(self.table.packs) or 'none'})", stacklevel=2)
+                warnings.warn(
+                    f"saved state of pack {key!r} has no attached pack to go to "
+                    f"(attached: {sorted(self.table.packs) or 'none'})",
+                    stacklevel=2,
+                )
 
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """Everything a checkpoint holds: the engine's state, the model's, the random
@@ -110,16 +127,18 @@ class Snapshots:
         ``counters`` is where a run resumed from it starts."""
         state_dict = getattr(self.model, "state_dict", None)
         engine = self.state_dict(counters)
-        position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(
-            counters)
+        position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(counters)
         if position["batches"] and position["batches"] == self._batches_per_epoch():
             # after the epoch's last batch: its data are all drawn (only its epoch_end
             # hooks are still to run), so it resumes in another number of processes as
             # a checkpoint at the epoch's end does: the data are dealt out anew after it
             engine["run"]["epoch_drawn"] = True
-        return {"engine": engine, "rng": rng_state(),
-                "model": state_dict() if callable(state_dict) else None,
-                "position": position}
+        return {
+            "engine": engine,
+            "rng": rng_state(),
+            "model": state_dict() if callable(state_dict) else None,
+            "position": position,
+        }
 
     def _batches_per_epoch(self) -> int | None:
         """How many batches an epoch of this process's data has, where it has a length."""
@@ -143,10 +162,12 @@ class Snapshots:
         else:  # in a run: the generators are set where the data is (position.py)
             loaded = self._loaded_run or {}
             saved_world = loaded.get("world_size")
-            self._loop.position.resume(snapshot.get("position", {}), snapshot["rng"],
-                                       drawn=bool(loaded.get("epoch_drawn")) and (
-                                           saved_world is not None
-                                           and int(saved_world) != world_size()))
+            self._loop.position.resume(
+                snapshot.get("position", {}),
+                snapshot["rng"],
+                drawn=bool(loaded.get("epoch_drawn"))
+                and (saved_world is not None and int(saved_world) != world_size()),
+            )
 
 
 def _plain(value: Any) -> Any:

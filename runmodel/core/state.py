@@ -11,8 +11,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["REFUSED", "Interrupted", "Preempted", "RunResult", "RunStep", "State", "StopRun",
-           "current_rank", "refused_at_setup", "signal_name"]
+__all__ = [
+    "REFUSED",
+    "Interrupted",
+    "Preempted",
+    "RunResult",
+    "RunStep",
+    "State",
+    "StopRun",
+    "current_rank",
+    "refused_at_setup",
+    "signal_name",
+]
 
 #: The note on an error raised by the setup-time checks (a checkpoint that does not fit,
 #: a pack's ``check_setup``, a metric name): the run was refused before its first step.
@@ -67,9 +77,28 @@ class State:
     counts once it is done: in the first step ``step == 0``; after 3 epochs ``epoch == 3``.
     """
 
-    __slots__ = ("batch", "ended", "epoch", "epoch_complete", "epoch_step", "error", "files",
-                 "grad_scaler", "kind", "loss", "max_epochs", "max_steps", "metrics", "mode",
-                 "output", "rank", "skipped", "step", "stopping", "timings")
+    __slots__ = (
+        "batch",
+        "ended",
+        "epoch",
+        "epoch_complete",
+        "epoch_step",
+        "error",
+        "files",
+        "grad_scaler",
+        "kind",
+        "loss",
+        "max_epochs",
+        "max_steps",
+        "metrics",
+        "mode",
+        "output",
+        "rank",
+        "skipped",
+        "step",
+        "stopping",
+        "timings",
+    )
 
     def __init__(self) -> None:
         self.mode = self.kind = "train"  # kind: the step a runstep is (train, eval, infer)
@@ -103,8 +132,14 @@ class State:
         """Whether an interrupt (Ctrl-C, a preemption signal) is ending the run."""
         return self.stopping in ("interrupted", "preempted")
 
-    def start(self, mode: str, kind: str, max_steps: int | None, max_epochs: int | None,
-              keep_counters: bool) -> None:
+    def start(
+        self,
+        mode: str,
+        kind: str,
+        max_steps: int | None,
+        max_epochs: int | None,
+        keep_counters: bool,
+    ) -> None:
         """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
         if not keep_counters:
             self.step = self.epoch = self.epoch_step = self.skipped = 0
@@ -117,8 +152,10 @@ class State:
         self.files = {}
 
     def __repr__(self) -> str:
-        return (f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
-                f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})")
+        return (
+            f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
+            f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})"
+        )
 
 
 def current_rank() -> int:

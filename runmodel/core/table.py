@@ -75,8 +75,9 @@ class HookTable:
     def _list(self, hook: Hook) -> list[Hook]:
         return (self.overrides if hook.override else self.hooks)[hook.phase]
 
-    def add(self, hooks: list[Hook], fn: Callable[..., Any] | None = None,
-            packs: tuple[Pack, ...] = ()) -> HookHandle:
+    def add(
+        self, hooks: list[Hook], fn: Callable[..., Any] | None = None, packs: tuple[Pack, ...] = ()
+    ) -> HookHandle:
         """Register ``hooks``; a cycle in their order leaves the table as it was."""
         for h in hooks:
             h.seq = next(self._seq)
@@ -95,11 +96,14 @@ class HookTable:
         seen = {id(p): k for k, p in self.packs.items()}
         for key, pack in flat:
             if id(pack) in seen:
-                raise ValueError(f"this {type(pack).__name__} pack is attached already, as "
-                                 f"{seen[id(pack)]!r}; make a new instance to use a pack twice")
+                raise ValueError(
+                    f"this {type(pack).__name__} pack is attached already, as "
+                    f"{seen[id(pack)]!r}; make a new instance to use a pack twice"
+                )
             seen[id(pack)] = key
-        handle = self.add([h for _, p in flat for h in pack_hooks(p)],
-                          packs=tuple(p for _, p in flat))
+        handle = self.add(
+            [h for _, p in flat for h in pack_hooks(p)], packs=tuple(p for _, p in flat)
+        )
         self.packs.update(flat)
         return handle
 
@@ -158,8 +162,11 @@ class HookTable:
                 self.where.add_hook(h, "override" if h.override else "hook")
             compiled = (self._compile(h) for h in self.hooks[phase])
             # the mode's built-ins (metrics, timers) bracket the user's hooks
-            hooks = (*plan.before.get(phase, ()), *(f for f in compiled if f is not None),
-                     *plan.after.get(phase, ()))
+            hooks = (
+                *plan.before.get(phase, ()),
+                *(f for f in compiled if f is not None),
+                *plan.after.get(phase, ()),
+            )
             d.hooks[phase] = hooks
             action = self._chain(phase, plan) if PHASES[phase].has_action else None
             fire = _fire(action, hooks)
@@ -183,11 +190,13 @@ class HookTable:
                 self.wrappers.remove(wrapper)
                 if self._run is not None:
                     self._build()
+
         return remove
 
     def _chain(self, phase: str, plan: StepPlan) -> Action:
-        chain = plan.actions.get(phase) or _no_action(phase, self._run.state.mode
-                                                      if self._run else "")
+        chain = plan.actions.get(phase) or _no_action(
+            phase, self._run.state.mode if self._run else ""
+        )
         self.where.add(f"phase {phase!r} (built-in action)", chain)
         self.where.add(f"phase {phase!r} (built-in action)", plan.parts.get(phase))
         built_in = chain
@@ -205,21 +214,25 @@ def _fire(action: Action | None, hooks: tuple[Action, ...]) -> Action | None:
         return action
 
     if action is None:
+
         def fire(engine: Any) -> None:
             for hook in hooks:
                 hook(engine)
+
         return fire
 
     def fire_action(engine: Any) -> None:
         action(engine)
         for hook in hooks:
             hook(engine)
+
     return fire_action
 
 
 def _link(fn: Callable[[Any, Action], Any], default: Action) -> Action:
     def link(engine: Any) -> Any:
         return fn(engine, default)
+
     return link
 
 
@@ -227,6 +240,7 @@ def _step_result(chain: Action) -> Action:
     """The outermost ``runstep`` override's return value as the step's result, as the
     built-in step sets it: a loss tensor, or a dict with ``"loss"`` and other outputs.
     ``None`` leaves ``state.loss`` and ``state.output`` to the override."""
+
     def step(engine: Any) -> None:
         result = chain(engine)
         if result is not None:
@@ -236,14 +250,18 @@ def _step_result(chain: Action) -> Action:
             elif hasattr(result, "backward"):  # a tensor (torch is not imported here)
                 state.output = state.loss = result
             else:
-                raise TypeError(f"a runstep override returned {type(result).__name__} "
-                                f"{result!r:.60}; return the step's loss tensor, a dict with "
-                                f"'loss' and other outputs, or None (it sets state.loss "
-                                f"itself)")
+                raise TypeError(
+                    f"a runstep override returned {type(result).__name__} "
+                    f"{result!r:.60}; return the step's loss tensor, a dict with "
+                    f"'loss' and other outputs, or None (it sets state.loss "
+                    f"itself)"
+                )
+
     return step
 
 
 def _no_action(phase: str, mode: str) -> Action:
     def missing(engine: Any) -> Any:
         raise RuntimeError(f"phase {phase!r} has no action in {mode} mode")
+
     return missing

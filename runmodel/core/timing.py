@@ -38,6 +38,7 @@ class CallTimes:
         label = self.label
 
         if label is None:
+
             def timed(*args: Any) -> Any:
                 start = clock()
                 try:
@@ -45,6 +46,7 @@ class CallTimes:
                 finally:
                     stat[0] += 1
                     stat[1] += clock() - start
+
             return timed
 
         text = f"runmodel/{phase}" if name is None else f"runmodel/{phase}/{name}"
@@ -57,6 +59,7 @@ class CallTimes:
                 finally:
                     stat[0] += 1
                     stat[1] += clock() - start
+
         return labelled
 
     def listed(self, phase: str, name: str) -> None:
@@ -67,11 +70,19 @@ class CallTimes:
         """The hooks' rows (``hooks``) or the phases', slowest first: ``phase``,
         ``hook``, ``calls``, ``total_ms``, ``mean_us``; without the never-called ones
         when ``called_only``."""
-        found = [_row(phase, name, calls, ns) for (phase, name), (calls, ns) in self.stats.items()
-                 if (name is not None) == hooks and (calls or not called_only)]
+        found = [
+            _row(phase, name, calls, ns)
+            for (phase, name), (calls, ns) in self.stats.items()
+            if (name is not None) == hooks and (calls or not called_only)
+        ]
         return sorted(found, key=lambda row: -row["total_ms"])
 
 
 def _row(phase: str, name: str | None, calls: int, ns: int) -> dict[str, Any]:
-    return {"phase": phase, "hook": name, "calls": calls, "total_ms": ns / 1e6,
-            "mean_us": ns / calls / 1e3 if calls else 0.0}
+    return {
+        "phase": phase,
+        "hook": name,
+        "calls": calls,
+        "total_ms": ns / 1e6,
+        "mean_us": ns / calls / 1e3 if calls else 0.0,
+    }

@@ -27,10 +27,14 @@ class Where:
         """Labels for what a run calls besides hooks: the model's methods, the mode's
         plan, the backend, loading a checkpoint."""
         where = cls()
-        for label, fn in (("model.setup", model.setup), ("model.run", model.run),
-                          ("model.teardown", model.teardown), ("building the mode", mode.plan),
-                          ("backend.initialize", getattr(backend, "initialize", None)),
-                          ("loading the checkpoint", restore)):
+        for label, fn in (
+            ("model.setup", model.setup),
+            ("model.run", model.run),
+            ("model.teardown", model.teardown),
+            ("building the mode", mode.plan),
+            ("backend.initialize", getattr(backend, "initialize", None)),
+            ("loading the checkpoint", restore),
+        ):
             where.add(label, fn)
         return where
 
@@ -54,7 +58,12 @@ class Where:
                 # hooks sharing code: a pack method's self tells them apart
                 owner = tb.tb_frame.f_locals.get("self")
                 mine = [text for text, fn in entry if getattr(fn, "__self__", None) is owner]
-                found = (entry[0][0] if len(entry) == 1 else mine[0] if len(mine) == 1
-                         else " or ".join(text for text, _ in entry))
+                found = (
+                    entry[0][0]
+                    if len(entry) == 1
+                    else mine[0]
+                    if len(mine) == 1
+                    else " or ".join(text for text, _ in entry)
+                )
             tb = tb.tb_next
         return found

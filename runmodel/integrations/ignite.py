@@ -47,8 +47,7 @@ from ignite.engine import Events
 
 __all__ = ["IgniteView", "MirrorEngine", "default_output"]
 
-_PHASES = ("setup", "epoch_start", "step_start", "runstep", "epoch_end", "exception",
-           "teardown")
+_PHASES = ("setup", "epoch_start", "step_start", "runstep", "epoch_end", "exception", "teardown")
 
 # read once: reading an ignite event off ``Events`` and hashing it each cost ~0.2 µs,
 # too much for the per-step path
@@ -108,8 +107,9 @@ class _Handled:
         self.get_batch = self.iteration_started = self.iteration_completed = False
 
     def update(self, handlers: dict[Any, list[Any]]) -> None:
-        self.get_batch = bool(handlers.get(_GET_BATCH_STARTED) or
-                              handlers.get(_GET_BATCH_COMPLETED))
+        self.get_batch = bool(
+            handlers.get(_GET_BATCH_STARTED) or handlers.get(_GET_BATCH_COMPLETED)
+        )
         self.iteration_started = bool(handlers.get(_ITERATION_STARTED))
         self.iteration_completed = bool(handlers.get(_ITERATION_COMPLETED))
 
@@ -125,8 +125,9 @@ class MirrorEngine(IgniteEngine):
         self.output_transform: Callable[[Any], Any] = default_output
         self._handled = _Handled()
 
-    def add_event_handler(self, event_name: Any, handler: Callable[..., Any], *args: Any,
-                          **kwargs: Any) -> Any:
+    def add_event_handler(
+        self, event_name: Any, handler: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         handle = super().add_event_handler(event_name, handler, *args, **kwargs)
         self._handled.update(self._event_handlers)
         return handle
@@ -136,12 +137,16 @@ class MirrorEngine(IgniteEngine):
         self._handled.update(self._event_handlers)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("engine.ignite mirrors a runmodel engine's runs; start a run with "
-                           "that engine's run(model, ...), not with ignite's run()")
+        raise RuntimeError(
+            "engine.ignite mirrors a runmodel engine's runs; start a run with "
+            "that engine's run(model, ...), not with ignite's run()"
+        )
 
     def interrupt(self) -> None:
-        raise RuntimeError("engine.ignite cannot interrupt and resume a runmodel run; use "
-                           "terminate(), or runmodel's checkpoints to resume later")
+        raise RuntimeError(
+            "engine.ignite cannot interrupt and resume a runmodel run; use "
+            "terminate(), or runmodel's checkpoints to resume later"
+        )
 
 
 class IgniteView:
@@ -149,9 +154,11 @@ class IgniteView:
 
     def __init__(self, engine: Any) -> None:
         if engine.model is not None and engine.state.ended is None:  # a run is under way
-            raise RuntimeError("engine.ignite was first read during a run: its events start "
-                               "with a run's setup, so read it (and attach ignite's handlers) "
-                               "before engine.run()")
+            raise RuntimeError(
+                "engine.ignite was first read during a run: its events start "
+                "with a run's setup, so read it (and attach ignite's handlers) "
+                "before engine.run()"
+            )
         self.engine = MirrorEngine()
         self._cut = False  # the last epoch ended before its data did (budget, stop())
         # the last step's state.output is still to be made (output_transform): made when
@@ -169,9 +176,11 @@ class IgniteView:
         """Whether an ignite ``ProgressBar`` is attached (runmodel then adds no bar)."""
         from ignite.handlers import ProgressBar
 
-        return any(isinstance(getattr(handler, "__self__", None), ProgressBar)
-                   for handlers in self.engine._event_handlers.values()
-                   for handler, *_ in handlers)
+        return any(
+            isinstance(getattr(handler, "__self__", None), ProgressBar)
+            for handlers in self.engine._event_handlers.values()
+            for handler, *_ in handlers
+        )
 
     # -- one hook per phase ------------------------------------------------------------
 
@@ -181,8 +190,9 @@ class IgniteView:
         ie.should_terminate = ie.should_terminate_single_epoch = ie.should_interrupt = False
         st.iteration, st.epoch = s.step, s.epoch  # done so far: 0, or where a resume starts
         st.max_iters = s.max_steps
-        st.max_epochs = s.max_epochs if s.max_epochs is not None else (
-            1 if s.max_steps is None else None)  # runmodel's loop: one epoch unless steps=
+        st.max_epochs = (
+            s.max_epochs if s.max_epochs is not None else (1 if s.max_steps is None else None)
+        )  # runmodel's loop: one epoch unless steps=
         st.dataloader = _data_of(engine.model, s.kind)
         st.epoch_length = _length(st.dataloader)  # else set at the first epoch's end
         st.batch = st.output = None
@@ -254,8 +264,11 @@ class IgniteView:
         if st.epoch_length is None and s.epoch_complete:
             st.epoch_length = s.epoch_step  # as ignite does for data without len()
         st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
-        if (s.epoch_complete and not self._terminated(engine)
-                and ie.should_terminate_single_epoch != "skip_epoch_completed"):
+        if (
+            s.epoch_complete
+            and not self._terminated(engine)
+            and ie.should_terminate_single_epoch != "skip_epoch_completed"
+        ):
             self._fire(engine, Events.EPOCH_COMPLETED)
             st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
         ie.should_terminate_single_epoch = False
@@ -321,8 +334,9 @@ class IgniteView:
             return True
         return False
 
-    def _fire_in_step(self, engine: Any, event: Events, counted: bool = True,
-                      handled: bool | None = None) -> bool:
+    def _fire_in_step(
+        self, engine: Any, event: Events, counted: bool = True, handled: bool | None = None
+    ) -> bool:
         """Fire ``event`` before the step runs; True when a handler ended the run or the
         epoch: then the step is dropped, as ignite skips its process function.
         ``counted``: whether ignite has counted this batch in its epoch by then."""
@@ -338,8 +352,11 @@ class IgniteView:
         ie = self.engine
         if ie.should_terminate_single_epoch and not ie.should_terminate:
             # iter_counter: the batches ignite has taken in this epoch, as its own kwarg
-            self._fire_now(engine, Events.TERMINATE_SINGLE_EPOCH,
-                           iter_counter=engine.state.epoch_step + counted)
+            self._fire_now(
+                engine,
+                Events.TERMINATE_SINGLE_EPOCH,
+                iter_counter=engine.state.epoch_step + counted,
+            )
             engine.end_epoch()  # without runstep.epochs() in the model, this ends the run
 
     def _no_epoch_to_end(self, event: str) -> None:

@@ -10,7 +10,21 @@ from .model import Model, declared_options, resolve_options, unknown_option_text
 from .torch_model import TorchModel
 from .torchutil import torch_device, unwrap
 
-__all__ = ["Interface", "MetricSet", "Model", "Supervised", "TorchModel", "configure_engine",
-           "declared_options",
-           "evaluate", "inference", "load_model", "load_model_class", "load_source",
-           "resolve_options", "torch_device", "unknown_option_text", "unwrap"]
+__all__ = [
+    "Interface",
+    "MetricSet",
+    "Model",
+    "Supervised",
+    "TorchModel",
+    "configure_engine",
+    "declared_options",
+    "evaluate",
+    "inference",
+    "load_model",
+    "load_model_class",
+    "load_source",
+    "resolve_options",
+    "torch_device",
+    "unknown_option_text",
+    "unwrap",
+]

@@ -39,7 +39,8 @@ MAX_RECORDED = 50_000_000
 def track(data: Any) -> Any:
     """The ``DataTracker`` for ``data``, or ``None`` when the engine must replay it."""
     if callable(getattr(data, "state_dict", None)) and callable(
-            getattr(data, "load_state_dict", None)):
+        getattr(data, "load_state_dict", None)
+    ):
         return _Stateful(data)
     if isinstance(data, DataLoader) and not isinstance(data.dataset, IterableDataset):
         try:
@@ -77,8 +78,7 @@ class _RecordedIndices:
             self.epoch, start = list(self.inner), 0
         yield from self.epoch[start:]
 
-    def resume(self, batches: list[Any] | None, start: int, restore: Callable[[], None]
-               ) -> None:
+    def resume(self, batches: list[Any] | None, start: int, restore: Callable[[], None]) -> None:
         """The next epoch starts at ``start``: of ``batches``, or of the order drawn again
         (``None``: a sampler whose order is a function of its epoch)."""
         self._resume = (batches, start, restore)
@@ -105,11 +105,14 @@ class _LoaderTracker:
             iterator._index_sampler = sampler
 
     def state(self) -> dict[str, Any]:
-        return {"batches": None if self.recompute else _pack(self.indices.epoch),
-                "generators": [g.get_state() for g in self.generators]}
+        return {
+            "batches": None if self.recompute else _pack(self.indices.epoch),
+            "generators": [g.get_state() for g in self.generators],
+        }
 
-    def resume(self, state: Any, batches: int, restore: Callable[[], None]
-               ) -> Callable[[], None] | None:
+    def resume(
+        self, state: Any, batches: int, restore: Callable[[], None]
+    ) -> Callable[[], None] | None:
         if not isinstance(state, dict) or "batches" not in state:
             return None  # a checkpoint of other data
         restore_all = _restoring(self.generators, state["generators"], restore)
@@ -133,6 +136,7 @@ class _LoaderTracker:
             def undo_then_restore() -> None:
                 undo_iterator_draw()
                 restore()
+
             self.indices.resume(None, 0, undo_then_restore)
         else:
             restore()
@@ -149,11 +153,14 @@ class _Stateful:
 
     def state(self) -> Any:
         generators = _generators(self.loader)
-        return {"loader": self.loader.state_dict(),
-                "generators": [g.get_state() for g in generators]}
+        return {
+            "loader": self.loader.state_dict(),
+            "generators": [g.get_state() for g in generators],
+        }
 
-    def resume(self, state: Any, batches: int, restore: Callable[[], None]
-               ) -> Callable[[], None] | None:
+    def resume(
+        self, state: Any, batches: int, restore: Callable[[], None]
+    ) -> Callable[[], None] | None:
         if not isinstance(state, dict) or "loader" not in state:
             return None
         self.loader.load_state_dict(state["loader"])
@@ -189,8 +196,9 @@ class _InMemory:
         pass
 
 
-def _restoring(generators: list[torch.Generator], states: list[Any],
-               restore: Callable[[], None]) -> Callable[[], None]:
+def _restoring(
+    generators: list[torch.Generator], states: list[Any], restore: Callable[[], None]
+) -> Callable[[], None]:
     """Set ``generators`` to ``states``, then ``restore()`` the rest; once."""
     done = [False]
 
@@ -200,6 +208,7 @@ def _restoring(generators: list[torch.Generator], states: list[Any],
             for generator, state in zip(generators, states, strict=False):
                 generator.set_state(state)
             restore()
+
     return restore_all
 
 
@@ -223,8 +232,10 @@ def _pack(batches: Sequence[Any]) -> Any:
         flat.extend(items)
         sizes.append(len(items) if isinstance(batch, (list, tuple)) else -1)
     if all(isinstance(i, int) and not isinstance(i, bool) for i in flat):
-        return {"indices": torch.tensor(flat, dtype=torch.int64),
-                "sizes": torch.tensor(sizes, dtype=torch.int64)}
+        return {
+            "indices": torch.tensor(flat, dtype=torch.int64),
+            "sizes": torch.tensor(sizes, dtype=torch.int64),
+        }
     return {"list": [list(b) if isinstance(b, (list, tuple)) else b for b in batches]}
 
 
@@ -237,6 +248,6 @@ def _unpack(packed: dict[str, Any]) -> list[Any]:
             out.append(flat[at])
             at += 1
         else:
-            out.append(flat[at:at + size])
+            out.append(flat[at : at + size])
             at += size
     return out

@@ -26,24 +26,28 @@ def load_source(source: str) -> tuple[ModuleType, str | None]:
         raise ValueError(f"a model source is {_FORMS}, got {source!r}")
     location, _, class_name = source.partition(":")
     if ":" in source and not class_name.isidentifier():
-        raise ValueError(f"{source!r}: {class_name!r} after ':' is not a class name; a model "
-                         f"source is {_FORMS}")
+        raise ValueError(
+            f"{source!r}: {class_name!r} after ':' is not a class name; a model source is {_FORMS}"
+        )
     if location.endswith(".py") or "/" in location or "\\" in location:
         return _load_file(Path(location), source), class_name or None
     if not class_name:
-        raise ValueError(f"{source!r}: name the class of a module, as 'package.module:ClassName' "
-                         f"(or give a path ending in .py)")
+        raise ValueError(
+            f"{source!r}: name the class of a module, as 'package.module:ClassName' "
+            f"(or give a path ending in .py)"
+        )
     try:
         return importlib.import_module(location), class_name
     except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(f"{source!r}: cannot import module {location!r} ({error}); "
-                                  f"is it installed, or on sys.path?") from None
+        raise ModuleNotFoundError(
+            f"{source!r}: cannot import module {location!r} ({error}); "
+            f"is it installed, or on sys.path?"
+        ) from None
 
 
 def _load_file(path: Path, source: str) -> ModuleType:
     if not path.is_file():
-        raise FileNotFoundError(f"{source!r}: no file {str(path)!r} "
-                                f"(looked in {Path.cwd()})")
+        raise FileNotFoundError(f"{source!r}: no file {str(path)!r} (looked in {Path.cwd()})")
     # A fresh, unique module name per load: the same file loads twice side by side, and
     # pickling, dataclasses and tracebacks find the module in sys.modules.
     name = f"runmodel_source_{path.stem}_{next(_loads)}"
@@ -75,31 +79,43 @@ def configure_engine(model_type: Any, engine: Any) -> bool:
 def load_model_class(source: str) -> type[Model]:
     """The ``Model`` subclass a source string names (see ``load_model``)."""
     module, class_name = load_source(source)
-    defined = [obj for obj in vars(module).values()
-               if inspect.isclass(obj) and issubclass(obj, Model)
-               and obj.__module__ == module.__name__ and not inspect.isabstract(obj)]
+    defined = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Model)
+        and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+    ]
     names = ", ".join(sorted(c.__name__ for c in defined)) or "none"
     if class_name is not None:
         found = getattr(module, class_name, None)
         if not (inspect.isclass(found) and issubclass(found, Model)):
             what = "is not a runmodel.Model subclass" if found is not None else "is not defined"
-            raise ValueError(f"{source!r}: {class_name!r} {what}; Model subclasses there: "
-                             f"{names}")
+            raise ValueError(f"{source!r}: {class_name!r} {what}; Model subclasses there: {names}")
         if inspect.isabstract(found):
             missing = ", ".join(sorted(found.__abstractmethods__))
-            raise ValueError(f"{source!r}: {class_name!r} is abstract (it does not define "
-                             f"{missing}); Model subclasses there: {names}")
+            raise ValueError(
+                f"{source!r}: {class_name!r} is abstract (it does not define "
+                f"{missing}); Model subclasses there: {names}"
+            )
         return found
     if len(defined) != 1:
-        hint = (f"name one, as '{source}:{defined[0].__name__}'" if defined
-                else "define one, or name a class as file.py:ClassName")
-        raise ValueError(f"{source!r} defines {'several' if defined else 'no'} runmodel.Model "
-                         f"subclasses ({names}); {hint}")
+        hint = (
+            f"name one, as '{source}:{defined[0].__name__}'"
+            if defined
+            else "define one, or name a class as file.py:ClassName"
+        )
+        raise ValueError(
+            f"{source!r} defines {'several' if defined else 'no'} runmodel.Model "
+            f"subclasses ({names}); {hint}"
+        )
     return defined[0]
 
 
-def load_model(source: str, device: str | None = None,
-               init_options: dict[str, Any] | None = None) -> Model:
+def load_model(
+    source: str, device: str | None = None, init_options: dict[str, Any] | None = None
+) -> Model:
     """Load and construct the model a source string names.
 
     ``path/file.py`` takes the one ``Model`` subclass defined in the file (none or

@@ -71,13 +71,19 @@ class MetricSet:
 
     def compute(self) -> dict[str, Any]:
         computed = {name: metric.compute() for name, metric in self.metrics.items()}
-        return {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
-                for k, v in computed.items()}
+        return {
+            k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+            for k, v in computed.items()
+        }
 
 
-def evaluate(model: Evaluable, data: Iterable[Any] | None = None,
-             metrics: dict[str, Metric] | None = None, *, engine: Any = None
-             ) -> dict[str, Any]:
+def evaluate(
+    model: Evaluable,
+    data: Iterable[Any] | None = None,
+    metrics: dict[str, Metric] | None = None,
+    *,
+    engine: Any = None,
+) -> dict[str, Any]:
     """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
     data), without grad and outside any run: for a hook that checks a model mid-training.
     Training state is untouched: no ``setup()`` is called, and torch's random number

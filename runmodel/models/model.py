@@ -21,12 +21,15 @@ def unknown_option_text(owner: str, kind: str, key: str, known: Iterable[str]) -
     names = sorted(known)
     close = closest(key, names)
     hint = f"; did you mean {close!r}?" if close else ""
-    return (f"{owner}: unknown {kind} option {key!r} ignored{hint} (known: "
-            f"{', '.join(names) or 'none'})")
+    return (
+        f"{owner}: unknown {kind} option {key!r} ignored{hint} (known: "
+        f"{', '.join(names) or 'none'})"
+    )
 
 
-def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,
-                    defaults: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_options(
+    owner: object, kind: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """``defaults`` updated with the known keys of ``given``.
 
     An unknown key is ignored with one warning (a model must not fail on an option it
@@ -40,22 +43,23 @@ def resolve_options(owner: object, kind: str, given: Mapping[str, Any] | None,
     resolved = dict(defaults)
     for key, value in given.items():
         if key not in defaults:
-            warnings.warn(unknown_option_text(name, kind, key, defaults), UserWarning,
-                          stacklevel=3)
+            warnings.warn(unknown_option_text(name, kind, key, defaults), UserWarning, stacklevel=3)
             continue
         resolved[key] = _checked(name, kind, key, value, defaults[key])
     return resolved
 
 
-def declared_options(owner: object, kind: str, given: Mapping[str, Any] | None,
-              defaults: Mapping[str, Any]) -> dict[str, Any]:
+def declared_options(
+    owner: object, kind: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """Options resolved against what the model declares; passed through when it declares
     nothing (it reads them itself, so none can be called unknown)."""
     if defaults:
         return resolve_options(owner, kind, given, defaults)
     if given is not None and not isinstance(given, Mapping):
-        raise TypeError(f"{type(owner).__name__}: {kind}_options must be a dict or None, "
-                        f"got {given!r}")
+        raise TypeError(
+            f"{type(owner).__name__}: {kind}_options must be a dict or None, got {given!r}"
+        )
     return dict(given or {})
 
 
@@ -69,9 +73,11 @@ def _checked(owner: str, kind: str, key: str, value: Any, default: Any) -> Any:
         expected = (list, tuple)
     ok = isinstance(value, expected) and (isinstance(value, bool) == isinstance(default, bool))
     if not ok:
-        raise TypeError(f"{owner}: {kind} option {key!r} must be "
-                        f"{' or '.join(t.__name__ for t in expected)} (like its default "
-                        f"{default!r}), got {value!r}")
+        raise TypeError(
+            f"{owner}: {kind} option {key!r} must be "
+            f"{' or '.join(t.__name__ for t in expected)} (like its default "
+            f"{default!r}), got {value!r}"
+        )
     return float(value) if isinstance(default, float) else value
 
 
@@ -88,8 +94,9 @@ class Model(abc.ABC):
     init_defaults: ClassVar[dict[str, Any]] = {}
     setup_defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         self.device: Any = device
         self.init_options = declared_options(self, "init", init_options, self.init_defaults)
 
@@ -109,8 +116,10 @@ class Model(abc.ABC):
     def step(self, batch: Any) -> Any:
         """What one step does for a model that is not a ``TorchModel`` (in every mode);
         its return value becomes ``engine.state.output``."""
-        raise NotImplementedError(f"{type(self).__name__} must define step(batch) to say what "
-                                  f"one runstep does (or derive from runmodel.TorchModel)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must define step(batch) to say what "
+            f"one runstep does (or derive from runmodel.TorchModel)"
+        )
 
     def teardown(self) -> None:
         """Clean up after a run."""

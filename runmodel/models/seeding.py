@@ -26,8 +26,10 @@ def seed(n: int) -> int:
     """Seed ``random``, NumPy (when installed) and torch (every device) with ``n`` (a
     whole number, 0 <= n < 2**32); returns ``n``. Call it before the model is built."""
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < SEED_LIMIT:
-        raise ValueError(f"runmodel.seed(n) takes a whole number from 0 to {SEED_LIMIT - 1} "
-                         f"(NumPy's generator takes no larger one), got {n!r}")
+        raise ValueError(
+            f"runmodel.seed(n) takes a whole number from 0 to {SEED_LIMIT - 1} "
+            f"(NumPy's generator takes no larger one), got {n!r}"
+        )
     random.seed(n)
     torch.manual_seed(n)  # every device's generator (CUDA's too)
     try:

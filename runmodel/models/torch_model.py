@@ -44,8 +44,9 @@ class TorchModel(Model):
     infer_data: Iterable[Any] | None = None
     test_data: Iterable[Any] | None = None  # evaluated once, after training (run folders)
 
-    def __init__(self, device: str | torch.device | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | torch.device | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(None, init_options)
         self.device = torch_device(device)
         self.module = getattr(self, "_module", None)  # one set before this moves too
@@ -60,25 +61,35 @@ class TorchModel(Model):
         self._module = module.to(device) if module is not None and device is not None else module
 
     @classmethod
-    def from_parts(cls, module: nn.Module, *, optimizer: torch.optim.Optimizer | Callable[
-                       [Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
-                   loss_fn: Callable[..., torch.Tensor] | None = None,
-                   train_data: Iterable[Any] | None = None, eval_data: Iterable[Any] | None = None,
-                   infer_data: Iterable[Any] | None = None,
-                   device: str | torch.device | None = None,
-                   test_data: Iterable[Any] | None = None) -> TorchModel:
+    def from_parts(
+        cls,
+        module: nn.Module,
+        *,
+        optimizer: torch.optim.Optimizer
+        | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+        | None = None,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        train_data: Iterable[Any] | None = None,
+        eval_data: Iterable[Any] | None = None,
+        infer_data: Iterable[Any] | None = None,
+        device: str | torch.device | None = None,
+        test_data: Iterable[Any] | None = None,
+    ) -> TorchModel:
         """A model from its parts, without writing a subclass: ``optimizer`` is an
         optimizer over ``module``'s parameters, or a factory called with them (as
         ``torch.optim.Adam`` or ``functools.partial(torch.optim.SGD, lr=0.1)``)."""
         if not isinstance(module, nn.Module):
-            raise TypeError(f"from_parts: module must be a torch.nn.Module, got "
-                            f"{type(module).__name__}")
+            raise TypeError(
+                f"from_parts: module must be a torch.nn.Module, got {type(module).__name__}"
+            )
         model = cls(device)
         model.module = module
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             if not callable(optimizer):
-                raise TypeError(f"from_parts: optimizer must be a torch.optim.Optimizer or a "
-                                f"factory of one, got {optimizer!r}")
+                raise TypeError(
+                    f"from_parts: optimizer must be a torch.optim.Optimizer or a "
+                    f"factory of one, got {optimizer!r}"
+                )
             optimizer = optimizer(module.parameters())
         model.optimizer, model.loss_fn = optimizer, loss_fn
         model.train_data, model.eval_data, model.infer_data = train_data, eval_data, infer_data
@@ -93,11 +104,13 @@ class TorchModel(Model):
         parameters train (``requires_grad``: the trainable set is part of the run's
         state), the optimizer's state."""
         module, optimizer = unwrap(self.module), self.optimizer
-        return {"module": None if module is None else module.state_dict(),
-                "requires_grad": None if module is None else trainable(module),
-                "optimizer": None if optimizer is None else optimizer.state_dict(),
-                # what a resume checks the run's optimizer against (with the groups' sizes)
-                "optimizer_class": None if optimizer is None else qualified_name(type(optimizer))}
+        return {
+            "module": None if module is None else module.state_dict(),
+            "requires_grad": None if module is None else trainable(module),
+            "optimizer": None if optimizer is None else optimizer.state_dict(),
+            # what a resume checks the run's optimizer against (with the groups' sizes)
+            "optimizer_class": None if optimizer is None else qualified_name(type(optimizer)),
+        }
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Refuse a checkpoint's state whose weights do not fit this model, naming the
@@ -124,13 +137,20 @@ class TorchModel(Model):
 
     def data_for(self, kind: str) -> Iterable[Any]:
         """The data a step of ``kind`` (``train``, ``eval``, ``infer``) reads."""
-        data = {"train": self.train_data, "eval": self.eval_data,
-                "infer": self.infer_data if self.infer_data is not None else self.eval_data}[kind]
+        data = {
+            "train": self.train_data,
+            "eval": self.eval_data,
+            "infer": self.infer_data if self.infer_data is not None else self.eval_data,
+        }[kind]
         if data is None:
-            wanted = {"train": "train_data", "eval": "eval_data",
-                      "infer": "infer_data or eval_data"}[kind]
-            raise ValueError(f"{type(self).__name__} has no {wanted} for a {kind} step; "
-                             f"set it in setup()")
+            wanted = {
+                "train": "train_data",
+                "eval": "eval_data",
+                "infer": "infer_data or eval_data",
+            }[kind]
+            raise ValueError(
+                f"{type(self).__name__} has no {wanted} for a {kind} step; set it in setup()"
+            )
         return data
 
     def run(self, runstep: RunStep, steps: int | None = None, *args: Any, **kwargs: Any) -> None:
@@ -155,8 +175,11 @@ class TorchModel(Model):
         if not isinstance(interface, Supervised) or (kind == "train" and not interface.phased):
             return None  # the interface's own step reads the batch
         own_output = not _inherited(self, "compute_output")
-        own_target = kind == "infer" or not _inherited(self, "target") or (
-            kind == "train" and not _inherited(self, "compute_loss"))  # the loss reads it
+        own_target = (
+            kind == "infer"
+            or not _inherited(self, "target")
+            or (kind == "train" and not _inherited(self, "compute_loss"))
+        )  # the loss reads it
         if own_output and own_target:
             return None
         name = type(self).__name__
@@ -165,13 +188,16 @@ class TorchModel(Model):
         def check(batch: Any) -> None:
             if isinstance(batch, (tuple, list)) and len(batch) >= size:
                 return
-            raise TypeError(f"{name}'s {kind} data yields {_batch_text(batch)}, and "
-                            f"TorchModel expects (input, target) batches: a tuple or list "
-                            f"whose [0] is the module's input and [1] the target (as a "
-                            f"DataLoader over a TensorDataset(x, y) yields). For batches of "
-                            f"another form, override {name}.compute_output(batch) (what the "
-                            f"module is called with) and {name}.target(batch) (what the loss "
-                            f"and metrics compare the output with)")
+            raise TypeError(
+                f"{name}'s {kind} data yields {_batch_text(batch)}, and "
+                f"TorchModel expects (input, target) batches: a tuple or list "
+                f"whose [0] is the module's input and [1] the target (as a "
+                f"DataLoader over a TensorDataset(x, y) yields). For batches of "
+                f"another form, override {name}.compute_output(batch) (what the "
+                f"module is called with) and {name}.target(batch) (what the loss "
+                f"and metrics compare the output with)"
+            )
+
         return check
 
     def to_device(self, batch: Any) -> Any:
@@ -237,8 +263,11 @@ def _step_overridden(runstep: RunStep) -> bool:
     its own, which reads the batch its own way."""
     engine = getattr(runstep, "engine", None)  # a runstep not of an engine: no override
     overrides = getattr(getattr(engine, "table", None), "overrides", {})
-    return any(o.options.modes is None or runstep.mode in o.options.modes
-               for phase in ("runstep", "forward") for o in overrides.get(phase, ()))
+    return any(
+        o.options.modes is None or runstep.mode in o.options.modes
+        for phase in ("runstep", "forward")
+        for o in overrides.get(phase, ())
+    )
 
 
 def _inherited(model: TorchModel, name: str) -> bool:
@@ -265,20 +294,31 @@ def _check_same_parameters(module: nn.Module, saved: dict[str, Any], name: str) 
     differing = []
     for key in keys:
         mine, theirs = own.get(key), saved.get(key)
-        if mine is None or theirs is None or (
-                isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
-                and tuple(mine.shape) != tuple(theirs.shape)):
+        if (
+            mine is None
+            or theirs is None
+            or (
+                isinstance(mine, torch.Tensor)
+                and isinstance(theirs, torch.Tensor)
+                and tuple(mine.shape) != tuple(theirs.shape)
+            )
+        ):
             differing.append(f"{key}: checkpoint {_shape(theirs)}, {name} {_shape(mine)}")
     if differing:
-        more = f" (and {len(differing) - 1} more: {'; '.join(differing[1:4])}" + (
-            "..." if len(differing) > 4 else "") + ")" if len(differing) > 1 else ""
-        raise ValueError(f"the checkpoint holds the weights of another model than {name}: "
-                         f"the first parameter that differs is {differing[0]}{more}")
+        more = (
+            f" (and {len(differing) - 1} more: {'; '.join(differing[1:4])}"
+            + ("..." if len(differing) > 4 else "")
+            + ")"
+            if len(differing) > 1
+            else ""
+        )
+        raise ValueError(
+            f"the checkpoint holds the weights of another model than {name}: "
+            f"the first parameter that differs is {differing[0]}{more}"
+        )
 
 
 def _shape(value: Any) -> str:
     if value is None:
         return "missing"
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
-
-

@@ -39,16 +39,22 @@ def torch_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device {device!r} is not a device torch knows ({error}); use "
-                         f"'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+        raise ValueError(
+            f"device {device!r} is not a device torch knows ({error}); use "
+            f"'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise ValueError(f"device {device!r} asked for, but no CUDA device is available "
-                             f"(torch {torch.__version__}, {build}); use device='cpu'")
+            raise ValueError(
+                f"device {device!r} asked for, but no CUDA device is available "
+                f"(torch {torch.__version__}, {build}); use device='cpu'"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but there are only "
-                             f"{torch.cuda.device_count()} CUDA devices")
+            raise ValueError(
+                f"device {device!r} asked for, but there are only "
+                f"{torch.cuda.device_count()} CUDA devices"
+            )
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} asked for, but MPS is not available here")
     return dev

@@ -18,8 +18,17 @@ from .evaluate import Eval, Infer
 from .timed import Benchmark, Profile, batch_size
 from .train import Train
 
-__all__ = ["MODE_TYPES", "Benchmark", "Eval", "Infer", "Mode", "Profile", "Train", "as_mode",
-           "batch_size"]
+__all__ = [
+    "MODE_TYPES",
+    "Benchmark",
+    "Eval",
+    "Infer",
+    "Mode",
+    "Profile",
+    "Train",
+    "as_mode",
+    "batch_size",
+]
 
 MODE_TYPES: dict[str, type[Mode]] = {m.name: m for m in (Train, Eval, Infer, Benchmark, Profile)}
 
@@ -30,5 +39,7 @@ def as_mode(mode: core.Mode | str) -> core.Mode:
         return mode
     if mode in MODE_TYPES:
         return MODE_TYPES[mode]()
-    raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODE_TYPES)}, or a mode "
-                     f"object such as runmodel.Benchmark(measure='infer')")
+    raise ValueError(
+        f"unknown mode {mode!r}; valid modes: {', '.join(MODE_TYPES)}, or a mode "
+        f"object such as runmodel.Benchmark(measure='infer')"
+    )

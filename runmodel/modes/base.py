@@ -46,6 +46,7 @@ def model_step(model: Any) -> Any:
     def runstep(engine: Any) -> None:
         state = engine.state
         state.output = step(state.batch)
+
     return runstep
 
 
@@ -53,6 +54,8 @@ def check_steps_for(mode: str, model: Any, *names: str, hint: str = "") -> None:
     """``model`` has the parts a ``mode`` step needs; ``hint`` ends the error."""
     missing = [n for n in names if getattr(model, n, None) is None]
     if missing:
-        raise ValueError(f"{mode} mode needs {type(model).__name__}."
-                         f"{' and .'.join(missing)}; set {'them' if len(missing) > 1 else 'it'} "
-                         f"in __init__ (module) or setup() (optimizer, loss_fn, data){hint}")
+        raise ValueError(
+            f"{mode} mode needs {type(model).__name__}."
+            f"{' and .'.join(missing)}; set {'them' if len(missing) > 1 else 'it'} "
+            f"in __init__ (module) or setup() (optimizer, loss_fn, data){hint}"
+        )

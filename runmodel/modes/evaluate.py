@@ -27,8 +27,9 @@ class Eval(Mode):
 
     def plan(self, engine: Engine, model: Any) -> StepPlan:
         if not isinstance(model, TorchModel):
-            return StepPlan({"runstep": model_step(model)},
-                            context=lambda: _one_pass(engine, model))
+            return StepPlan(
+                {"runstep": model_step(model)}, context=lambda: _one_pass(engine, model)
+            )
         check_steps_for("eval", model, "module")
         metrics = MetricSet(model.metrics())
         compute_output = model.interface.output_fn(model)
@@ -48,10 +49,12 @@ class Eval(Mode):
         def compute(engine: Engine) -> None:
             engine.state.metrics.update(metrics.compute())
 
-        return StepPlan({"runstep": eval_step}, before={"epoch_start": [reset],
-                                                        "epoch_end": [compute]},
-                        context=lambda: _one_pass(engine, model),
-                        writes=tuple(metrics.metrics))
+        return StepPlan(
+            {"runstep": eval_step},
+            before={"epoch_start": [reset], "epoch_end": [compute]},
+            context=lambda: _one_pass(engine, model),
+            writes=tuple(metrics.metrics),
+        )
 
 
 @contextlib.contextmanager

@@ -32,8 +32,9 @@ MEASURED_STEPS = 50  # steps measured after the warm-up when no budget is given
 class _Timed(Mode):
     def __init__(self, measure: str = "train", warmup: int = DEFAULT_WARMUP) -> None:
         if measure not in ("train", "infer"):
-            raise ValueError(f"measure={measure!r}: {self.name} mode measures a 'train' or "
-                             f"'infer' step")
+            raise ValueError(
+                f"measure={measure!r}: {self.name} mode measures a 'train' or 'infer' step"
+            )
         whole_number(warmup, "warmup=")
         self.measure, self.warmup = measure, warmup
 
@@ -45,8 +46,10 @@ class _Timed(Mode):
         """As given, or the warm-up and then ``MEASURED_STEPS``; more than the warm-up."""
         steps = self.warmup + MEASURED_STEPS if steps is None else steps
         if steps <= self.warmup:
-            raise ValueError(f"{self.name} mode needs more steps ({steps}) than warm-up steps "
-                             f"({self.warmup}), or nothing is measured")
+            raise ValueError(
+                f"{self.name} mode needs more steps ({steps}) than warm-up steps "
+                f"({self.warmup}), or nothing is measured"
+            )
         return steps
 
     def _inner(self, engine: Engine, model: Any) -> StepPlan:
@@ -75,14 +78,23 @@ class Profile(_Timed):
 
     name: ClassVar[str] = "profile"
 
-    def __init__(self, measure: str = "train", warmup: int = DEFAULT_WARMUP,
-                 directory: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        measure: str = "train",
+        warmup: int = DEFAULT_WARMUP,
+        directory: str | Path | None = None,
+    ) -> None:
         super().__init__(measure, warmup)
         self.directory = None if directory is None else Path(directory)
 
     def plan(self, engine: Engine, model: Any) -> StepPlan:
-        return _profile(self._inner(engine, model), model, self.warmup,
-                        engine.state.max_steps or 0, self.directory)
+        return _profile(
+            self._inner(engine, model),
+            model,
+            self.warmup,
+            engine.state.max_steps or 0,
+            self.directory,
+        )
 
 
 def _device(model: Any) -> torch.device:
@@ -94,8 +106,11 @@ def batch_size(batch: Any) -> int | None:
     """The leading size of the first tensor in a batch, if it has one."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
-    values = batch.values() if isinstance(batch, dict) else (
-        batch if isinstance(batch, (list, tuple)) else ())
+    values = (
+        batch.values()
+        if isinstance(batch, dict)
+        else (batch if isinstance(batch, (list, tuple)) else ())
+    )
     for value in values:
         if (size := batch_size(value)) is not None:
             return size
@@ -115,8 +130,10 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self.sync: Callable[[], None] = torch.cuda.synchronize if self.cuda else (lambda: None)
         if self.cuda:
-            self.events = [(torch.cuda.Event(enable_timing=True),
-                            torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+            self.events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(steps)
+            ]
         self.times = [0] * steps
         self.began = self.window_start = self.window_end = 0
 
@@ -147,40 +164,50 @@ class StepTimer:
             return {"timings": {"warmup": self.warmup, "measured_steps": 0}}
         wall = (self.window_end - self.window_start) / 1e9
         if self.cuda:
-            ms = [a.elapsed_time(b) for a, b in self.events[self.warmup:self.n]]
+            ms = [a.elapsed_time(b) for a, b in self.events[self.warmup : self.n]]
             # on the device's clock: from the first measured step's start to the last's end
             wall = self.events[self.warmup][0].elapsed_time(self.events[self.n - 1][1]) / 1e3
         else:
-            ms = [t / 1e6 for t in self.times[self.warmup:self.n]]
+            ms = [t / 1e6 for t in self.times[self.warmup : self.n]]
         ms.sort()
-        timings = {"warmup": self.warmup, "measured_steps": measured, "seconds": wall,
-                   "steps_per_s": measured / wall,
-                   "samples_per_s": self.samples / wall if self.samples else None,
-                   "step_ms_median": statistics.median(ms),
-                   "step_ms_p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
-                   "step_ms_mean": sum(ms) / len(ms), "device": "cuda" if self.cuda else "cpu"}
+        timings = {
+            "warmup": self.warmup,
+            "measured_steps": measured,
+            "seconds": wall,
+            "steps_per_s": measured / wall,
+            "samples_per_s": self.samples / wall if self.samples else None,
+            "step_ms_median": statistics.median(ms),
+            "step_ms_p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
+            "step_ms_mean": sum(ms) / len(ms),
+            "device": "cuda" if self.cuda else "cpu",
+        }
         return {"timings": timings}
 
 
-def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
-             directory: Path | None) -> StepPlan:
+def _profile(
+    plan: StepPlan, model: Any, warmup: int, steps: int, directory: Path | None
+) -> StepPlan:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-    folder = directory or Path("runs") / (f"profile-{type(model).__name__}-"
-                                          f"{time.strftime('%Y%m%d-%H%M%S')}")
+    folder = directory or Path("runs") / (
+        f"profile-{type(model).__name__}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     prepare_folder(folder, "Profile")
     activities = [ProfilerActivity.CPU]
     if _device(model).type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    profiler = profile(activities=activities,
-                       schedule=schedule(wait=0, warmup=warmup, active=steps - warmup, repeat=1),
-                       on_trace_ready=tensorboard_trace_handler(str(folder)))
+    profiler = profile(
+        activities=activities,
+        schedule=schedule(wait=0, warmup=warmup, active=steps - warmup, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(folder)),
+    )
     for phase, action in list(plan.actions.items()):
-        def labelled(engine: Engine, action: Any = action, label: str = f"runmodel/{phase}"
-                     ) -> Any:
+
+        def labelled(engine: Engine, action: Any = action, label: str = f"runmodel/{phase}") -> Any:
             with record_function(label):
                 return action(engine)
+
         labelled.__wrapped__ = action  # type: ignore[attr-defined]  # errors name the action
         plan.actions[phase] = labelled
     # the hooks timed and labelled (phases: their actions are labelled above)
@@ -195,8 +222,10 @@ def _profile(plan: StepPlan, model: Any, warmup: int, steps: int,
         files = {"directory": str(folder)}
         if traces:
             files["trace"] = str(traces[-1])
-        return {"timings": {"warmup": warmup, "hooks": times.rows(hooks=True, called_only=False)},
-                "files": files}
+        return {
+            "timings": {"warmup": warmup, "hooks": times.rows(hooks=True, called_only=False)},
+            "files": files,
+        }
 
     plan.context = lambda: profiler
     plan.after.setdefault("runstep", []).append(lambda engine: profiler.step())

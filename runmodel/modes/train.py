@@ -49,8 +49,10 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
     actions; a custom interface's ``train_step``; a plain ``Model``'s ``step``."""
     interface = getattr(model, "interface", None)
     if interface is not None and not interface.phased:
-        plan = StepPlan({"runstep": _interface_step(model, interface)},
-                        data=track(getattr(model, "train_data", None)))
+        plan = StepPlan(
+            {"runstep": _interface_step(model, interface)},
+            data=track(getattr(model, "train_data", None)),
+        )
     elif not isinstance(model, TorchModel):
         plan = StepPlan({"runstep": model_step(model)})
     else:
@@ -73,8 +75,11 @@ def _loss_read(engine: Engine) -> bool:
 
 
 def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
-    forward, backward, optimizer_step = (interface.forward, interface.backward,
-                                         interface.optimizer_step)
+    forward, backward, optimizer_step = (
+        interface.forward,
+        interface.backward,
+        interface.optimizer_step,
+    )
     if model.optimizer is None:  # the update is an override's (checked): guard the default
         optimizer_step = _optimizer_wanted(optimizer_step)
     dispatch = engine.dispatch
@@ -90,8 +95,11 @@ def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
         optimizer_step(model)
 
     def train_step(engine: Engine) -> None:
-        if (dispatch.forward is forward_action and dispatch.backward is backward_action
-                and dispatch.optimizer_step is optimizer_step_action):
+        if (
+            dispatch.forward is forward_action
+            and dispatch.backward is backward_action
+            and dispatch.optimizer_step is optimizer_step_action
+        ):
             # no hook, override or instrument on the three phases (their dispatch is the
             # bare action): the same three parts, without three calls between them
             state = engine.state
@@ -103,11 +111,16 @@ def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
         dispatch.backward(engine)
         dispatch.optimizer_step(engine)
 
-    return StepPlan({"runstep": train_step, "forward": forward_action,
-                     "backward": backward_action, "optimizer_step": optimizer_step_action},
-                    data=track(model.train_data),
-                    parts={"forward": forward, "backward": backward,
-                           "optimizer_step": optimizer_step})
+    return StepPlan(
+        {
+            "runstep": train_step,
+            "forward": forward_action,
+            "backward": backward_action,
+            "optimizer_step": optimizer_step_action,
+        },
+        data=track(model.train_data),
+        parts={"forward": forward, "backward": backward, "optimizer_step": optimizer_step},
+    )
 
 
 def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
@@ -141,22 +154,33 @@ def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan
     def train_step(engine: Engine) -> None:
         dispatch.optimizer_step(engine)
 
-    return StepPlan({"runstep": train_step, "forward": forward_action,
-                     "backward": backward_action, "optimizer_step": optimizer_step_action},
-                    data=track(model.train_data),
-                    parts={"forward": forward, "backward": backward,
-                           "optimizer_step": step_with_closure})
+    return StepPlan(
+        {
+            "runstep": train_step,
+            "forward": forward_action,
+            "backward": backward_action,
+            "optimizer_step": optimizer_step_action,
+        },
+        data=track(model.train_data),
+        parts={"forward": forward, "backward": backward, "optimizer_step": step_with_closure},
+    )
 
 
 # -- what a step needs ---------------------------------------------------------------------
+
 
 def _check_parts(engine: Engine, model: TorchModel) -> None:
     """The parts of ``model`` the step will use: ``module`` always; ``optimizer`` unless
     an override of ``optimizer_step`` makes the update; ``loss_fn`` unless
     ``compute_loss`` is the model's own (or a ``runstep`` override is the whole step)."""
-    overridden = {phase for phase in ("runstep", "optimizer_step")
-                  if any(o.options.modes is None or engine.state.mode in o.options.modes
-                         for o in engine.table.overrides[phase])}
+    overridden = {
+        phase
+        for phase in ("runstep", "optimizer_step")
+        if any(
+            o.options.modes is None or engine.state.mode in o.options.modes
+            for o in engine.table.overrides[phase]
+        )
+    }
     if "runstep" in overridden:
         check_steps_for("train", model, "module")  # the override's step may use neither
         return
@@ -165,26 +189,35 @@ def _check_parts(engine: Engine, model: TorchModel) -> None:
         needed.append("optimizer")
     if getattr(model.compute_loss, "__func__", None) is TorchModel.compute_loss:
         needed.append("loss_fn")  # the model's own compute_loss may do without
-    check_steps_for("train", model, *needed,
-                    hint=" (from_parts: optimizer=, loss_fn=); to write the update yourself, "
-                         "engine.override('optimizer_step', ...), which needs no optimizer; "
-                         "the whole step, engine.override('runstep', ...)")
+    check_steps_for(
+        "train",
+        model,
+        *needed,
+        hint=" (from_parts: optimizer=, loss_fn=); to write the update yourself, "
+        "engine.override('optimizer_step', ...), which needs no optimizer; "
+        "the whole step, engine.override('runstep', ...)",
+    )
 
 
 def _optimizer_wanted(optimizer_step: Any) -> Any:
     """The built-in optimizer step of a model that has no optimizer, reached by an
     override that called ``default``: a clear error, unless a hook has set one since."""
+
     def step(model: Any) -> None:
         if model.optimizer is None:
-            raise RuntimeError(f"an override of optimizer_step called default(engine), whose "
-                               f"built-in action steps {type(model).__name__}.optimizer, and "
-                               f"there is none: make the update in the override without "
-                               f"calling default, or set the optimizer in setup()")
+            raise RuntimeError(
+                f"an override of optimizer_step called default(engine), whose "
+                f"built-in action steps {type(model).__name__}.optimizer, and "
+                f"there is none: make the update in the override without "
+                f"calling default, or set the optimizer in setup()"
+            )
         optimizer_step(model)
+
     return step
 
 
 # -- the epoch's mean loss -----------------------------------------------------------------
+
 
 class _EpochLoss:
     """The sum of the epoch's step losses on their device, in float64 (no sync, no drift),
@@ -244,6 +277,7 @@ def _add_epoch_loss(plan: StepPlan) -> None:
 
 # -- resuming --------------------------------------------------------------------------------
 
+
 class _PastOnceHooks:
     """At a resume, one line on stderr (rank 0) naming the ``once=`` hooks of the setup
     and epoch phases that this run will not fire: their moment came before the
@@ -261,11 +295,14 @@ class _PastOnceHooks:
         state = engine.state
         past = past_once_hooks(engine.table, state, ("setup", "epoch_start", "epoch_end"))
         if past and state.rank == 0:
-            names = ", ".join(f"{h.name!r} ({h.phase}, once={_as_written(h.options.once)})"
-                              for h in past)
-            print(f"runmodel: resumed at epoch {state.epoch}, step {state.step}; the moment "
-                  f"of these once= hooks is past, so this run does not fire them: {names}",
-                  file=sys.stderr)
+            names = ", ".join(
+                f"{h.name!r} ({h.phase}, once={_as_written(h.options.once)})" for h in past
+            )
+            print(
+                f"runmodel: resumed at epoch {state.epoch}, step {state.step}; the moment "
+                f"of these once= hooks is past, so this run does not fire them: {names}",
+                file=sys.stderr,
+            )
 
 
 def _as_written(once: Any) -> str:
@@ -282,4 +319,5 @@ def _interface_step(model: Any, interface: Any) -> Any:
         state = engine.state
         state.output = result = train_step(model, state.batch)
         state.loss = result.get("loss") if isinstance(result, dict) else None
+
     return runstep

@@ -20,13 +20,41 @@ from .tensorboard import TensorBoard
 from .timer import Timer
 from .unfreeze import Unfreeze
 
-__all__ = ["CSV", "EMA", "PACK_TYPES", "SWA", "Checkpoint", "EarlyStopping", "Evaluate",
-           "GradAccumulation", "GradClip", "LRSchedule", "MLflow", "NaNGuard", "Progress",
-           "RunLog", "TensorBoard", "Timer", "Unfreeze"]
+__all__ = [
+    "CSV",
+    "EMA",
+    "PACK_TYPES",
+    "SWA",
+    "Checkpoint",
+    "EarlyStopping",
+    "Evaluate",
+    "GradAccumulation",
+    "GradClip",
+    "LRSchedule",
+    "MLflow",
+    "NaNGuard",
+    "Progress",
+    "RunLog",
+    "TensorBoard",
+    "Timer",
+    "Unfreeze",
+]
 
 #: The built-in packs by the name a config gives them.
 PACK_TYPES: dict[str, type] = {
-    "checkpoint": Checkpoint, "csv": CSV, "early_stopping": EarlyStopping, "ema": EMA,
-    "evaluate": Evaluate, "grad_accumulation": GradAccumulation, "grad_clip": GradClip,
-    "lr_schedule": LRSchedule, "mlflow": MLflow, "nan_guard": NaNGuard, "progress": Progress,
-    "swa": SWA, "tensorboard": TensorBoard, "timer": Timer, "unfreeze": Unfreeze}
+    "checkpoint": Checkpoint,
+    "csv": CSV,
+    "early_stopping": EarlyStopping,
+    "ema": EMA,
+    "evaluate": Evaluate,
+    "grad_accumulation": GradAccumulation,
+    "grad_clip": GradClip,
+    "lr_schedule": LRSchedule,
+    "mlflow": MLflow,
+    "nan_guard": NaNGuard,
+    "progress": Progress,
+    "swa": SWA,
+    "tensorboard": TensorBoard,
+    "timer": Timer,
+    "unfreeze": Unfreeze,
+}

@@ -32,16 +32,22 @@ def check_finite_parameters(engine: Any, epoch: int, step: int, group: Any = Non
         everywhere = bool(verdict.item())
     if everywhere:
         return
-    bad = [name for name, p in module.named_parameters()
-           if (p.is_floating_point() or p.is_complex()) and not bool(_local(p).isfinite().all())]
-    shown = ("parameters " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5
-                                                    else "")) if bad else (
-        "parameters of another process's shards")
+    bad = [
+        name
+        for name, p in module.named_parameters()
+        if (p.is_floating_point() or p.is_complex()) and not bool(_local(p).isfinite().all())
+    ]
+    shown = (
+        ("parameters " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+        if bad
+        else ("parameters of another process's shards")
+    )
     raise FloatingPointError(
         f"not saving the checkpoint of epoch {epoch}, step {step}: {shown} hold "
         f"NaN or inf (the training diverged), and the checkpoints before it are kept. Attach "
         f"runmodel.packs.NaNGuard() to skip (or stop at) the steps whose loss or gradients are "
-        f"not finite, or lower the learning rate, and resume from the last good checkpoint")
+        f"not finite, or lower the learning rate, and resume from the last good checkpoint"
+    )
 
 
 _MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

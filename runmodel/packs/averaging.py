@@ -33,8 +33,10 @@ class WeightAveraging(Pack):
 
     def __init__(self, *, use_averaged: bool, use_buffers: bool) -> None:
         if not isinstance(use_averaged, bool):
-            raise TypeError(f"{type(self).__name__}(use_averaged=) takes True (evaluate the "
-                            f"averaged weights) or False; got {use_averaged!r}")
+            raise TypeError(
+                f"{type(self).__name__}(use_averaged=) takes True (evaluate the "
+                f"averaged weights) or False; got {use_averaged!r}"
+            )
         self.use_averaged, self.use_buffers = use_averaged, use_buffers
         #: the average, from the run's setup on (None before)
         self.averaged: AveragedModel | None = None
@@ -55,14 +57,17 @@ class WeightAveraging(Pack):
         owner, model = type(self).__name__, engine.model
         module = unwrap(model.module) if isinstance(model, TorchModel) else None
         if module is None:
-            raise TypeError(f"{owner} averages a TorchModel's module weights; "
-                            f"{type(model).__name__} has no module")
+            raise TypeError(
+                f"{owner} averages a TorchModel's module weights; "
+                f"{type(model).__name__} has no module"
+            )
         if _sharded(module):
             raise ValueError(
                 f"{owner} is refused under the fsdp backend: the module's parameters are "
                 f"sharded (DTensors) and the average would be a whole copy of the model on "
                 f"every process, saved in each process's pack state rather than in the "
-                f"sharded checkpoint. Use {owner} with the plain or ddp backend")
+                f"sharded checkpoint. Use {owner} with the plain or ddp backend"
+            )
 
     @hook(modes="train")
     def setup(self, engine: Any) -> None:
@@ -70,8 +75,9 @@ class WeightAveraging(Pack):
         run resumes), and put it in the module's place around evaluations if asked."""
         module = unwrap(engine.model.module)
         assert module is not None  # check_setup
-        self.averaged = AveragedModel(module, multi_avg_fn=self.multi_avg_fn,
-                                      use_buffers=self.use_buffers)
+        self.averaged = AveragedModel(
+            module, multi_avg_fn=self.multi_avg_fn, use_buffers=self.use_buffers
+        )
         self._averaging = False
         if self._pending is not None:
             self._load(self._pending)
@@ -127,9 +133,10 @@ class WeightAveraging(Pack):
     def state_dict(self) -> dict[str, Any]:
         if self.averaged is None:
             return dict(self._pending or {})
-        return {AVERAGED: {k: v.detach().clone() for k, v in
-                           self.averaged.module.state_dict().items()},
-                "n_averaged": self.averaged.n_averaged.detach().clone()}
+        return {
+            AVERAGED: {k: v.detach().clone() for k, v in self.averaged.module.state_dict().items()},
+            "n_averaged": self.averaged.n_averaged.detach().clone(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pending = dict(state) if state else None

@@ -79,19 +79,34 @@ class Checkpoint(Pack):
 
     name = "checkpoint"
 
-    def __init__(self, directory: str | os.PathLike[str], every: int | str = "1ep",
-                 keep: int | None = 2, best: tuple[str, str] | None = None,
-                 keep_best: int = 1, async_save: bool = False, overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        every: int | str = "1ep",
+        keep: int | None = 2,
+        best: tuple[str, str] | None = None,
+        keep_best: int = 1,
+        async_save: bool = False,
+        overwrite: bool = False,
+    ) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
         if (not is_whole_number(keep) and keep is not None) or (keep == 0 and best is None):
-            raise ValueError(f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
-                             f"best= (keep only the best); got {keep!r}")
-        if best is not None and not (isinstance(best, (tuple, list)) and len(best) == 2
-                                     and isinstance(best[0], str) and best[1] in ("min", "max")):
-            raise ValueError(f"best= names a metric and whether lower or higher is better, as "
-                             f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}")
+            raise ValueError(
+                f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
+                f"best= (keep only the best); got {keep!r}"
+            )
+        if best is not None and not (
+            isinstance(best, (tuple, list))
+            and len(best) == 2
+            and isinstance(best[0], str)
+            and best[1] in ("min", "max")
+        ):
+            raise ValueError(
+                f"best= names a metric and whether lower or higher is better, as "
+                f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}"
+            )
         whole_number(keep_best, "keep_best=", least=1)
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
@@ -146,9 +161,11 @@ class Checkpoint(Pack):
             return
         self._check_one_pack(engine)
         if engine.storage is None:
-            raise ValueError("Checkpoint writes through the engine's checkpoint storage, and "
-                             "this engine has none: use runmodel.Engine, or give "
-                             "runmodel.core.Engine(storage=runmodel.checkpoint.FileStorage())")
+            raise ValueError(
+                "Checkpoint writes through the engine's checkpoint storage, and "
+                "this engine has none: use runmodel.Engine, or give "
+                "runmodel.core.Engine(storage=runmodel.checkpoint.FileStorage())"
+            )
         self._check_folder_run(engine)
         if engine.state.rank == 0:
             prepare_folder(self.directory, "Checkpoint")
@@ -156,13 +173,18 @@ class Checkpoint(Pack):
     def _check_one_pack(self, engine: Any) -> None:
         """Two packs writing one folder would prune each other's checkpoints."""
         mine = os.path.abspath(self.directory)
-        keys = [key for key, pack in engine.table.packs.items()
-                if isinstance(pack, Checkpoint) and os.path.abspath(pack.directory) == mine]
+        keys = [
+            key
+            for key, pack in engine.table.packs.items()
+            if isinstance(pack, Checkpoint) and os.path.abspath(pack.directory) == mine
+        ]
         if len(keys) > 1:
-            raise ValueError(f"Checkpoint packs {' and '.join(repr(k) for k in keys)} both write "
-                             f"to {str(self.directory)!r}: each would delete the other's "
-                             f"checkpoints as its own old ones. Give each its own folder "
-                             f"(or attach one Checkpoint pack)")
+            raise ValueError(
+                f"Checkpoint packs {' and '.join(repr(k) for k in keys)} both write "
+                f"to {str(self.directory)!r}: each would delete the other's "
+                f"checkpoints as its own old ones. Give each its own folder "
+                f"(or attach one Checkpoint pack)"
+            )
 
     def _check_folder_run(self, engine: Any) -> None:
         holder, record = self.folder_run(engine.state.rank), engine.run_record
@@ -174,20 +196,25 @@ class Checkpoint(Pack):
                 self._move_old = True
                 return
             started = holder.get("started")
-            when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" \
-                if isinstance(started, (int, float)) else ""
+            when = (
+                f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}"
+                if isinstance(started, (int, float))
+                else ""
+            )
             name = f"run {holder['id']}{when}" if holder.get("id") else "a run"
             raise FileExistsError(
                 f"{self.directory} holds the checkpoints of {name}; this run starts from step "
-                f"0. Continue that run with resume=\"auto\", give this run another folder, or "
+                f'0. Continue that run with resume="auto", give this run another folder, or '
                 f"use Checkpoint({str(self.directory)!r}, overwrite=True) to move the old run "
                 f"into {self.directory / 'previous-<run id>'} and start afresh (nothing is "
-                f"deleted)")
+                f"deleted)"
+            )
         if holder.get("id") and holder["id"] != record.get("id"):
             raise FileExistsError(
                 f"{self.directory} holds the checkpoints of run {holder['id']}, and this run "
                 f"continues run {record.get('id')} (from {engine.resumed_from}); a folder "
-                f"holds one run's checkpoints: give this run another folder")
+                f"holds one run's checkpoints: give this run another folder"
+            )
 
     def setup(self, engine: Any) -> None:
         """The run's checkpoint storage (and a background writer for it); on rank 0,
@@ -217,8 +244,9 @@ class Checkpoint(Pack):
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
         # last: after other hooks' state changes; every rank: under fsdp each writes its
         # shard, else all but rank 0 return at once
-        yield Hook(self.save, phase, HookOptions.of(every=self.every.text, modes="train",
-                                                      priority=-1000))
+        yield Hook(
+            self.save, phase, HookOptions.of(every=self.every.text, modes="train", priority=-1000)
+        )
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train"))
 
     def _writes_here(self, engine: Any) -> bool:
@@ -247,9 +275,16 @@ class Checkpoint(Pack):
                 self.wait()
             finally:  # the run's storage (and its model) go with the run
                 self._storage = None
-                s.files.update({k: str(v) for k, v in (("best_checkpoint", self.best_path),
-                                                        ("last_checkpoint", self.last_path))
-                                if v is not None})
+                s.files.update(
+                    {
+                        k: str(v)
+                        for k, v in (
+                            ("best_checkpoint", self.best_path),
+                            ("last_checkpoint", self.last_path),
+                        )
+                        if v is not None
+                    }
+                )
 
     def save(self, engine: Any) -> Path | None:
         s = engine.state
@@ -295,16 +330,23 @@ class Checkpoint(Pack):
             # the lists saved inside the checkpoint already hold the checkpoint itself, so
             # a run resumed from it prunes it in its turn
             kept = [n for n in previous if n != name] + [name]
-            self.saved = kept if self.keep is None else kept[-self.keep:] if self.keep else []
+            self.saved = kept if self.keep is None else kept[-self.keep :] if self.keep else []
             best = self._rank_best(storage, s, epoch, step)
             # deleted only once the new one is on disk: what is neither kept nor best (the
             # new one too, when keep=0 keeps the best alone and it is not among them)
-            old = ({*previous, *(n for _, n in previous_best), name}
-                   - {*self.saved, *(n for _, n in self.best_saved)})
+            old = {*previous, *(n for _, n in previous_best), name} - {
+                *self.saved,
+                *(n for _, n in self.best_saved),
+            }
             # sharded: each process sees its shards alone; they refuse together
             check_finite_parameters(engine, epoch, step, storage.group)
-            finish = _Finish(storage, path, None if best is None else self.directory / best,
-                             self._ranking(), [self.directory / n for n in sorted(old)])
+            finish = _Finish(
+                storage,
+                path,
+                None if best is None else self.directory / best,
+                self._ranking(),
+                [self.directory / n for n in sorted(old)],
+            )
             snapshot = engine.snapshot(counters)
             if self._writer is not None:
                 self._writer.submit(path, snapshot, finish)
@@ -324,10 +366,12 @@ class Checkpoint(Pack):
         metric, mode = self.best
         value = read_metric(state, metric)
         if value is None:
-            raise ValueError(f"Checkpoint(best=({metric!r}, {mode!r})): no metric {metric!r} in "
-                             f"engine.state.metrics at epoch {epoch}, step {step}; there are: "
-                             f"{', '.join(sorted(state.metrics)) or 'none'} (attach an Evaluate "
-                             f"pack, or name one of these)")
+            raise ValueError(
+                f"Checkpoint(best=({metric!r}, {mode!r})): no metric {metric!r} in "
+                f"engine.state.metrics at epoch {epoch}, step {step}; there are: "
+                f"{', '.join(sorted(state.metrics)) or 'none'} (attach an Evaluate "
+                f"pack, or name one of these)"
+            )
         value = float(value)
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
@@ -340,17 +384,21 @@ class Checkpoint(Pack):
         """The best-K as a record: the metric, its direction, the names and values."""
         if self.best is None:
             return None
-        return {"metric": self.best[0], "mode": self.best[1],
-                "best": [{"checkpoint": n, "value": v} for v, n in self.best_saved]}
+        return {
+            "metric": self.best[0],
+            "mode": self.best[1],
+            "best": [{"checkpoint": n, "value": v} for v, n in self.best_saved],
+        }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"saved": list(self.saved),
-                "best_saved": [[value, name] for value, name in self.best_saved]}
+        return {
+            "saved": list(self.saved),
+            "best_saved": [[value, name] for value, name in self.best_saved],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = list(state.get("saved", []))
-        self.best_saved = [(float(value), str(name)) for value, name in
-                           state.get("best_saved", [])]
+        self.best_saved = [(float(value), str(name)) for value, name in state.get("best_saved", [])]
 
 
 class _Finish:
@@ -359,10 +407,21 @@ class _Finish:
 
     __slots__ = ("best", "old", "path", "ranking", "storage")
 
-    def __init__(self, storage: Storage, path: Path, best: Path | None,
-                 ranking: dict[str, Any] | None, old: list[Path]) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        path: Path,
+        best: Path | None,
+        ranking: dict[str, Any] | None,
+        old: list[Path],
+    ) -> None:
         self.storage, self.path, self.best, self.ranking, self.old = (
-            storage, path, best, ranking, old)
+            storage,
+            path,
+            best,
+            ranking,
+            old,
+        )
 
     def __call__(self) -> None:
         self.storage.mark_best(self.path, self.best, self.ranking)

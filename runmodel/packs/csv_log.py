@@ -48,18 +48,31 @@ class CSV(Pack):
     #: the epoch's loss: where a pack reads ``loss``, the run computes the epoch's mean
     reads = ("loss",)
 
-    def __init__(self, path: str | os.PathLike[str] = "metrics.csv",
-                 every_steps: int | None = None, step_path: str | os.PathLike[str] | None = None,
-                 modes: str | Iterable[str] = "train") -> None:
-        whole_number(every_steps, "CSV(every_steps=)", least=1, none=True,
-                     meaning="a row every that many steps")
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "metrics.csv",
+        every_steps: int | None = None,
+        step_path: str | os.PathLike[str] | None = None,
+        modes: str | Iterable[str] = "train",
+    ) -> None:
+        whole_number(
+            every_steps,
+            "CSV(every_steps=)",
+            least=1,
+            none=True,
+            meaning="a row every that many steps",
+        )
         self.path = Path(path)
         if self.path.suffix != ".csv":
-            raise ValueError(f"CSV(path=) names the .csv file to write, such as 'metrics.csv'; "
-                             f"got {str(path)!r}")
+            raise ValueError(
+                f"CSV(path=) names the .csv file to write, such as 'metrics.csv'; got {str(path)!r}"
+            )
         self.every_steps = every_steps
-        self.step_path = Path(step_path) if step_path is not None else self.path.with_name(
-            f"{self.path.stem}_steps.csv")
+        self.step_path = (
+            Path(step_path)
+            if step_path is not None
+            else self.path.with_name(f"{self.path.stem}_steps.csv")
+        )
         self.modes = HookOptions.of(modes=modes).modes
         self.rows: list[dict[str, Any]] = []  # the epoch rows written so far
         self.columns: list[str] = list(EPOCH_COLUMNS)
@@ -79,26 +92,35 @@ class CSV(Pack):
         self.path = inside
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.open, "setup", HookOptions.of(name="csv.open", rank=0,
-                                                      modes=self.modes))
-        yield Hook(self.log_epoch, "epoch_end", HookOptions.of(
-            name="csv.epoch", priority=-100, rank=0, modes=self.modes))  # after Evaluate
+        yield Hook(self.open, "setup", HookOptions.of(name="csv.open", rank=0, modes=self.modes))
+        yield Hook(
+            self.log_epoch,
+            "epoch_end",
+            HookOptions.of(name="csv.epoch", priority=-100, rank=0, modes=self.modes),
+        )  # after Evaluate
         if self.every_steps:
-            yield Hook(self.log_step, "runstep", HookOptions.of(
-                every=self.every_steps, name="csv.step", rank=0, modes=self.modes))
-        yield Hook(self.close, "teardown", HookOptions.of(name="csv.close", rank=0,
-                                                          modes=self.modes))
+            yield Hook(
+                self.log_step,
+                "runstep",
+                HookOptions.of(every=self.every_steps, name="csv.step", rank=0, modes=self.modes),
+            )
+        yield Hook(
+            self.close, "teardown", HookOptions.of(name="csv.close", rank=0, modes=self.modes)
+        )
 
     def check_setup(self, engine: Any) -> None:
         """The folders are made and tried now (on rank 0, which writes)."""
-        if engine.state.rank != 0 or (self.modes is not None
-                                      and engine.state.mode not in self.modes):
+        if engine.state.rank != 0 or (
+            self.modes is not None and engine.state.mode not in self.modes
+        ):
             return
         for path in {self.path, self.step_path}:
             prepare_folder(path.parent, "CSV")
             if path.is_dir():
-                raise IsADirectoryError(f"CSV writes the file {str(path)!r}, and that path is "
-                                        f"a folder; give a file's path")
+                raise IsADirectoryError(
+                    f"CSV writes the file {str(path)!r}, and that path is "
+                    f"a folder; give a file's path"
+                )
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -127,7 +149,8 @@ class CSV(Pack):
         if isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1 and self._steps is not None:
             with naming_disk_full(self.step_path):
                 csv.writer(self._steps).writerow(
-                    (s.step + 1, s.epoch + 1, repr(float(s.loss.detach()))))
+                    (s.step + 1, s.epoch + 1, repr(float(s.loss.detach())))
+                )
 
     def log_epoch(self, engine: Any) -> None:
         s = engine.state
@@ -149,11 +172,13 @@ class CSV(Pack):
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss = loss.detach().item()
         row["loss"] = loss if _number(loss) else None
-        row.update((name, value) for name, value in s.metrics.items()
-                   if name != "loss" and _number(value))
+        row.update(
+            (name, value) for name, value in s.metrics.items() if name != "loss" and _number(value)
+        )
         optimizer = getattr(engine.model, "optimizer", None)
-        for i, group in enumerate(getattr(optimizer, "param_groups", ()) if s.kind == "train"
-                                  else ()):
+        for i, group in enumerate(
+            getattr(optimizer, "param_groups", ()) if s.kind == "train" else ()
+        ):
             row[f"lr/group{i}"] = group["lr"]
         return row
 
@@ -168,8 +193,9 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _read(path: Path, columns: tuple[str, ...], up_to: int
-          ) -> tuple[list[str], list[dict[str, Any]]]:
+def _read(
+    path: Path, columns: tuple[str, ...], up_to: int
+) -> tuple[list[str], list[dict[str, Any]]]:
     """The columns and the rows of ``path`` whose ``step`` is at most ``up_to`` (as
     text: they are written back as they were)."""
     if not path.is_file():

@@ -30,14 +30,21 @@ class EarlyStopping(Pack):
 
     name = "early_stopping"
 
-    def __init__(self, metric: str, patience: int, min_delta: float = 0.0, mode: str = "min",
-                 every: int = 1) -> None:
-        whole_number(patience, "EarlyStopping(patience=)", least=1,
-                     meaning="the checks in a row without improvement before stopping")
-        self.watcher = MetricWatcher(metric, mode, min_delta=min_delta, patience=patience,
-                                     owner="EarlyStopping")
-        whole_number(every, "EarlyStopping(every=)", least=1, unit="epochs",
-                     meaning="as Evaluate's every=")
+    def __init__(
+        self, metric: str, patience: int, min_delta: float = 0.0, mode: str = "min", every: int = 1
+    ) -> None:
+        whole_number(
+            patience,
+            "EarlyStopping(patience=)",
+            least=1,
+            meaning="the checks in a row without improvement before stopping",
+        )
+        self.watcher = MetricWatcher(
+            metric, mode, min_delta=min_delta, patience=patience, owner="EarlyStopping"
+        )
+        whole_number(
+            every, "EarlyStopping(every=)", least=1, unit="epochs", meaning="as Evaluate's every="
+        )
         self.metric, self.patience, self.min_delta = metric, patience, float(min_delta)
         self.reads = (metric,)  # checked at setup against the metrics declared written
         self.mode, self.every = mode, every
@@ -63,12 +70,19 @@ class EarlyStopping(Pack):
         return self.watcher.last
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.setup, "setup", HookOptions.of(modes="train",
-                                                       name="early_stopping.setup"))
+        yield Hook(self.setup, "setup", HookOptions.of(modes="train", name="early_stopping.setup"))
         # after Evaluate (priority 0) and TensorBoard (-100), before Checkpoint (-1000)
-        yield Hook(self.check, "epoch_end", HookOptions.of(
-            priority=-200, after="evaluate", every=self.every, modes="train",
-            name="early_stopping.check"))
+        yield Hook(
+            self.check,
+            "epoch_end",
+            HookOptions.of(
+                priority=-200,
+                after="evaluate",
+                every=self.every,
+                modes="train",
+                name="early_stopping.check",
+            ),
+        )
 
     def setup(self, engine: Engine) -> None:
         if not self._restored:  # a run from the start (not resumed): a new count
@@ -86,10 +100,16 @@ class EarlyStopping(Pack):
     def reason(self) -> str:
         """Why the run stops: what did not improve, for how long, and the best value."""
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
-        checks = (f"{self.bad} epoch{'s' if self.bad != 1 else ''}" if self.every == 1
-                  else f"{self.bad} checks {self.every} epochs apart")
-        best = ("no value that was a number" if self.best is None or self.best_epoch is None
-                else f"best {self.best:.6g} at epoch {self.best_epoch + 1}")  # from 1
+        checks = (
+            f"{self.bad} epoch{'s' if self.bad != 1 else ''}"
+            if self.every == 1
+            else f"{self.bad} checks {self.every} epochs apart"
+        )
+        best = (
+            "no value that was a number"
+            if self.best is None or self.best_epoch is None
+            else f"best {self.best:.6g} at epoch {self.best_epoch + 1}"
+        )  # from 1
         tail = "" if self.last is None else f", last {self.last:.6g}"
         return f"early stopping: {self.metric} did not improve{by} for {checks} ({best}{tail})"
 

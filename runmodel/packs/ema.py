@@ -39,11 +39,14 @@ class EMA(WeightAveraging):
 
     name = "ema"
 
-    def __init__(self, decay: float = 0.999, use_averaged: bool = False,
-                 use_buffers: bool = True) -> None:
+    def __init__(
+        self, decay: float = 0.999, use_averaged: bool = False, use_buffers: bool = True
+    ) -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
-            raise ValueError(f"EMA(decay=) is the weight of the average so far, a number in "
-                             f"[0, 1] such as 0.999; got {decay!r}")
+            raise ValueError(
+                f"EMA(decay=) is the weight of the average so far, a number in "
+                f"[0, 1] such as 0.999; got {decay!r}"
+            )
         if not isinstance(use_buffers, bool):
             raise TypeError(f"EMA(use_buffers=) takes True or False, got {use_buffers!r}")
         super().__init__(use_averaged=use_averaged, use_buffers=use_buffers)

@@ -37,31 +37,43 @@ class Evaluate(Pack):
 
     name = "evaluate"
 
-    def __init__(self, every: int | str = "1ep", data: Iterable[Any] | None = None,
-                 metrics: Mapping[str, Metric] | None = None, prefix: str = "eval_",
-                 modes: str | Iterable[str] = "train") -> None:
+    def __init__(
+        self,
+        every: int | str = "1ep",
+        data: Iterable[Any] | None = None,
+        metrics: Mapping[str, Metric] | None = None,
+        prefix: str = "eval_",
+        modes: str | Iterable[str] = "train",
+    ) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
             self.every = parse_duration(f"{int(self.every.amount)}ep", "every")
         if data is not None:
             if not isinstance(data, Iterable):
-                raise TypeError(f"Evaluate(data=) takes the batches to evaluate on (a DataLoader "
-                                f"or a list of batches), got {type(data).__name__}")
+                raise TypeError(
+                    f"Evaluate(data=) takes the batches to evaluate on (a DataLoader "
+                    f"or a list of batches), got {type(data).__name__}"
+                )
             if iter(data) is data:
-                raise TypeError(f"Evaluate(data=) is a one-shot iterator "
-                                f"({type(data).__name__}) that the first evaluation would use "
-                                f"up; give a DataLoader or a list of batches")
+                raise TypeError(
+                    f"Evaluate(data=) is a one-shot iterator "
+                    f"({type(data).__name__}) that the first evaluation would use "
+                    f"up; give a DataLoader or a list of batches"
+                )
         self.data = data
         self.metrics = _check_metrics(metrics)
         if not isinstance(prefix, str):
-            raise TypeError(f"Evaluate(prefix=) must be a string such as 'eval_' or 'val_'; "
-                            f"got {prefix!r}")
+            raise TypeError(
+                f"Evaluate(prefix=) must be a string such as 'eval_' or 'val_'; got {prefix!r}"
+            )
         if prefix.startswith(TEST_PREFIX):  # a test split is evaluated once, after training
-            raise ValueError(f"Evaluate(prefix={prefix!r}): the {TEST_PREFIX!r} prefix is "
-                             f"reserved for the test split (TorchModel.test_data), which a run "
-                             f"folder evaluates once after training with the best weights; "
-                             f"metrics measured during training are validation metrics: use "
-                             f"'eval_' or 'val_'")
+            raise ValueError(
+                f"Evaluate(prefix={prefix!r}): the {TEST_PREFIX!r} prefix is "
+                f"reserved for the test split (TorchModel.test_data), which a run "
+                f"folder evaluates once after training with the best weights; "
+                f"metrics measured during training are validation metrics: use "
+                f"'eval_' or 'val_'"
+            )
         self.prefix = prefix
         self.modes = HookOptions.of(modes=modes).modes
         self.last: dict[str, Any] = {}  # the latest evaluation's values, prefixed
@@ -73,9 +85,11 @@ class Evaluate(Pack):
         by_epoch = self.every.unit == "ep"
         # priority 0 and named "evaluate": EarlyStopping, LRSchedule and TensorBoard (lower
         # priorities) come after it
-        yield Hook(self.run_epoch if by_epoch else self.run, "epoch_end" if by_epoch
-                   else "runstep", HookOptions.of(every=self.every.text, modes=self.modes,
-                                                  name="evaluate"))
+        yield Hook(
+            self.run_epoch if by_epoch else self.run,
+            "epoch_end" if by_epoch else "runstep",
+            HookOptions.of(every=self.every.text, modes=self.modes, name="evaluate"),
+        )
 
     def check_setup(self, engine: Engine) -> None:
         """In a run it evaluates in: the model, its eval data and its metrics, whose
@@ -85,15 +99,21 @@ class Evaluate(Pack):
             return
         model = engine.model
         if not isinstance(model, TorchModel):
-            raise TypeError(f"Evaluate needs a TorchModel (it feeds ignite metrics with its "
-                            f"module's outputs); got {type(model).__name__}")
+            raise TypeError(
+                f"Evaluate needs a TorchModel (it feeds ignite metrics with its "
+                f"module's outputs); got {type(model).__name__}"
+            )
         if self.data is None and model.eval_data is None:
-            raise ValueError(f"Evaluate: {type(model).__name__} has no eval_data; set it in the "
-                             f"model's setup() or give Evaluate(data=...)")
+            raise ValueError(
+                f"Evaluate: {type(model).__name__} has no eval_data; set it in the "
+                f"model's setup() or give Evaluate(data=...)"
+            )
         self._metrics = dict(self.metrics) if self.metrics is not None else model.metrics()
         if not self._metrics:
-            raise ValueError(f"Evaluate: {type(model).__name__}.metrics() is empty (it has no "
-                             f"loss_fn); give Evaluate(metrics={{'name': ignite metric}})")
+            raise ValueError(
+                f"Evaluate: {type(model).__name__}.metrics() is empty (it has no "
+                f"loss_fn); give Evaluate(metrics={{'name': ignite metric}})"
+            )
         self.writes = tuple(self.prefix + name for name in self._metrics)
 
     def setup(self, engine: Engine) -> None:
@@ -129,9 +149,14 @@ def _check_metrics(metrics: object) -> dict[str, Metric] | None:
         return None
     from ignite.metrics import Metric
 
-    if not isinstance(metrics, Mapping) or not metrics or not all(
-            isinstance(k, str) and k and isinstance(v, Metric) for k, v in metrics.items()):
-        raise TypeError(f"Evaluate(metrics=) takes a dict of names to pytorch-ignite metrics, as "
-                        f"in {{'accuracy': ignite.metrics.Accuracy()}}, or None (the model's "
-                        f"metrics()); got {metrics!r}")
+    if (
+        not isinstance(metrics, Mapping)
+        or not metrics
+        or not all(isinstance(k, str) and k and isinstance(v, Metric) for k, v in metrics.items())
+    ):
+        raise TypeError(
+            f"Evaluate(metrics=) takes a dict of names to pytorch-ignite metrics, as "
+            f"in {{'accuracy': ignite.metrics.Accuracy()}}, or None (the model's "
+            f"metrics()); got {metrics!r}"
+        )
     return dict(metrics)

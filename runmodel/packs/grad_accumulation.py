@@ -43,8 +43,11 @@ class GradAccumulation(Pack):
     name = "grad_accumulation"
 
     def __init__(self, k: int) -> None:
-        whole_number(k, "GradAccumulation(k): k, the number of steps (micro-batches) per "
-                        "optimizer step,", least=1)
+        whole_number(
+            k,
+            "GradAccumulation(k): k, the number of steps (micro-batches) per optimizer step,",
+            least=1,
+        )
         self.k = k
         # the optimizer_step chain inside this override, kept from the latest step for
         # the step at an epoch's end
@@ -57,11 +60,16 @@ class GradAccumulation(Pack):
     def check_setup(self, engine: Any) -> None:
         """The model's optimizer, and one that takes no closure."""
         name = type(self).__name__
-        require_optimizer(engine, name, "steps the optimizer once per window and zeroes its "
-                                        "gradients")
-        refuse_closure_optimizer(engine, name, "each step recomputes the loss and its "
-                                               "gradients from scratch, so there is nothing "
-                                               "to accumulate across batches")
+        require_optimizer(
+            engine, name, "steps the optimizer once per window and zeroes its gradients"
+        )
+        refuse_closure_optimizer(
+            engine,
+            name,
+            "each step recomputes the loss and its "
+            "gradients from scratch, so there is nothing "
+            "to accumulate across batches",
+        )
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:
@@ -82,9 +90,11 @@ class GradAccumulation(Pack):
         """Backward on ``loss / k``; ``state.loss`` is the true loss again afterwards."""
         state = engine.state
         if self._sync is not None:  # fsdp: reduce at a window's last backward only
-            last = ((state.epoch_step + 1) % self.k == 0
-                    or state.epoch_step + 1 >= (self._length or 0)
-                    or (state.max_steps is not None and state.step + 1 >= state.max_steps))
+            last = (
+                (state.epoch_step + 1) % self.k == 0
+                or state.epoch_step + 1 >= (self._length or 0)
+                or (state.max_steps is not None and state.step + 1 >= state.max_steps)
+            )
             if last == self._unsynced:  # a change: the switch walks every shard unit
                 self._sync(last)
             self._unsynced = not last
@@ -108,10 +118,13 @@ class GradAccumulation(Pack):
         if self._step is not None and engine.state.epoch_step % self.k:
             if self._unsynced:  # an epoch cut short mid-window: its gradients were never
                 # reduced, and stepping on them would set the processes apart
-                warnings.warn(f"GradAccumulation: the epoch ended after step "
-                              f"{engine.state.step} in the middle of a window; under fsdp "
-                              f"its gradients were not reduced across the processes, so "
-                              f"the window is dropped", stacklevel=2)
+                warnings.warn(
+                    f"GradAccumulation: the epoch ended after step "
+                    f"{engine.state.step} in the middle of a window; under fsdp "
+                    f"its gradients were not reduced across the processes, so "
+                    f"the window is dropped",
+                    stacklevel=2,
+                )
                 engine.model.optimizer.zero_grad()
                 return
             self._step(engine)

@@ -43,12 +43,15 @@ class GradClip(Pack):
     name = "grad_clip"
     writes = ("grad_norm",)
 
-    def __init__(self, max_norm: float | None = None, value: float | None = None,
-                 norm_type: float = 2.0) -> None:
+    def __init__(
+        self, max_norm: float | None = None, value: float | None = None, norm_type: float = 2.0
+    ) -> None:
         if (max_norm is None) == (value is None):
-            raise ValueError(f"GradClip takes exactly one of max_norm= (clip the total norm) "
-                             f"and value= (clip each element); got max_norm={max_norm!r}, "
-                             f"value={value!r}")
+            raise ValueError(
+                f"GradClip takes exactly one of max_norm= (clip the total norm) "
+                f"and value= (clip each element); got max_norm={max_norm!r}, "
+                f"value={value!r}"
+            )
         self.max_norm = None if max_norm is None else _positive("max_norm", max_norm)
         self.value = None if value is None else _positive("value", value)
         self.norm_type = _positive("norm_type", norm_type, inf=True)
@@ -68,8 +71,13 @@ class GradClip(Pack):
         optimizer = getattr(engine.model, "optimizer", None)
         if engine.state.kind == "train" and optimizer is not None and needs_closure(optimizer):
             # each call of the closure clips the gradients it computed
-            self._in_closure = engine.on("backward", self.clip_now, priority=-100,
-                                         modes=TRAIN_MODES, name="grad_clip.in_closure")
+            self._in_closure = engine.on(
+                "backward",
+                self.clip_now,
+                priority=-100,
+                modes=TRAIN_MODES,
+                name="grad_clip.in_closure",
+            )
 
     @override("optimizer_step", priority=100, modes=TRAIN_MODES)
     def clip(self, engine: Any, default: Any) -> None:
@@ -92,8 +100,9 @@ class GradClip(Pack):
         scaler = engine.state.grad_scaler
         if scaler is not None:
             scaler.unscale_(optimizer)
-        parameters = (self.parameters_of(optimizer) if optimizer is not None
-                      else trained_parameters(model))
+        parameters = (
+            self.parameters_of(optimizer) if optimizer is not None else trained_parameters(model)
+        )
         if self.max_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, self.norm_type)
             self.last_norm = norm
@@ -122,10 +131,15 @@ class GradClip(Pack):
 
 def _positive(option: str, number: object, inf: bool = False) -> float:
     """``number`` as a float, if it is a number > 0 (finite unless ``inf``)."""
-    if (isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0
-            or (number == math.inf and not inf)):  # nan is not > 0
-        raise ValueError(f"GradClip {option}= must be a number > 0{' (or inf)' if inf else ''}"
-                         f", got {number!r}")
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, (int, float))
+        or not number > 0
+        or (number == math.inf and not inf)
+    ):  # nan is not > 0
+        raise ValueError(
+            f"GradClip {option}= must be a number > 0{' (or inf)' if inf else ''}, got {number!r}"
+        )
     return float(number)
 
 

@@ -29,8 +29,14 @@ _FACTORY_EXAMPLE = "lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer,
 #: Schedulers whose curve is laid out over a length given when they are made, in practice
 #: the run's planned total: extending the run would not give the longer run's curve.
 LENGTH_DEPENDENT = ("CosineAnnealingLR", "OneCycleLR", "PolynomialLR")
-_NOT_BY_NAME = ("LRScheduler", "_LRScheduler", "LambdaLR", "MultiplicativeLR", "SequentialLR",
-                "ChainedScheduler")
+_NOT_BY_NAME = (
+    "LRScheduler",
+    "_LRScheduler",
+    "LambdaLR",
+    "MultiplicativeLR",
+    "SequentialLR",
+    "ChainedScheduler",
+)
 
 
 class LRSchedule(Pack):
@@ -57,20 +63,31 @@ class LRSchedule(Pack):
     name = "lr_schedule"
     writes = ("lr",)
 
-    def __init__(self, scheduler: Scheduler | Factory | str | Mapping[str, Any] | None = None,
-                 interval: str = "step", warmup_steps: int = 0,
-                 metric: str | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler | Factory | str | Mapping[str, Any] | None = None,
+        interval: str = "step",
+        warmup_steps: int = 0,
+        metric: str | None = None,
+    ) -> None:
         if interval not in INTERVALS:
-            raise ValueError(f"LRSchedule(interval=) must be 'step' (after every optimizer step) "
-                             f"or 'epoch' (at every epoch end); got {interval!r}."
-                             f"{did_you_mean(interval, INTERVALS, cutoff=0.4)}")
+            raise ValueError(
+                f"LRSchedule(interval=) must be 'step' (after every optimizer step) "
+                f"or 'epoch' (at every epoch end); got {interval!r}."
+                f"{did_you_mean(interval, INTERVALS, cutoff=0.4)}"
+            )
         whole_number(warmup_steps, "LRSchedule(warmup_steps=)", meaning="0: no warm-up")
         #: the metric ReduceLROnPlateau steps with (its own mode and patience decide)
-        self.watcher = None if metric is None else MetricWatcher(
-            metric, owner="LRSchedule", reader=f"LRSchedule(metric={metric!r})")
+        self.watcher = (
+            None
+            if metric is None
+            else MetricWatcher(metric, owner="LRSchedule", reader=f"LRSchedule(metric={metric!r})")
+        )
         if scheduler is None and warmup_steps == 0:
-            raise ValueError("LRSchedule needs a scheduler, warmup_steps= or both; as in "
-                             f"LRSchedule({_FACTORY_EXAMPLE})")
+            raise ValueError(
+                "LRSchedule needs a scheduler, warmup_steps= or both; as in "
+                f"LRSchedule({_FACTORY_EXAMPLE})"
+            )
         self.interval, self.warmup_steps, self.metric = interval, warmup_steps, metric
         self.reads = () if metric is None else (metric,)  # checked at setup
         self.scheduler: Scheduler | None = None  # the one stepping, from the run's start
@@ -84,9 +101,11 @@ class LRSchedule(Pack):
         elif callable(scheduler):
             self._factory = scheduler
         elif scheduler is not None:
-            raise TypeError(f"LRSchedule takes a torch.optim.lr_scheduler scheduler, a factory "
-                            f"called with the optimizer ({_FACTORY_EXAMPLE}), a scheduler's "
-                            f"name such as 'StepLR', or None; got {scheduler!r}")
+            raise TypeError(
+                f"LRSchedule takes a torch.optim.lr_scheduler scheduler, a factory "
+                f"called with the optimizer ({_FACTORY_EXAMPLE}), a scheduler's "
+                f"name such as 'StepLR', or None; got {scheduler!r}"
+            )
         self._optimizer: torch.optim.Optimizer | None = None
         self._base: list[Any] = []  # the lrs without a scheduler: each group's initial_lr
         self._pending: dict[str, Any] | None = None  # a checkpoint's, until the run starts
@@ -98,33 +117,55 @@ class LRSchedule(Pack):
 
     def hooks(self) -> Iterator[Hook]:
         # after setup hooks that regroup the optimizer (Unfreeze's runs at priority 50)
-        yield Hook(self.setup, "setup", HookOptions.of(
-            priority=-50, after="unfreeze.setup", modes="train", name="lr_schedule.setup"))
+        yield Hook(
+            self.setup,
+            "setup",
+            HookOptions.of(
+                priority=-50, after="unfreeze.setup", modes="train", name="lr_schedule.setup"
+            ),
+        )
         has_scheduler = self._given is not None or self._factory is not None
         if self.warmup_steps or (has_scheduler and self.interval == "step"):
             # around the optimizer step itself, inside the overrides that may skip it
             # (GradAccumulation, NaNGuard, GradClip: priorities 300..100) and outside the
             # amp backend's scaler step (-100): it counts the optimizer's real steps
-            yield Hook(self.stepped, "optimizer_step", HookOptions.of(
-                priority=-50, modes="train", name="lr_schedule.stepped"), override=True)
+            yield Hook(
+                self.stepped,
+                "optimizer_step",
+                HookOptions.of(priority=-50, modes="train", name="lr_schedule.stepped"),
+                override=True,
+            )
             # a train step of the model's own has no optimizer_step phase: each step is one
-            yield Hook(self.step, "runstep", HookOptions.of(
-                priority=-500, modes="train", name="lr_schedule.step"))
+            yield Hook(
+                self.step,
+                "runstep",
+                HookOptions.of(priority=-500, modes="train", name="lr_schedule.step"),
+            )
         if has_scheduler and self.interval == "epoch":
             # after Evaluate put its metrics and TensorBoard logged this epoch's lr; before
             # a checkpoint saves the epoch
-            yield Hook(self.epoch_end, "epoch_end", HookOptions.of(
-                priority=-150, after="evaluate", modes="train", name="lr_schedule.epoch"))
-            yield Hook(self.epoch_start, "epoch_start", HookOptions.of(
-                modes="train", name="lr_schedule.epoch_start"))
+            yield Hook(
+                self.epoch_end,
+                "epoch_end",
+                HookOptions.of(
+                    priority=-150, after="evaluate", modes="train", name="lr_schedule.epoch"
+                ),
+            )
+            yield Hook(
+                self.epoch_start,
+                "epoch_start",
+                HookOptions.of(modes="train", name="lr_schedule.epoch_start"),
+            )
 
     # -- the run ------------------------------------------------------------------------------
 
     def setup(self, engine: Engine) -> None:
         optimizer = getattr(engine.model, "optimizer", None)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"LRSchedule needs the model's optimizer when the run starts; "
-                            f"{type(engine.model).__name__}.optimizer is {optimizer!r}")
+            raise TypeError(
+                f"LRSchedule needs the model's optimizer when the run starts; "
+                f"{type(engine.model).__name__}.optimizer is {optimizer!r}"
+            )
         self._optimizer, groups = optimizer, optimizer.param_groups
         if self._factory is not None:
             self.scheduler = self._build(optimizer)
@@ -219,9 +260,11 @@ class LRSchedule(Pack):
     def _groups(self, engine: Engine) -> list[dict[str, Any]]:
         optimizer = self._optimizer
         if engine.model.optimizer is not optimizer or optimizer is None:
-            raise RuntimeError("LRSchedule: the model's optimizer was replaced during the run, "
-                               "and the scheduler drives the old one; replace it in a setup "
-                               "hook of higher priority, before LRSchedule builds its scheduler")
+            raise RuntimeError(
+                "LRSchedule: the model's optimizer was replaced during the run, "
+                "and the scheduler drives the old one; replace it in a setup "
+                "hook of higher priority, before LRSchedule builds its scheduler"
+            )
         return optimizer.param_groups
 
     def _build(self, optimizer: torch.optim.Optimizer) -> Scheduler:
@@ -229,36 +272,48 @@ class LRSchedule(Pack):
         try:
             scheduler = self._factory(optimizer)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"LRSchedule: the scheduler factory failed when called with the "
-                              f"optimizer: {error}; a factory takes the optimizer, as in "
-                              f"{_FACTORY_EXAMPLE}") from None
+            raise type(error)(
+                f"LRSchedule: the scheduler factory failed when called with the "
+                f"optimizer: {error}; a factory takes the optimizer, as in "
+                f"{_FACTORY_EXAMPLE}"
+            ) from None
         if not isinstance(scheduler, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)):
-            raise TypeError(f"LRSchedule: the factory returned {type(scheduler).__name__}, not a "
-                            f"torch.optim.lr_scheduler scheduler; as in {_FACTORY_EXAMPLE}")
+            raise TypeError(
+                f"LRSchedule: the factory returned {type(scheduler).__name__}, not a "
+                f"torch.optim.lr_scheduler scheduler; as in {_FACTORY_EXAMPLE}"
+            )
         self._check_kind(scheduler)
         return scheduler
 
     def _check_kind(self, scheduler: Scheduler) -> None:
         plateau = isinstance(scheduler, lr_scheduler.ReduceLROnPlateau)
         if plateau and (self.metric is None or self.interval != "epoch"):
-            raise ValueError("LRSchedule: ReduceLROnPlateau steps on a metric at epoch ends; give "
-                             "interval='epoch' and metric= (as in metric='eval_loss', which "
-                             "the Evaluate pack puts into state.metrics)")
+            raise ValueError(
+                "LRSchedule: ReduceLROnPlateau steps on a metric at epoch ends; give "
+                "interval='epoch' and metric= (as in metric='eval_loss', which "
+                "the Evaluate pack puts into state.metrics)"
+            )
         if not plateau and self.metric is not None:
-            raise ValueError(f"LRSchedule(metric={self.metric!r}) is for ReduceLROnPlateau; "
-                             f"{type(scheduler).__name__} steps without a metric: leave it out")
+            raise ValueError(
+                f"LRSchedule(metric={self.metric!r}) is for ReduceLROnPlateau; "
+                f"{type(scheduler).__name__} steps without a metric: leave it out"
+            )
 
     def _check_given(self, scheduler: Scheduler, optimizer: torch.optim.Optimizer) -> None:
         if scheduler.optimizer is not optimizer:
-            raise ValueError("LRSchedule: the scheduler was made for another optimizer than the "
-                             "model's (its setup() makes a new one); pass a factory instead, as "
-                             f"in LRSchedule({_FACTORY_EXAMPLE})")
+            raise ValueError(
+                "LRSchedule: the scheduler was made for another optimizer than the "
+                "model's (its setup() makes a new one); pass a factory instead, as "
+                f"in LRSchedule({_FACTORY_EXAMPLE})"
+            )
         made_for = len(getattr(scheduler, "min_lrs", None) or getattr(scheduler, "base_lrs", []))
         if made_for != len(optimizer.param_groups):
-            raise ValueError(f"LRSchedule: the scheduler was made for {made_for} param group(s) "
-                             f"but the optimizer has {len(optimizer.param_groups)} now (a setup "
-                             f"hook such as Unfreeze(lr_scale=) regrouped it); pass a factory, "
-                             f"which is called after that: LRSchedule({_FACTORY_EXAMPLE})")
+            raise ValueError(
+                f"LRSchedule: the scheduler was made for {made_for} param group(s) "
+                f"but the optimizer has {len(optimizer.param_groups)} now (a setup "
+                f"hook such as Unfreeze(lr_scale=) regrouped it); pass a factory, "
+                f"which is called after that: LRSchedule({_FACTORY_EXAMPLE})"
+            )
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -276,22 +331,34 @@ class LRSchedule(Pack):
         (more epochs or steps than it was started with) must end as a run started with the
         larger number would: a schedule laid out over the run's length cannot, so it is
         refused."""
-        require_optimizer(engine, "LRSchedule", "schedules the learning rate of the "
-                                                "optimizer's param groups", modes=("train",))
+        require_optimizer(
+            engine,
+            "LRSchedule",
+            "schedules the learning rate of the optimizer's param groups",
+            modes=("train",),
+        )
         kind = self.kind()
-        if engine.extension is not None and engine.state.kind == "train" and (
-                kind in LENGTH_DEPENDENT):
-            raise ValueError(f"this run extends the run it continues ({engine.extension}), and "
-                             f"its learning rate schedule {kind} is laid out over the run's "
-                             f"total length: the extended run would not equal a run started "
-                             f"with the larger length. Start a new run with that length, or "
-                             f"use a schedule that does not depend on it (StepLR, "
-                             f"ExponentialLR...)")
+        if (
+            engine.extension is not None
+            and engine.state.kind == "train"
+            and (kind in LENGTH_DEPENDENT)
+        ):
+            raise ValueError(
+                f"this run extends the run it continues ({engine.extension}), and "
+                f"its learning rate schedule {kind} is laid out over the run's "
+                f"total length: the extended run would not equal a run started "
+                f"with the larger length. Start a new run with that length, or "
+                f"use a schedule that does not depend on it (StepLR, "
+                f"ExponentialLR...)"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else self._pending
-        return {"scheduler": scheduler, "optimizer_steps": self.optimizer_steps,
-                "kind": self.kind()}
+        return {
+            "scheduler": scheduler,
+            "optimizer_steps": self.optimizer_steps,
+            "kind": self.kind(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # given to the scheduler when the run starts: a factory's is made only then
@@ -309,26 +376,40 @@ def _named(spec: str | Mapping[str, Any]) -> Factory:
         name = spec
     else:
         kind, given = spec.get("type"), spec.get("args") or {}
-        if set(spec) - {"type", "args"} or not isinstance(kind, str) or not isinstance(
-                given, Mapping):
-            raise TypeError(f"LRSchedule: a scheduler spec is {{'type': 'StepLR', 'args': "
-                            f"{{'step_size': 2}}}}; got {dict(spec)!r}")
+        if (
+            set(spec) - {"type", "args"}
+            or not isinstance(kind, str)
+            or not isinstance(given, Mapping)
+        ):
+            raise TypeError(
+                f"LRSchedule: a scheduler spec is {{'type': 'StepLR', 'args': "
+                f"{{'step_size': 2}}}}; got {dict(spec)!r}"
+            )
         name, args = kind, dict(given)
-    known = {n.lower(): n for n in dir(lr_scheduler) if n not in _NOT_BY_NAME and isinstance(
-        getattr(lr_scheduler, n), type) and issubclass(getattr(lr_scheduler, n), (
-            lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))}
+    known = {
+        n.lower(): n
+        for n in dir(lr_scheduler)
+        if n not in _NOT_BY_NAME
+        and isinstance(getattr(lr_scheduler, n), type)
+        and issubclass(
+            getattr(lr_scheduler, n), (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
+        )
+    }
     key = name.replace("_", "").lower()
     if key not in known:
         choices = sorted(known.values())
         hint = did_you_mean(name, choices + list(_NOT_BY_NAME))
-        raise ValueError(f"LRSchedule: no torch.optim.lr_scheduler scheduler named {name!r} that "
-                         f"a name can make.{hint} Named: {', '.join(choices)}; the others "
-                         f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory")
+        raise ValueError(
+            f"LRSchedule: no torch.optim.lr_scheduler scheduler named {name!r} that "
+            f"a name can make.{hint} Named: {', '.join(choices)}; the others "
+            f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory"
+        )
     cls = getattr(lr_scheduler, known[key])
     stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
     try:
         cls(stand_in, **args)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"LRSchedule: {cls.__name__}(optimizer, **{args!r}) fails: "
-                          f"{error}") from None
+        raise type(error)(
+            f"LRSchedule: {cls.__name__}(optimizer, **{args!r}) fails: {error}"
+        ) from None
     return functools.partial(cls, **args)

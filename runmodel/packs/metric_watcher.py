@@ -38,22 +38,43 @@ class MetricWatcher:
     the metric names.
     """
 
-    def __init__(self, metric: str, mode: str = "min", *, min_delta: float = 0.0,
-                 patience: int | None = None, owner: str = "MetricWatcher",
-                 reader: str | None = None) -> None:
+    def __init__(
+        self,
+        metric: str,
+        mode: str = "min",
+        *,
+        min_delta: float = 0.0,
+        patience: int | None = None,
+        owner: str = "MetricWatcher",
+        reader: str | None = None,
+    ) -> None:
         if not isinstance(metric, str) or not metric:
-            raise TypeError(f"{owner}(metric=) names a metric in state.metrics, such as "
-                            f"'eval_loss'; got {metric!r}")
+            raise TypeError(
+                f"{owner}(metric=) names a metric in state.metrics, such as "
+                f"'eval_loss'; got {metric!r}"
+            )
         if mode not in MODES:
-            raise ValueError(f"{owner}(mode=) must be 'min' (lower is better, as for a loss) "
-                             f"or 'max' (as for an accuracy); got {mode!r}."
-                             f"{did_you_mean(mode, MODES, cutoff=0.3)}")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not (
-                math.isfinite(min_delta) and min_delta >= 0):
-            raise ValueError(f"{owner}(min_delta=) must be a number >= 0 (the least change "
-                             f"that counts as an improvement); got {min_delta!r}")
-        whole_number(patience, f"{owner}(patience=)", least=1, none=True,
-                     meaning="the checks in a row without improvement that it waits for")
+            raise ValueError(
+                f"{owner}(mode=) must be 'min' (lower is better, as for a loss) "
+                f"or 'max' (as for an accuracy); got {mode!r}."
+                f"{did_you_mean(mode, MODES, cutoff=0.3)}"
+            )
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, (int, float))
+            or not (math.isfinite(min_delta) and min_delta >= 0)
+        ):
+            raise ValueError(
+                f"{owner}(min_delta=) must be a number >= 0 (the least change "
+                f"that counts as an improvement); got {min_delta!r}"
+            )
+        whole_number(
+            patience,
+            f"{owner}(patience=)",
+            least=1,
+            none=True,
+            meaning="the checks in a row without improvement that it waits for",
+        )
         self.metric, self.mode, self.owner = metric, mode, owner
         self.reader = reader or owner  # who an error reading the metric names
         self.min_delta, self.patience = float(min_delta), patience
@@ -97,8 +118,9 @@ class MetricWatcher:
         """Whether ``patience`` checks in a row brought no improvement."""
         return self.patience is not None and self.bad >= self.patience
 
-    def best_first(self, entries: Iterable[tuple[float, T]], keep: int | None = None
-                   ) -> list[tuple[float, T]]:
+    def best_first(
+        self, entries: Iterable[tuple[float, T]], keep: int | None = None
+    ) -> list[tuple[float, T]]:
         """``entries`` of ``(value, item)`` best first (an equal value keeps the earlier
         entry first), at most ``keep`` of them."""
         ranked = sorted(entries, key=lambda entry: entry[0], reverse=self.mode == "max")
@@ -109,13 +131,16 @@ class MetricWatcher:
         self.best, self.best_epoch, self.bad, self.last = None, None, 0, None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "bad": self.bad,
-                "last": self.last}
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "bad": self.bad,
+            "last": self.last,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch = state.get("best"), state.get("best_epoch")
         self.bad, self.last = int(state.get("bad", 0)), state.get("last")
 
     def __repr__(self) -> str:
-        return (f"MetricWatcher({self.metric!r}, {self.mode!r}, best={self.best}, "
-                f"bad={self.bad})")
+        return f"MetricWatcher({self.metric!r}, {self.mode!r}, best={self.best}, bad={self.bad})"

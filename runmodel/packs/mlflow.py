@@ -59,18 +59,31 @@ class MLflow(Pack):
     #: the epoch's loss: where a pack reads ``loss``, the run computes the epoch's mean
     reads = ("loss",)
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, *,
-                 run_name: str | None = None, params: Mapping[str, Any] | None = None,
-                 tags: Mapping[str, Any] | None = None, every_steps: int | None = None,
-                 artifacts: bool = True, artifact_location: str | None = None,
-                 modes: str | Iterable[str] = "train") -> None:
-        whole_number(every_steps, "MLflow(every_steps=)", least=1, none=True,
-                     meaning="a row every that many steps")
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        *,
+        run_name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | None = None,
+        every_steps: int | None = None,
+        artifacts: bool = True,
+        artifact_location: str | None = None,
+        modes: str | Iterable[str] = "train",
+    ) -> None:
+        whole_number(
+            every_steps,
+            "MLflow(every_steps=)",
+            least=1,
+            none=True,
+            meaning="a row every that many steps",
+        )
         for name, given in (("params", params), ("tags", tags)):
-            if given is not None and not (isinstance(given, Mapping)
-                                          and all(isinstance(k, str) for k in given)):
-                raise TypeError(f"MLflow({name}=) takes a dict of names to values, got "
-                                f"{given!r}")
+            if given is not None and not (
+                isinstance(given, Mapping) and all(isinstance(k, str) for k in given)
+            ):
+                raise TypeError(f"MLflow({name}=) takes a dict of names to values, got {given!r}")
         if not isinstance(artifacts, bool):
             raise TypeError(f"MLflow(artifacts=) takes True or False, got {artifacts!r}")
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
@@ -86,16 +99,28 @@ class MLflow(Pack):
         self._pending: list[Any] = []  # step metrics not sent yet
 
     def hooks(self) -> Iterator[Hook]:
-        yield Hook(self.start, "setup", HookOptions.of(name="mlflow.start", rank=0,
-                                                       modes=self.modes))
+        yield Hook(
+            self.start, "setup", HookOptions.of(name="mlflow.start", rank=0, modes=self.modes)
+        )
         if self.every_steps:
-            yield Hook(self.log_step, "runstep", HookOptions.of(
-                every=self.every_steps, name="mlflow.step", rank=0, modes=self.modes))
-        yield Hook(self.log_epoch, "epoch_end", HookOptions.of(
-            name="mlflow.epoch", priority=-100, rank=0, modes=self.modes))  # after Evaluate
+            yield Hook(
+                self.log_step,
+                "runstep",
+                HookOptions.of(
+                    every=self.every_steps, name="mlflow.step", rank=0, modes=self.modes
+                ),
+            )
+        yield Hook(
+            self.log_epoch,
+            "epoch_end",
+            HookOptions.of(name="mlflow.epoch", priority=-100, rank=0, modes=self.modes),
+        )  # after Evaluate
         # last: after the run folder's final metrics and the Checkpoint packs' last save
-        yield Hook(self.end, "teardown", HookOptions.of(name="mlflow.end", priority=-1000,
-                                                        rank=0, modes=self.modes))
+        yield Hook(
+            self.end,
+            "teardown",
+            HookOptions.of(name="mlflow.end", priority=-1000, rank=0, modes=self.modes),
+        )
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -105,8 +130,9 @@ class MLflow(Pack):
         this store; any of these failing stops the run before its first step."""
         if engine.resumed_from is None:
             self.run_id = None  # a run from step 0: a new MLflow run
-        if engine.state.rank != 0 or (self.modes is not None
-                                      and engine.state.mode not in self.modes):
+        if engine.state.rank != 0 or (
+            self.modes is not None and engine.state.mode not in self.modes
+        ):
             return
         mlflow = require("mlflow", needed_by="runmodel.packs.MLflow")
         uri = self.tracking_uri or mlflow.get_tracking_uri()
@@ -114,8 +140,9 @@ class MLflow(Pack):
             self.client = mlflow.MlflowClient(tracking_uri=uri)
             self._experiment_id()
         except Exception as error:  # a store that cannot be reached or made, in its words
-            raise ValueError(f"MLflow: the tracking store {uri!r} cannot be used: "
-                             f"{_first_line(error)}") from None
+            raise ValueError(
+                f"MLflow: the tracking store {uri!r} cannot be used: {_first_line(error)}"
+            ) from None
         if self.run_id is not None:
             try:
                 self.client.get_run(self.run_id)
@@ -123,7 +150,8 @@ class MLflow(Pack):
                 raise ValueError(
                     f"MLflow: the checkpoint continues MLflow run {self.run_id}, which the "
                     f"tracking store {uri!r} does not hold; give the store the run was logged "
-                    f"to (MLflow(tracking_uri=...) or MLFLOW_TRACKING_URI)") from None
+                    f"to (MLflow(tracking_uri=...) or MLFLOW_TRACKING_URI)"
+                ) from None
 
     def _experiment_id(self) -> str:
         name = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
@@ -137,8 +165,7 @@ class MLflow(Pack):
         self._pending = []
         tags = {**self._record(engine), **{k: str(v) for k, v in self.tags.items()}}
         if self.run_id is None:
-            run = self.client.create_run(self._experiment_id(), run_name=self.run_name,
-                                         tags=tags)
+            run = self.client.create_run(self._experiment_id(), run_name=self.run_name, tags=tags)
             self.run_id = run.info.run_id
             self._log_params()
         else:  # a resumed run: the same MLflow run goes on
@@ -150,8 +177,10 @@ class MLflow(Pack):
         seed (``runmodel.seed``)."""
         from ..models.seeding import last_seed
 
-        record = {"runmodel.run_id": str(engine.run_record.get("id")),
-                  "runmodel.mode": str(engine.state.mode)}
+        record = {
+            "runmodel.run_id": str(engine.run_record.get("id")),
+            "runmodel.mode": str(engine.state.mode),
+        }
         if self.hparams is None:  # a script run (a config run's config is its params)
             script = getattr(sys.modules.get("__main__"), "__file__", None)
             if script is not None:
@@ -169,15 +198,14 @@ class MLflow(Pack):
         values = {**(self.hparams or {}), **self.params}
         params = [Param(key, _param_text(value)) for key, value in values.items()]
         for i in range(0, len(params), 100):  # MLflow takes 100 params a batch
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     # -- metrics ----------------------------------------------------------------------------
 
     def log_step(self, engine: Any) -> None:
         loss = engine.state.loss
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self._pending.append(_metric("loss_step", float(loss.detach()),
-                                         engine.state.step + 1))
+            self._pending.append(_metric("loss_step", float(loss.detach()), engine.state.step + 1))
 
     def log_epoch(self, engine: Any) -> None:
         s = engine.state
@@ -185,8 +213,9 @@ class MLflow(Pack):
             return  # a partial epoch, cut short by an interrupt: no point of the curves
         values = {"epoch": s.epoch + 1, **self._metrics(engine)}
         optimizer = getattr(engine.model, "optimizer", None)
-        for i, group in enumerate(getattr(optimizer, "param_groups", ()) if s.kind == "train"
-                                  else ()):
+        for i, group in enumerate(
+            getattr(optimizer, "param_groups", ()) if s.kind == "train" else ()
+        ):
             values[f"lr/group{i}"] = group["lr"]
         pending, self._pending = self._pending, []
         self._send(pending + [_metric(k, v, s.step) for k, v in values.items()])
@@ -198,8 +227,11 @@ class MLflow(Pack):
         loss = s.metrics.get("loss", s.loss)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             found["loss"] = loss.detach().item()
-        found.update((k, float(v)) for k, v in s.metrics.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool))
+        found.update(
+            (k, float(v))
+            for k, v in s.metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
         return found
 
     def _send(self, metrics: list[Any], tags: Mapping[str, str] | None = None) -> None:
@@ -209,7 +241,7 @@ class MLflow(Pack):
         if run_tags:
             self.client.log_batch(self.run_id, tags=run_tags)
         for i in range(0, len(metrics), BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + BATCH])
 
     # -- the end ----------------------------------------------------------------------------
 
@@ -221,8 +253,9 @@ class MLflow(Pack):
         try:
             if s.error is None:
                 pending, self._pending = self._pending, []
-                self._send(pending + [_metric(k, v, s.step)
-                                      for k, v in self._metrics(engine).items()])
+                self._send(
+                    pending + [_metric(k, v, s.step) for k, v in self._metrics(engine).items()]
+                )
             if self.artifacts:
                 self._log_checkpoints(s.files)
         finally:
@@ -254,8 +287,13 @@ def _metric(key: str, value: float, step: int) -> Any:
 
 
 def _param_text(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value) if isinstance(
-        value, (list, dict)) or value is None else str(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value)
+        if isinstance(value, (list, dict)) or value is None
+        else str(value)
+    )
     return text[:PARAM_CHARS]
 
 

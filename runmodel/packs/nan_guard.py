@@ -48,8 +48,10 @@ class NaNGuard(Pack):
 
     def __init__(self, action: str = "skip", every: int = 1) -> None:
         if action not in ACTIONS:
-            raise ValueError(f"NaNGuard action= must be 'skip' (skip the step and go on) or "
-                             f"'stop' (end the run), got {action!r}")
+            raise ValueError(
+                f"NaNGuard action= must be 'skip' (skip the step and go on) or "
+                f"'stop' (end the run), got {action!r}"
+            )
         whole_number(every, "NaNGuard every=", least=1, meaning="check every N-th step")
         self.action, self.every = action, every
         self.skipped = 0  # optimizer steps not taken, over the whole training
@@ -59,11 +61,14 @@ class NaNGuard(Pack):
 
     def check_setup(self, engine: Any) -> None:
         """A closure optimizer is refused: its step cannot be skipped."""
-        refuse_closure_optimizer(engine, type(self).__name__,
-                                 "a non-finite loss or gradient found in one of its calls "
-                                 "comes after the optimizer moved the weights for it, so "
-                                 "the step cannot be skipped; leave NaNGuard out, or check "
-                                 "the loss in a forward hook and stop the run")
+        refuse_closure_optimizer(
+            engine,
+            type(self).__name__,
+            "a non-finite loss or gradient found in one of its calls "
+            "comes after the optimizer moved the weights for it, so "
+            "the step cannot be skipped; leave NaNGuard out, or check "
+            "the loss in a forward hook and stop the run",
+        )
 
     @hook(modes=TRAIN_MODES)
     def setup(self, engine: Any) -> None:
@@ -112,8 +117,10 @@ class NaNGuard(Pack):
 
     def _handle(self, engine: Any) -> None:
         s = engine.state
-        message = (f"{type(self).__name__}: non-finite {self._what(engine)} at step {s.step} "
-                   f"(epoch {s.epoch}, batch {s.epoch_step})")
+        message = (
+            f"{type(self).__name__}: non-finite {self._what(engine)} at step {s.step} "
+            f"(epoch {s.epoch}, batch {s.epoch_step})"
+        )
         self.last = message
         if self._found is not None:
             return  # this window is dropped already
@@ -122,9 +129,12 @@ class NaNGuard(Pack):
             engine.stop(message)
         elif not self._warned:
             self._warned = True
-            warnings.warn(f"{message}: the step is skipped; later skips are counted in "
-                          f"metrics['nan_skipped'] without a warning", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{message}: the step is skipped; later skips are counted in "
+                f"metrics['nan_skipped'] without a warning",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _what(self, engine: Any) -> str:
         """``loss``, or the gradient of the first parameter whose gradient is not finite."""
@@ -142,8 +152,12 @@ class NaNGuard(Pack):
         optimizer = engine.model.optimizer
         if optimizer is None:  # the update is an override's: the module's parameters
             return [p.grad for p in trained_parameters(engine.model) if p.grad is not None]
-        return [p.grad for group in optimizer.param_groups for p in group["params"]
-                if p.grad is not None]
+        return [
+            p.grad
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -151,5 +165,6 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if _get_total_norm is not None:  # torch >= 2.6: grouped by device and dtype, fused
         return _get_total_norm(grads)
     device = grads[0].device
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).to(device)
-                                                 for g in grads]))
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g).to(device) for g in grads])
+    )

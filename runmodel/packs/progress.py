@@ -50,8 +50,9 @@ class Progress(Pack):
 
     def __init__(self, file: IO[str] | None = None, refresh: float = 0.2) -> None:
         if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh <= 0:
-            raise ValueError(f"refresh= is the seconds between redraws, a number > 0; "
-                             f"got {refresh!r}")
+            raise ValueError(
+                f"refresh= is the seconds between redraws, a number > 0; got {refresh!r}"
+            )
         self.file, self.refresh = file, float(refresh)
         self.bar: Any = None
         self.count = 0  # steps of this epoch; the bar catches up when it redraws
@@ -80,10 +81,17 @@ class Progress(Pack):
         total = _epoch_length(engine)
         if s.max_steps is not None:
             total = min(total or s.max_steps, s.max_steps - s.step)
-        self.bar = tqdm(total=total, initial=0, file=self.stream, leave=True, dynamic_ncols=True,
-                        desc=f"{s.mode} epoch {s.epoch + 1}" + (
-                            f"/{s.max_epochs}" if s.max_epochs is not None else ""),
-                        unit="step", mininterval=self.refresh)
+        self.bar = tqdm(
+            total=total,
+            initial=0,
+            file=self.stream,
+            leave=True,
+            dynamic_ncols=True,
+            desc=f"{s.mode} epoch {s.epoch + 1}"
+            + (f"/{s.max_epochs}" if s.max_epochs is not None else ""),
+            unit="step",
+            mininterval=self.refresh,
+        )
 
     def step(self, engine: Any) -> None:
         self.count += 1
@@ -99,8 +107,9 @@ class Progress(Pack):
     def epoch_end(self, engine: Any) -> None:
         s = engine.state
         loss = _loss_text(s.metrics.get("loss", s.loss))  # the epoch's mean, if there is one
-        metrics = "".join(f"  {k} {v:.4g}" for k, v in s.metrics.items()
-                          if isinstance(v, float) and k != "loss")
+        metrics = "".join(
+            f"  {k} {v:.4g}" for k, v in s.metrics.items() if isinstance(v, float) and k != "loss"
+        )
         if self.bar is not None:
             self.bar.set_postfix_str(f"step {s.step}" + loss + metrics, refresh=False)
             self.bar.update(self.count - self.bar.n)
@@ -112,8 +121,12 @@ class Progress(Pack):
         # a closed output (`| tee` ended by the Ctrl-C that stops the run) costs this line,
         # never the run: the epoch's end still saves and records its status
         with contextlib.suppress(OSError, ValueError):
-            print(f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{loss}{metrics}"
-                  f"  ({elapsed:.2f}s)", file=self.stream, flush=True)
+            print(
+                f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{loss}{metrics}"
+                f"  ({elapsed:.2f}s)",
+                file=self.stream,
+                flush=True,
+            )
 
     def teardown(self, engine: Any) -> None:
         if self.bar is not None:  # an error ended the epoch
@@ -124,8 +137,17 @@ class Progress(Pack):
 def _epoch_length(engine: Any) -> int | None:
     data_for = getattr(engine.model, "data_for", None)
     try:
-        return len(data_for(engine.state.mode if engine.state.mode in ("train", "eval", "infer")
-                            else "train")) if data_for is not None else None
+        return (
+            len(
+                data_for(
+                    engine.state.mode
+                    if engine.state.mode in ("train", "eval", "infer")
+                    else "train"
+                )
+            )
+            if data_for is not None
+            else None
+        )
     except (TypeError, ValueError):
         return None
 

@@ -35,9 +35,11 @@ class RunLog(Pack):
         if engine.state.rank == 0:
             prepare_folder(self.path.parent, "RunLog")
             if self.path.is_dir():
-                raise IsADirectoryError(f"RunLog({str(self.path)!r}) appends to a file, and "
-                                        f"that path is a folder; give a file's path, as in "
-                                        f"RunLog({str(self.path / 'run.log')!r})")
+                raise IsADirectoryError(
+                    f"RunLog({str(self.path)!r}) appends to a file, and "
+                    f"that path is a folder; give a file's path, as in "
+                    f"RunLog({str(self.path / 'run.log')!r})"
+                )
 
     def write(self, text: str) -> None:
         with naming_disk_full(self.path), open(self.path, "a") as log:
@@ -54,20 +56,30 @@ class RunLog(Pack):
         if s.interrupted and not s.epoch_complete:  # a partial epoch is no epoch to log
             return
         mean = s.metrics.get("loss")  # the epoch's mean; else the last step's loss
-        loss = f" loss {mean:.6g}" if isinstance(mean, float) else (
-            f" loss {s.loss.detach().item():.6g}" if isinstance(s.loss, torch.Tensor) and (
-                s.loss.numel() == 1) else "")
-        metrics = "".join(f" {k} {v:.6g}" for k, v in s.metrics.items()
-                          if isinstance(v, float) and k != "loss")
+        loss = (
+            f" loss {mean:.6g}"
+            if isinstance(mean, float)
+            else (
+                f" loss {s.loss.detach().item():.6g}"
+                if isinstance(s.loss, torch.Tensor) and (s.loss.numel() == 1)
+                else ""
+            )
+        )
+        metrics = "".join(
+            f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float) and k != "loss"
+        )
         self.write(f"epoch {s.epoch + 1} step {s.step}{loss}{metrics}")
 
     @hook(rank=0)
     def teardown(self, engine: Any) -> None:
         error = engine.state.error
-        self.write(f"end: {_done(engine.state.epoch, engine.state.step)}"
-                   + (f": {type(error).__name__}: {error}" if error is not None else ""))
+        self.write(
+            f"end: {_done(engine.state.epoch, engine.state.step)}"
+            + (f": {type(error).__name__}: {error}" if error is not None else "")
+        )
 
 
 def _done(epochs: int, steps: int) -> str:
-    return (f"{epochs} epoch{'' if epochs == 1 else 's'}, {steps} step{'' if steps == 1 else 's'}"
-            f" done")
+    return (
+        f"{epochs} epoch{'' if epochs == 1 else 's'}, {steps} step{'' if steps == 1 else 's'} done"
+    )

@@ -46,21 +46,30 @@ class SWA(WeightAveraging):
 
     name = "swa"
 
-    def __init__(self, start: int = 0, swa_lr: float | list[float] | None = None,
-                 anneal_epochs: int = 10, anneal_strategy: str = "cos",
-                 use_averaged: bool = False) -> None:
+    def __init__(
+        self,
+        start: int = 0,
+        swa_lr: float | list[float] | None = None,
+        anneal_epochs: int = 10,
+        anneal_strategy: str = "cos",
+        use_averaged: bool = False,
+    ) -> None:
         whole_number(start, "SWA(start=)", meaning="the first epoch averaged, from 0")
         rates = swa_lr if isinstance(swa_lr, (list, tuple)) else [swa_lr]
-        if swa_lr is not None and not (rates and all(
-                isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0
-                for r in rates)):
-            raise ValueError(f"SWA(swa_lr=) is the learning rate to anneal to: a number > 0, "
-                             f"one per param group, or None (leave the rate alone); got "
-                             f"{swa_lr!r}")
+        if swa_lr is not None and not (
+            rates
+            and all(
+                isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates
+            )
+        ):
+            raise ValueError(
+                f"SWA(swa_lr=) is the learning rate to anneal to: a number > 0, "
+                f"one per param group, or None (leave the rate alone); got "
+                f"{swa_lr!r}"
+            )
         whole_number(anneal_epochs, "SWA(anneal_epochs=)")
         if anneal_strategy not in ANNEALING:
-            raise ValueError(f"SWA(anneal_strategy=) is 'cos' or 'linear'; got "
-                             f"{anneal_strategy!r}")
+            raise ValueError(f"SWA(anneal_strategy=) is 'cos' or 'linear'; got {anneal_strategy!r}")
         super().__init__(use_averaged=use_averaged, use_buffers=False)
         self.start, self.swa_lr = start, swa_lr
         self.anneal_epochs, self.anneal_strategy = anneal_epochs, anneal_strategy
@@ -77,27 +86,35 @@ class SWA(WeightAveraging):
 
         schedules = [k for k, p in engine.table.packs.items() if isinstance(p, LRSchedule)]
         if schedules:
-            raise ValueError(f"SWA(swa_lr={self.swa_lr!r}) and the LRSchedule pack "
-                             f"{schedules[0]!r} would both set the learning rate from epoch "
-                             f"{self.start} on: give SWA swa_lr=None to keep the schedule, or "
-                             f"detach the LRSchedule")
+            raise ValueError(
+                f"SWA(swa_lr={self.swa_lr!r}) and the LRSchedule pack "
+                f"{schedules[0]!r} would both set the learning rate from epoch "
+                f"{self.start} on: give SWA swa_lr=None to keep the schedule, or "
+                f"detach the LRSchedule"
+            )
         if not isinstance(getattr(engine.model, "optimizer", None), torch.optim.Optimizer):
-            raise TypeError(f"SWA(swa_lr=) anneals the optimizer's learning rate; "
-                            f"{type(engine.model).__name__}.optimizer is "
-                            f"{getattr(engine.model, 'optimizer', None)!r}")
+            raise TypeError(
+                f"SWA(swa_lr=) anneals the optimizer's learning rate; "
+                f"{type(engine.model).__name__}.optimizer is "
+                f"{getattr(engine.model, 'optimizer', None)!r}"
+            )
 
     @hook(modes="train")
     def setup(self, engine: Any) -> None:
         super().setup(engine)
         module = engine.model.module
-        self._batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                               for m in module.modules())
+        self._batch_norm = any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()
+        )
         self.scheduler = None
         if self.swa_lr is not None:  # made at the start, as torch's recipe makes it: it
             # leaves the rate alone until its first step, at the end of epoch `start`
-            self.scheduler = SWALR(engine.model.optimizer, swa_lr=self.swa_lr,  # type: ignore[arg-type]
-                                   anneal_epochs=self.anneal_epochs,
-                                   anneal_strategy=self.anneal_strategy)  # type: ignore[arg-type]
+            self.scheduler = SWALR(
+                engine.model.optimizer,
+                swa_lr=self.swa_lr,  # type: ignore[arg-type]
+                anneal_epochs=self.anneal_epochs,
+                anneal_strategy=self.anneal_strategy,  # type: ignore[arg-type]
+            )
             if self._scheduler_state is not None:
                 self.scheduler.load_state_dict(self._scheduler_state)
         self._scheduler_state = None
@@ -121,13 +138,15 @@ class SWA(WeightAveraging):
         model = engine.model
         assert self.averaged is not None
         with torch.random.fork_rng(devices=[]):  # a DataLoader's iterator draws a seed
-            update_bn((model.to_device(batch) for batch in _in_order(model.train_data)),
-                      self.averaged)
+            update_bn(
+                (model.to_device(batch) for batch in _in_order(model.train_data)), self.averaged
+            )
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        scheduler = (self.scheduler.state_dict() if self.scheduler is not None
-                     else self._scheduler_state)
+        scheduler = (
+            self.scheduler.state_dict() if self.scheduler is not None else self._scheduler_state
+        )
         if scheduler is not None:
             state["scheduler"] = scheduler
         return state
@@ -141,7 +160,8 @@ def _in_order(data: Iterable[Any]) -> Iterator[Any]:
     """The training data's batches in order: a DataLoader's dataset read again without
     its sampler's shuffling (nor its generator's draws), else the batches as they are."""
     if isinstance(data, DataLoader) and data.batch_size is not None:
-        yield from DataLoader(data.dataset, batch_size=data.batch_size,
-                              collate_fn=data.collate_fn, num_workers=0)
+        yield from DataLoader(
+            data.dataset, batch_size=data.batch_size, collate_fn=data.collate_fn, num_workers=0
+        )
     else:
         yield from data

@@ -42,11 +42,17 @@ class TensorBoard(Pack):
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open", rank=0))
-        yield Hook(self.log_epoch, "epoch_end", HookOptions.of(
-            name="tensorboard.epoch", priority=-100, rank=0))  # after hooks setting metrics
+        yield Hook(
+            self.log_epoch,
+            "epoch_end",
+            HookOptions.of(name="tensorboard.epoch", priority=-100, rank=0),
+        )  # after hooks setting metrics
         if self.every_steps:
-            yield Hook(self.log_step, "runstep", HookOptions.of(
-                every=self.every_steps, name="tensorboard.step", rank=0))
+            yield Hook(
+                self.log_step,
+                "runstep",
+                HookOptions.of(every=self.every_steps, name="tensorboard.step", rank=0),
+            )
         yield Hook(self.close, "teardown", HookOptions.of(name="tensorboard.close", rank=0))
 
     def check_setup(self, engine: Any) -> None:
@@ -69,8 +75,9 @@ class TensorBoard(Pack):
         loss = engine.state.loss
         if loss is not None:
             with naming_disk_full(self._file()):  # its writer thread's error shows here
-                self.writer.add_scalar(f"{engine.state.mode}/loss_step", float(loss.detach()),
-                                       engine.state.step + 1)
+                self.writer.add_scalar(
+                    f"{engine.state.mode}/loss_step", float(loss.detach()), engine.state.step + 1
+                )
 
     def log_epoch(self, engine: Any) -> None:
         if engine.state.interrupted and not engine.state.epoch_complete:
@@ -87,20 +94,25 @@ class TensorBoard(Pack):
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(f"{mode}/{name}", value, step)
         optimizer = getattr(engine.model, "optimizer", None)
-        for i, group in enumerate(getattr(optimizer, "param_groups", ()) if mode == "train"
-                                  else ()):
+        for i, group in enumerate(
+            getattr(optimizer, "param_groups", ()) if mode == "train" else ()
+        ):
             self.writer.add_scalar(f"lr/group{i}", group["lr"], step)
         self.writer.flush()
 
     def log_hparams(self, metrics: dict[str, Any], mode: str) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        values = {k: v for k, v in (self.hparams or {}).items()
-                  if isinstance(v, (bool, int, float, str))}
+        values = {
+            k: v for k, v in (self.hparams or {}).items() if isinstance(v, (bool, int, float, str))
+        }
         # the dashboard shows each metric's last value under the tag the epoch ends
         # logged it as: no second copy of the curves
-        final = {f"{mode}/{k}": float(v) for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        final = {
+            f"{mode}/{k}": float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         for summary in hparams(values, final):
             self.writer.file_writer.add_summary(summary)
 

@@ -39,5 +39,6 @@ class Timer(Pack):
         if self._remove is not None:
             self._remove()
             self._remove = None
-        engine.state.timings.update(phases=self._times.rows(hooks=False),
-                                    hooks=self._times.rows(hooks=True))
+        engine.state.timings.update(
+            phases=self._times.rows(hooks=False), hooks=self._times.rows(hooks=True)
+        )

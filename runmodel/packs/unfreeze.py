@@ -50,8 +50,11 @@ class Unfreeze(Pack):
 
     name = "unfreeze"
 
-    def __init__(self, schedule: Mapping[int | str, str | Iterable[str]],
-                 lr_scale: Mapping[int | str, float] | None = None) -> None:
+    def __init__(
+        self,
+        schedule: Mapping[int | str, str | Iterable[str]],
+        lr_scale: Mapping[int | str, float] | None = None,
+    ) -> None:
         self.schedule = _check_schedule(schedule)
         self.lr_scale = _check_lr_scale(lr_scale, self.schedule)
         # each parameter of the module and the epoch it trains from (None: never)
@@ -64,23 +67,29 @@ class Unfreeze(Pack):
     def setup(self, engine: Engine) -> None:
         module = unwrap(getattr(engine.model, "module", None))
         if not isinstance(module, nn.Module):
-            raise TypeError(f"Unfreeze needs a model with a torch module (a TorchModel's "
-                            f"module); {type(engine.model).__name__}.module is "
-                            f"{type(module).__name__}")
+            raise TypeError(
+                f"Unfreeze needs a model with a torch module (a TorchModel's "
+                f"module); {type(engine.model).__name__}.module is "
+                f"{type(module).__name__}"
+            )
         stages = self._stages(module)
         self._plan = list(stages.values())
         self._flags = [(p, p.requires_grad) for p, _ in self._plan]
         epoch = engine.state.epoch
         if not any(stage is not None and stage <= epoch for _, stage in self._plan):
-            raise ValueError(f"Unfreeze: no parameter of the module is trainable at epoch "
-                             f"{epoch} (the schedule's first stage is epoch "
-                             f"{min(self.schedule)}), so the first backward would fail; list "
-                             f"what trains from the start under epoch 0")
+            raise ValueError(
+                f"Unfreeze: no parameter of the module is trainable at epoch "
+                f"{epoch} (the schedule's first stage is epoch "
+                f"{min(self.schedule)}), so the first backward would fail; list "
+                f"what trains from the start under epoch 0"
+            )
         if self.lr_scale is not None:
             optimizer = getattr(engine.model, "optimizer", None)
             if optimizer is None:
-                raise ValueError("Unfreeze(lr_scale=) scales the optimizer's param groups, but "
-                                 "the model has no optimizer when the run starts")
+                raise ValueError(
+                    "Unfreeze(lr_scale=) scales the optimizer's param groups, but "
+                    "the model has no optimizer when the run starts"
+                )
             self._regroup(optimizer, {id(p): stage for p, stage in self._plan})
         self._apply(epoch)
 
@@ -124,15 +133,17 @@ class Unfreeze(Pack):
     def _scale(self, stage: int | None) -> float:
         return 1.0 if stage is None or self.lr_scale is None else self.lr_scale.get(stage, 1.0)
 
-    def _regroup(self, optimizer: torch.optim.Optimizer, stage_of: dict[int, int | None]
-                 ) -> None:
+    def _regroup(self, optimizer: torch.optim.Optimizer, stage_of: dict[int, int | None]) -> None:
         """One param group per (original group, stage), each with its original group's
         options and lr times the stage's factor; in place, so per-parameter state stays. A
         group this schedule marked already is left as it is (a second run of the model)."""
         groups = optimizer.param_groups
-        if all(STAGE_KEY in g and g.get(SCALE_KEY) == self._scale(g[STAGE_KEY])
-               and all(stage_of.get(id(p)) == g[STAGE_KEY] for p in g["params"])
-               for g in groups):
+        if all(
+            STAGE_KEY in g
+            and g.get(SCALE_KEY) == self._scale(g[STAGE_KEY])
+            and all(stage_of.get(id(p)) == g[STAGE_KEY] for p in g["params"])
+            for g in groups
+        ):
             return
         regrouped: list[dict[str, Any]] = []
         for group in groups:
@@ -143,8 +154,7 @@ class Unfreeze(Pack):
                 by_stage.setdefault(stage_of.get(id(p)), []).append(p)
             for stage in sorted(by_stage, key=lambda s: math.inf if s is None else s):
                 factor = self._scale(stage)
-                new = {**options, "params": by_stage[stage], STAGE_KEY: stage,
-                       SCALE_KEY: factor}
+                new = {**options, "params": by_stage[stage], STAGE_KEY: stage, SCALE_KEY: factor}
                 for key in ("lr", "initial_lr"):  # a scheduler's base lr scales too
                     if key in new:
                         value = new[key] if before == 1.0 else new[key] / before
@@ -160,45 +170,59 @@ class Unfreeze(Pack):
 
 # -- checks, when the pack is made ---------------------------------------------------------------
 
+
 def _epoch(key: object, what: str) -> int:
     """A schedule key: an int >= 0, or its digits as a string (a TOML/JSON config's keys)."""
     if isinstance(key, str) and key.strip().isdigit():
         return int(key)
     if not is_whole_number(key):
-        raise ValueError(f"Unfreeze: {what} keys are epochs, whole numbers >= 0 counted from 0 "
-                         f"like state.epoch (as in {_EXAMPLE}); got {key!r}")
+        raise ValueError(
+            f"Unfreeze: {what} keys are epochs, whole numbers >= 0 counted from 0 "
+            f"like state.epoch (as in {_EXAMPLE}); got {key!r}"
+        )
     return key
 
 
 def _check_schedule(schedule: object) -> Schedule:
     if not isinstance(schedule, Mapping) or not schedule:
-        raise TypeError(f"Unfreeze(schedule=) takes a dict of epochs to module names or 'all', "
-                        f"such as {_EXAMPLE}; got {schedule!r}")
+        raise TypeError(
+            f"Unfreeze(schedule=) takes a dict of epochs to module names or 'all', "
+            f"such as {_EXAMPLE}; got {schedule!r}"
+        )
     checked: Schedule = {}
     for key, names in schedule.items():
         epoch = _epoch(key, "schedule")
         if epoch in checked:
-            raise ValueError(f"Unfreeze: epoch {epoch} appears twice in the schedule ({key!r}); "
-                             f"list its modules once")
+            raise ValueError(
+                f"Unfreeze: epoch {epoch} appears twice in the schedule ({key!r}); "
+                f"list its modules once"
+            )
         if isinstance(names, str):
             names = [names]
         if not isinstance(names, (list, tuple, set, frozenset)) or not all(
-                isinstance(n, str) and n for n in names):
-            raise TypeError(f"Unfreeze: schedule[{epoch}] must be a module name, a list of "
-                            f"module names or name prefixes, or 'all'; got {names!r}")
+            isinstance(n, str) and n for n in names
+        ):
+            raise TypeError(
+                f"Unfreeze: schedule[{epoch}] must be a module name, a list of "
+                f"module names or name prefixes, or 'all'; got {names!r}"
+            )
         checked[epoch] = ALL if ALL in names else tuple(names)
     if not any(checked.values()):
-        raise ValueError(f"Unfreeze: the schedule {schedule!r} names no module, so everything "
-                         f"would stay frozen; write it as {_EXAMPLE}")
+        raise ValueError(
+            f"Unfreeze: the schedule {schedule!r} names no module, so everything "
+            f"would stay frozen; write it as {_EXAMPLE}"
+        )
     ordered = dict(sorted(checked.items()))
     everything = next((e for e, names in ordered.items() if names == ALL), None)
     later = [e for e in ordered if everything is not None and e > everything]
     if later:  # what reads like "freeze again at epoch N": a schedule only ever unfreezes
-        raise ValueError(f"Unfreeze: the schedule unfreezes 'all' at epoch {everything}, then "
-                         f"lists {list(ordered[later[0]])!r} at epoch {later[0]}; a schedule only "
-                         f"unfreezes, and what an epoch lists trains from then on, so nothing "
-                         f"is left to unfreeze after 'all' (and nothing freezes again). Drop "
-                         f"the later stages, or move 'all' to the last epoch")
+        raise ValueError(
+            f"Unfreeze: the schedule unfreezes 'all' at epoch {everything}, then "
+            f"lists {list(ordered[later[0]])!r} at epoch {later[0]}; a schedule only "
+            f"unfreezes, and what an epoch lists trains from then on, so nothing "
+            f"is left to unfreeze after 'all' (and nothing freezes again). Drop "
+            f"the later stages, or move 'all' to the last epoch"
+        )
     return ordered
 
 
@@ -206,26 +230,41 @@ def _check_lr_scale(lr_scale: object, schedule: Schedule) -> dict[int, float] | 
     if lr_scale is None or (isinstance(lr_scale, Mapping) and not lr_scale):
         return None
     if not isinstance(lr_scale, Mapping):
-        raise TypeError(f"Unfreeze(lr_scale=) takes a dict of schedule epochs to factors, such "
-                        f"as {{2: 0.1}}, or None; got {lr_scale!r}")
+        raise TypeError(
+            f"Unfreeze(lr_scale=) takes a dict of schedule epochs to factors, such "
+            f"as {{2: 0.1}}, or None; got {lr_scale!r}"
+        )
     checked: dict[int, float] = {}
     for key, factor in lr_scale.items():
         epoch = _epoch(key, "lr_scale")
         if epoch not in schedule:
-            raise ValueError(f"Unfreeze: lr_scale names epoch {epoch}, which is not a stage of "
-                             f"the schedule (stages: {', '.join(map(str, schedule))})")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                math.isfinite(factor) and factor > 0):
-            raise ValueError(f"Unfreeze: lr_scale[{epoch}] must be a number > 0 (the factor "
-                             f"of that stage's learning rate); got {factor!r}")
+            raise ValueError(
+                f"Unfreeze: lr_scale names epoch {epoch}, which is not a stage of "
+                f"the schedule (stages: {', '.join(map(str, schedule))})"
+            )
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not (math.isfinite(factor) and factor > 0)
+        ):
+            raise ValueError(
+                f"Unfreeze: lr_scale[{epoch}] must be a number > 0 (the factor "
+                f"of that stage's learning rate); got {factor!r}"
+            )
         checked[epoch] = float(factor)
     return checked
 
 
 # -- names, when the run starts ---------------------------------------------------------------
 
-def _match(names: tuple[str, ...] | str, epoch: int, module: nn.Module,
-           named: list[tuple[str, nn.Parameter]], modules: list[str]) -> list[nn.Parameter]:
+
+def _match(
+    names: tuple[str, ...] | str,
+    epoch: int,
+    module: nn.Module,
+    named: list[tuple[str, nn.Parameter]],
+    modules: list[str],
+) -> list[nn.Parameter]:
     """The parameters ``names`` stand for: all of them, a module's, a parameter, or those
     under a prefix of names. An unknown name is an error with a did-you-mean."""
     if names == ALL:
@@ -234,14 +273,19 @@ def _match(names: tuple[str, ...] | str, epoch: int, module: nn.Module,
     for name in names:
         exact = name in modules or any(n == name for n, _ in named)
         under = name + "."
-        hits = [p for n, p in named if n == name or n.startswith(under)] if exact else [
-            p for n, p in named if n.startswith(name)]
+        hits = (
+            [p for n, p in named if n == name or n.startswith(under)]
+            if exact
+            else [p for n, p in named if n.startswith(name)]
+        )
         if not exact and not hits and not any(m.startswith(name) for m in modules):
             hint = did_you_mean(name, modules + [n for n, _ in named])
             top = [n for n, _ in module.named_children()] or [n for n, _ in named]
             shown = ", ".join(top[:12]) + (", ..." if len(top) > 12 else "")
-            raise ValueError(f"Unfreeze: schedule[{epoch}] names {name!r}, but "
-                             f"{type(module).__name__} has no module or parameter of that name "
-                             f"or starting with it.{hint} Its modules: {shown or 'none'}")
+            raise ValueError(
+                f"Unfreeze: schedule[{epoch}] names {name!r}, but "
+                f"{type(module).__name__} has no module or parameter of that name "
+                f"or starting with it.{hint} Its modules: {shown or 'none'}"
+            )
         found.extend(hits)
     return found

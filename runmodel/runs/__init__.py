@@ -16,14 +16,35 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    **dict.fromkeys(("INTERRUPTED", "PreparedRun", "RunExists", "execute", "prepare",
-                     "resume_dir", "run_dir_for"), "config_run"),
+    **dict.fromkeys(
+        (
+            "INTERRUPTED",
+            "PreparedRun",
+            "RunExists",
+            "execute",
+            "prepare",
+            "resume_dir",
+            "run_dir_for",
+        ),
+        "config_run",
+    ),
     **dict.fromkeys(("RunInfo", "list_runs", "runs_table"), "table"),
     "read_status": "folder",
 }
 
-__all__ = ["INTERRUPTED", "PreparedRun", "RunExists", "RunInfo", "execute", "list_runs",
-           "prepare", "read_status", "resume_dir", "run_dir_for", "runs_table"]
+__all__ = [
+    "INTERRUPTED",
+    "PreparedRun",
+    "RunExists",
+    "RunInfo",
+    "execute",
+    "list_runs",
+    "prepare",
+    "read_status",
+    "resume_dir",
+    "run_dir_for",
+    "runs_table",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,8 +36,7 @@ from ..backends.distributed import env
 from ..checkpoint.names import checkpoints_in, position
 from .target import TargetError
 
-__all__ = ["DEFAULT_STEPS", "CheckFailed", "CheckRequest", "Verdict", "check_resume",
-           "choose_step"]
+__all__ = ["DEFAULT_STEPS", "CheckFailed", "CheckRequest", "Verdict", "check_resume", "choose_step"]
 
 #: Steps trained when ``--steps`` is not given.
 DEFAULT_STEPS = 20
@@ -97,13 +96,16 @@ class Verdict:
         self.findings.setdefault(rank, []).append((self.ORDER.index(about), line))
 
     def text(self) -> str:
-        head = (f"check-resume {self.source}: {self.steps} steps; saved at step "
-                f"{self.saved_at} ({self.where}), killed in step {self.saved_at + 1}, "
-                f"resumed: {'exact' if self.exact else 'NOT exact'}")
-        said = {rank: [line for _, line in sorted(found, key=lambda kind_line: kind_line[0])]
-                for rank, found in self.findings.items()}
-        alike = len(said) == self.processes and all(
-            lines == said[0] for lines in said.values())
+        head = (
+            f"check-resume {self.source}: {self.steps} steps; saved at step "
+            f"{self.saved_at} ({self.where}), killed in step {self.saved_at + 1}, "
+            f"resumed: {'exact' if self.exact else 'NOT exact'}"
+        )
+        said = {
+            rank: [line for _, line in sorted(found, key=lambda kind_line: kind_line[0])]
+            for rank, found in self.findings.items()
+        }
+        alike = len(said) == self.processes and all(lines == said[0] for lines in said.values())
         if alike or self.processes == 1:
             lines = said.get(0, [])
             if self.processes > 1:
@@ -111,18 +113,23 @@ class Verdict:
         else:  # each process its own
             lines = [f"rank {rank}: {line}" for rank in sorted(said) for line in said[rank]]
         if self.exact:
-            lines = [f"weights, optimizer state and random generators bit-identical to the "
-                     f"straight run's, and the state after each of steps {self.saved_at + 1}-"
-                     f"{self.steps}" + (f" in each of {self.processes} processes"
-                                        if self.processes > 1 else "")]
+            lines = [
+                f"weights, optimizer state and random generators bit-identical to the "
+                f"straight run's, and the state after each of steps {self.saved_at + 1}-"
+                f"{self.steps}"
+                + (f" in each of {self.processes} processes" if self.processes > 1 else "")
+            ]
             if self.first_epoch:
-                lines.append("(saved in the run's first epoch: with --steps above an "
-                             "epoch's steps, the check saves in a later one, and what "
-                             "carries over from one epoch to the next is checked too)")
+                lines.append(
+                    "(saved in the run's first epoch: with --steps above an "
+                    "epoch's steps, the check saves in a later one, and what "
+                    "carries over from one epoch to the next is checked too)"
+                )
         return "\n".join([head, *(f"  {line}" for line in lines)])
 
 
 # -- the check --------------------------------------------------------------------------------
+
 
 def check_resume(request: CheckRequest, say: Callable[[str], None] | None = None) -> Verdict:
     """Run the check (see the module's docstring); ``say`` gets a line as each run
@@ -131,9 +138,17 @@ def check_resume(request: CheckRequest, say: Callable[[str], None] | None = None
     steps = DEFAULT_STEPS if request.steps is None else request.steps
     _check_request(request, steps)
     with _folder(request.directory) as folder, _Processes(folder, request) as runs:
-        write_json(runs.plan, {"source": request.source, "device": request.device,
-                               "options": list(request.options), "argv": list(request.argv),
-                               "steps": steps, "backend": request.backend})
+        write_json(
+            runs.plan,
+            {
+                "source": request.source,
+                "device": request.device,
+                "options": list(request.options),
+                "argv": list(request.argv),
+                "steps": steps,
+                "backend": request.backend,
+            },
+        )
         interrupted = folder / "interrupted"
         at = request.at
         if at is None:
@@ -141,25 +156,30 @@ def check_resume(request: CheckRequest, say: Callable[[str], None] | None = None
             runs.wait(runs.start("straight", folder / "straight"))
             at = choose_step(runs.digests("straight", 0))
             say(f"check-resume: training again, saving at step {at}, killed in step {at + 1}")
-            runs.wait_killed(runs.start("killed", interrupted, "--save-at", str(at),
-                                        "--kill", str(at)), at)
+            runs.wait_killed(
+                runs.start("killed", interrupted, "--save-at", str(at), "--kill", str(at)), at
+            )
         else:
-            say(f"check-resume: training {steps} steps straight, and again saving at step "
-                f"{at}, killed in step {at + 1}")
+            say(
+                f"check-resume: training {steps} steps straight, and again saving at step "
+                f"{at}, killed in step {at + 1}"
+            )
             straight = runs.start("straight", folder / "straight")
             killed = runs.start("killed", interrupted, "--save-at", str(at), "--kill", str(at))
             runs.wait(straight)
             runs.wait_killed(killed, at)
         done = len(runs.digests("straight", 0))
         if done < 2 or at >= done:
-            raise TargetError(f"the run took {done} steps (its epochs or data end there), and "
-                              f"the check saves at a step S below them and kills the run in "
-                              f"step S+1: give --at below {done}" if done >= 2 else
-                              f"the run took {done} step: the check needs 2 or more")
+            raise TargetError(
+                f"the run took {done} steps (its epochs or data end there), and "
+                f"the check saves at a step S below them and kills the run in "
+                f"step S+1: give --at below {done}"
+                if done >= 2
+                else f"the run took {done} step: the check needs 2 or more"
+            )
         saved = _checkpoint(interrupted, at)
         say(f"check-resume: resuming from {saved.name} to step {done}")
-        runs.wait(runs.start("resumed", interrupted, "--save-at", str(at), "--resume",
-                             str(saved)))
+        runs.wait(runs.start("resumed", interrupted, "--save-at", str(at), "--resume", str(saved)))
         verdict = _compare(runs, request.source, done, at)
         if verdict.first_step is not None:
             _rerun(runs, verdict, folder, saved, at, say)
@@ -172,19 +192,27 @@ def _say(text: str) -> None:
 
 def _check_request(request: CheckRequest, steps: int) -> None:
     if env.launched():
-        raise TargetError("check-resume starts its runs' processes itself (with torchrun for "
-                          "--nproc-per-node): run it outside torchrun")
+        raise TargetError(
+            "check-resume starts its runs' processes itself (with torchrun for "
+            "--nproc-per-node): run it outside torchrun"
+        )
     if steps < 2:
-        raise TargetError(f"--steps {steps}: the check saves at a step S and kills the run in "
-                          f"step S+1, so it needs 2 steps or more")
+        raise TargetError(
+            f"--steps {steps}: the check saves at a step S and kills the run in "
+            f"step S+1, so it needs 2 steps or more"
+        )
     if request.at is not None and not 1 <= request.at < steps:
-        raise TargetError(f"--at {request.at}: save at a step from 1 to {steps - 1} (the run "
-                          f"is killed in the step after it, and runs {steps} steps)")
+        raise TargetError(
+            f"--at {request.at}: save at a step from 1 to {steps - 1} (the run "
+            f"is killed in the step after it, and runs {steps} steps)"
+        )
     if request.nproc_per_node is not None and request.nproc_per_node < 1:
         raise TargetError(f"--nproc-per-node {request.nproc_per_node}: give 1 or more")
     if request.backend is not None and request.nproc_per_node is None:
-        raise TargetError(f"--backend {request.backend} is the backend of runs in several "
-                          f"processes: add --nproc-per-node N")
+        raise TargetError(
+            f"--backend {request.backend} is the backend of runs in several "
+            f"processes: add --nproc-per-node N"
+        )
 
 
 def choose_step(records: list[dict[str, Any]]) -> int:
@@ -194,8 +222,9 @@ def choose_step(records: list[dict[str, Any]]) -> int:
     two); the middle where every step ends an epoch. ``records``: the straight run's,
     one a step (``records[s - 1]`` is step s's)."""
     middle = max(1, len(records) // 2)
-    mid_epoch = [s for s in range(1, len(records))
-                 if records[s]["epoch"] == records[s - 1]["epoch"]]
+    mid_epoch = [
+        s for s in range(1, len(records)) if records[s]["epoch"] == records[s - 1]["epoch"]
+    ]
     later = [s for s in mid_epoch if records[s - 1]["epoch"] != records[0]["epoch"]]
     return min(later or mid_epoch or [middle], key=lambda s: (abs(s - middle), s))
 
@@ -209,8 +238,10 @@ def _folder(directory: Path | None) -> Iterator[Path]:
             yield Path(made)
         return
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise TargetError(f"--dir {directory}: give a new or empty folder (the check's runs "
-                          f"start from step 0 there)")
+        raise TargetError(
+            f"--dir {directory}: give a new or empty folder (the check's runs "
+            f"start from step 0 there)"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     yield directory.resolve()
 
@@ -221,12 +252,14 @@ def _checkpoint(folder: Path, at: int) -> Path:
 
     found = [p for p in checkpoints_in(folder / CHECKPOINTS) if position(p)[1] == at]
     if not found:
-        raise CheckFailed(f"the killed run wrote no checkpoint at step {at} in "
-                          f"{folder / CHECKPOINTS}")
+        raise CheckFailed(
+            f"the killed run wrote no checkpoint at step {at} in {folder / CHECKPOINTS}"
+        )
     return found[0]
 
 
 # -- the processes ------------------------------------------------------------------------------
+
 
 class _Processes:
     """The check's runs, each a process (or torchrun's processes) writing into
@@ -255,14 +288,30 @@ class _Processes:
         return range(self.nproc or 1)
 
     def start(self, role: str, run_dir: Path, *options: str) -> tuple[str, Any]:
-        program = ["-m", "runmodel.runs.check_resume_child", str(self.plan), role,
-                   "--run-dir", str(run_dir), *options]
+        program = [
+            "-m",
+            "runmodel.runs.check_resume_child",
+            str(self.plan),
+            role,
+            "--run-dir",
+            str(run_dir),
+            *options,
+        ]
         if self.nproc is not None:
-            program = ["-m", "torch.distributed.run", "--standalone",
-                       f"--nproc-per-node={self.nproc}", *program]
+            program = [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={self.nproc}",
+                *program,
+            ]
         with open(self.log(role), "wb") as log:
-            process = subprocess.Popen([sys.executable, *program], stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                [sys.executable, *program],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         self.running.append((role, process))
         return role, process
 
@@ -285,8 +334,11 @@ class _Processes:
 
     def _errors(self, role: str) -> list[dict[str, Any]]:
         """The errors the run's processes ended with, each with its rank."""
-        return [{**result, "rank": rank} for rank in self.ranks
-                if "error" in (result := read_json(self.files(role, rank)["result"]))]
+        return [
+            {**result, "rank": rank}
+            for rank in self.ranks
+            if "error" in (result := read_json(self.files(role, rank)["result"]))
+        ]
 
     def wait_killed(self, started: tuple[str, Any], at: int) -> None:
         """Wait for the run that kills itself during step ``at + 1``."""
@@ -294,14 +346,15 @@ class _Processes:
         code = process.wait()
         # a process that got to its kill (the checkpoint was on disk) says so; under
         # torchrun the others may be ended by torchrun first, as the first one died
-        if code != 0 and any(self.files(role, rank)["killed"].is_file()
-                             for rank in self.ranks):
+        if code != 0 and any(self.files(role, rank)["killed"].is_file() for rank in self.ranks):
             return
         errors = self._errors(role)
         if code == 0 and not errors:
             steps = len(self.digests(role, 0))
-            raise TargetError(f"the run ended after {steps} steps, before step {at + 1} "
-                              f"where the check kills it: give --at below {steps}")
+            raise TargetError(
+                f"the run ended after {steps} steps, before step {at + 1} "
+                f"where the check kills it: give --at below {steps}"
+            )
         self._failed(role, code, errors)
 
     def _failed(self, role: str, code: int, errors: list[dict[str, Any]]) -> None:
@@ -312,8 +365,10 @@ class _Processes:
             said = "; ".join(f"rank {e['rank']}: {e['error']}" for e in errors)
         else:
             said = errors[0]["error"] if errors else f"its process ended with code {code}"
-        raise CheckFailed(f"the {role} run failed: {said}\n  its output ended with:\n"
-                          + "\n".join(f"    {line}" for line in lines))
+        raise CheckFailed(
+            f"the {role} run failed: {said}\n  its output ended with:\n"
+            + "\n".join(f"    {line}" for line in lines)
+        )
 
     def digests(self, role: str, rank: int) -> list[dict[str, Any]]:
         path = self.files(role, rank)["digests"]
@@ -324,11 +379,18 @@ class _Processes:
 
 # -- comparing ----------------------------------------------------------------------------------
 
+
 def _compare(runs: _Processes, source: str, steps: int, at: int) -> Verdict:
     """The straight run against the killed and the resumed ones, process by process."""
     records = runs.digests("straight", 0)
-    verdict = Verdict(source, steps, at, _where(records, at), processes=len(runs.ranks),
-                      first_epoch=records[at - 1]["epoch"] == records[0]["epoch"])
+    verdict = Verdict(
+        source,
+        steps,
+        at,
+        _where(records, at),
+        processes=len(runs.ranks),
+        first_epoch=records[at - 1]["epoch"] == records[0]["epoch"],
+    )
     for rank in runs.ranks:
         straight = {r["step"]: r["digest"] for r in runs.digests("straight", rank)}
         resumed = runs.digests("resumed", rank)
@@ -336,20 +398,30 @@ def _compare(runs: _Processes, source: str, steps: int, at: int) -> Verdict:
         after = _first_differing(straight, resumed)
         last = resumed[-1]["step"] if resumed else at
         if last != steps:
-            verdict.found(rank, f"the resumed run ended after step {last}, the straight one "
-                                f"after step {steps}")
+            verdict.found(
+                rank,
+                f"the resumed run ended after step {last}, the straight one after step {steps}",
+            )
         if before is not None:
-            verdict.found(rank, f"the run does not repeat itself: two runs from the start "
-                                f"differ after step {before}, before any resume (random "
-                                f"numbers not seeded alike, loader workers seeded by time, "
-                                f"nondeterministic operations: "
-                                f"torch.use_deterministic_algorithms(True) finds those)")
+            verdict.found(
+                rank,
+                f"the run does not repeat itself: two runs from the start "
+                f"differ after step {before}, before any resume (random "
+                f"numbers not seeded alike, loader workers seeded by time, "
+                f"nondeterministic operations: "
+                f"torch.use_deterministic_algorithms(True) finds those)",
+            )
             verdict.first_step = _earliest(verdict.first_step, before)
         elif after is not None:
-            verdict.found(rank, f"first step whose state differs: step {after} "
-                                + ("(the first after the resume)" if after == at + 1 else
-                                   f"({after - at} after the resume; steps {at + 1}-"
-                                   f"{after - 1} agree)"))
+            verdict.found(
+                rank,
+                f"first step whose state differs: step {after} "
+                + (
+                    "(the first after the resume)"
+                    if after == at + 1
+                    else f"({after - at} after the resume; steps {at + 1}-{after - 1} agree)"
+                ),
+            )
             verdict.first_step = _earliest(verdict.first_step, after)
         _compare_final(runs, rank, verdict)
     return verdict
@@ -363,8 +435,10 @@ def _where(records: list[dict[str, Any]], at: int) -> str:
     """Where step ``at`` sits in its epoch, in words."""
     record = records[at - 1]
     ends = at >= len(records) or records[at]["epoch"] != record["epoch"]
-    return (f"{'the end of' if ends else 'mid-epoch:'} epoch {record['epoch']}, "
-            f"{_ordinal(record['epoch_step'])} step of it")
+    return (
+        f"{'the end of' if ends else 'mid-epoch:'} epoch {record['epoch']}, "
+        f"{_ordinal(record['epoch_step'])} step of it"
+    )
 
 
 def _ordinal(n: int) -> str:
@@ -391,8 +465,10 @@ def _compare_final(runs: _Processes, rank: int, verdict: Verdict) -> None:
 
     from .check_resume_child import tensor_bytes
 
-    straight, resumed = (torch.load(runs.files(role, rank)["final"], weights_only=True)
-                         for role in ("straight", "resumed"))
+    straight, resumed = (
+        torch.load(runs.files(role, rank)["final"], weights_only=True)
+        for role in ("straight", "resumed")
+    )
     names = straight.get("parameters") or []
     ours = dict([*straight["model"], *(("rng." + k, v) for k, v in straight["rng"])])
     theirs = dict([*resumed["model"], *(("rng." + k, v) for k, v in resumed["rng"])])
@@ -400,17 +476,24 @@ def _compare_final(runs: _Processes, rank: int, verdict: Verdict) -> None:
     for path in {**ours, **theirs}:
         part = path.partition(".")[0]
         count, differ = parts.get(part, (0, []))
-        if (path not in ours or path not in theirs
-                or not _same(ours[path], theirs[path], tensor_bytes)):
+        if (
+            path not in ours
+            or path not in theirs
+            or not _same(ours[path], theirs[path], tensor_bytes)
+        ):
             differ.append(path)
         parts[part] = (count + 1, differ)
     for part, (count, differ) in parts.items():
         if differ:
             first = _named(differ[0], names)
             verdict.first_tensor = verdict.first_tensor or first
-            verdict.found(rank, f"{PARTS.get(part, part)}: {len(differ)} of {count} "
-                                f"{'tensors' if part == 'module' else 'entries'} differ, "
-                                f"the first {first}", "state")
+            verdict.found(
+                rank,
+                f"{PARTS.get(part, part)}: {len(differ)} of {count} "
+                f"{'tensors' if part == 'module' else 'entries'} differ, "
+                f"the first {first}",
+                "state",
+            )
 
 
 def _same(a: Any, b: Any, tensor_bytes: Callable[[Any], Any]) -> bool:
@@ -419,8 +502,11 @@ def _same(a: Any, b: Any, tensor_bytes: Callable[[Any], Any]) -> bool:
     import torch
 
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(tensor_bytes(a), tensor_bytes(b)))
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(tensor_bytes(a), tensor_bytes(b))
+        )
     return type(a) is type(b) and repr(a) == repr(b)
 
 
@@ -439,8 +525,15 @@ def _named(path: str, names: list[str]) -> str:
 
 # -- the step again, module by module -----------------------------------------------------------
 
-def _rerun(runs: _Processes, verdict: Verdict, folder: Path, saved: Path, at: int,
-           say: Callable[[str], None]) -> None:
+
+def _rerun(
+    runs: _Processes,
+    verdict: Verdict,
+    folder: Path,
+    saved: Path,
+    at: int,
+    say: Callable[[str], None],
+) -> None:
     """Run the first differing step again in both worlds with forward hooks on every
     module, and name the first module whose output differs (or the batch)."""
     step = verdict.first_step
@@ -448,8 +541,16 @@ def _rerun(runs: _Processes, verdict: Verdict, folder: Path, saved: Path, at: in
     if step > at:  # after the resume: straight against resumed
         say(f"check-resume: running step {step} again, straight and resumed, module by module")
         first = runs.start("rerun-straight", folder / "rerun-straight", "--record", str(step))
-        second = runs.start("rerun-resumed", folder / "rerun-resumed", "--save-at", str(at),
-                            "--resume", str(saved), "--record", str(step))
+        second = runs.start(
+            "rerun-resumed",
+            folder / "rerun-resumed",
+            "--save-at",
+            str(at),
+            "--resume",
+            str(saved),
+            "--record",
+            str(step),
+        )
         worlds = "the straight and the resumed run"
     else:  # the run does not repeat itself: two straight runs
         say(f"check-resume: running step {step} again, twice from the start, module by module")
@@ -459,8 +560,9 @@ def _rerun(runs: _Processes, verdict: Verdict, folder: Path, saved: Path, at: in
     runs.wait(first)
     runs.wait(second)
     for rank in runs.ranks:
-        ours, theirs = (read_json(runs.files(role, rank)["outputs"])
-                        for role in (first[0], second[0]))
+        ours, theirs = (
+            read_json(runs.files(role, rank)["outputs"]) for role in (first[0], second[0])
+        )
         line, module = _first_module(ours, theirs)
         verdict.found(rank, f"step {step} run again in {worlds}: {line}", "module")
         verdict.module = verdict.module or module
@@ -470,37 +572,49 @@ def _first_module(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, st
     """What differs first in one step of two runs: the batch, a module's output (or its
     input, produced by code between modules), or nothing before the loss."""
     if ours.get("batch") != theirs.get("batch"):
-        return ("its batch differs: the data loader's order or position is not restored "
-                "(a sampler or generator the checkpoint does not hold, or a loader that "
-                "cannot be resumed)", None)
+        return (
+            "its batch differs: the data loader's order or position is not restored "
+            "(a sampler or generator the checkpoint does not hold, or a loader that "
+            "cannot be resumed)",
+            None,
+        )
     agreed: list[str] = []
     for mine, other in zip(ours["calls"], theirs["calls"], strict=False):
         name = _module_name(mine)
         if (mine["module"], mine["type"]) != (other["module"], other["type"]):
-            return (f"the modules called differ after {len(agreed)} agreed: {name} in one, "
-                    f"{_module_name(other)} in the other (the forward takes another path)",
-                    mine["module"])
+            return (
+                f"the modules called differ after {len(agreed)} agreed: {name} in one, "
+                f"{_module_name(other)} in the other (the forward takes another path)",
+                mine["module"],
+            )
         if mine["input"] != other["input"]:
             caller = mine["module"].rpartition(".")[0] or "the model's module"
-            return (f"first module whose input differs: {name}, while the modules before it "
-                    f"agree: what differs is made in the forward code of {caller} before it "
-                    f"calls {mine['module']} (a functional op drawing random numbers, such as "
-                    f"F.dropout or torch.rand?)", mine["module"])
+            return (
+                f"first module whose input differs: {name}, while the modules before it "
+                f"agree: what differs is made in the forward code of {caller} before it "
+                f"calls {mine['module']} (a functional op drawing random numbers, such as "
+                f"F.dropout or torch.rand?)",
+                mine["module"],
+            )
         if mine["output"] != other["output"]:
-            return (f"first module whose output differs: {name}, given the same input"
-                    + (f" ({len(agreed)} modules before it agree)" if agreed else "")
-                    + ": it draws random numbers the checkpoint does not restore (a "
-                    "generator of its own?) or keeps state outside its state_dict",
-                    mine["module"])
+            return (
+                f"first module whose output differs: {name}, given the same input"
+                + (f" ({len(agreed)} modules before it agree)" if agreed else "")
+                + ": it draws random numbers the checkpoint does not restore (a "
+                "generator of its own?) or keeps state outside its state_dict",
+                mine["module"],
+            )
         agreed.append(mine["module"])
     if len(ours["calls"]) != len(theirs["calls"]):
         return ("the modules called differ in number (the forward takes another path)", None)
-    return ("every module's output agrees, and the batch: what differs comes after the "
-            "forward pass (the loss, the backward pass or the optimizer step: an optimizer, "
-            "LR schedule, gradient scaler or accumulation state not restored?)", None)
+    return (
+        "every module's output agrees, and the batch: what differs comes after the "
+        "forward pass (the loss, the backward pass or the optimizer step: an optimizer, "
+        "LR schedule, gradient scaler or accumulation state not restored?)",
+        None,
+    )
 
 
 def _module_name(call: dict[str, Any]) -> str:
     name = call["module"]
     return f"{name} ({call['type']})" if name else f"the model's module ({call['type']})"
-

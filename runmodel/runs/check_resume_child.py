@@ -66,12 +66,20 @@ CHECKPOINT_WAIT = 120.0
 
 def files(directory: Path, role: str, rank: int) -> dict[str, Path]:
     """What a run of ``role`` writes for process ``rank`` in ``directory``."""
-    return {kind: directory / f"{role}-{kind}-rank{rank}.{ext}" for kind, ext in (
-        ("digests", "jsonl"), ("final", "pt"), ("outputs", "json"), ("result", "json"),
-        ("killed", "txt"))}
+    return {
+        kind: directory / f"{role}-{kind}-rank{rank}.{ext}"
+        for kind, ext in (
+            ("digests", "jsonl"),
+            ("final", "pt"),
+            ("outputs", "json"),
+            ("result", "json"),
+            ("killed", "txt"),
+        )
+    }
 
 
 # -- digests ------------------------------------------------------------------------------
+
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s bytes (this process's shard of a distributed tensor), on the CPU, as
@@ -141,11 +149,14 @@ def _parameter_names(model: Any) -> list[str]:
     if module is None or optimizer is None:
         return []
     names = {id(p): name for name, p in module.named_parameters()}
-    return [names.get(id(p), f"#{i}") for i, p in enumerate(
-        p for group in optimizer.param_groups for p in group["params"])]
+    return [
+        names.get(id(p), f"#{i}")
+        for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])
+    ]
 
 
 # -- the run ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Role:
@@ -174,8 +185,9 @@ class CheckRun:
     def __call__(self, engine: Engine, model: Any, arguments: dict[str, Any]) -> Any:
         role, rank = self.role, env.rank()
         paths = files(self.out, role.name, rank)
-        engine.attach(*(make_pack(spec, directory=Path(spec.type_))
-                        for spec in self.config_packs or ()))
+        engine.attach(
+            *(make_pack(spec, directory=Path(spec.type_)) for spec in self.config_packs or ())
+        )
         _refuse_folders_outside(engine)
         checkpoint = None
         if role.save_at is not None:
@@ -183,10 +195,16 @@ class CheckRun:
             engine.attach(checkpoint)
         with open(paths["digests"], "w") as log:
             self._hooks(engine, model, paths, log, checkpoint)
-            result = engine.run(model, "train", steps=self.steps, epochs=arguments["epochs"],
-                                setup_options=arguments["setup_options"],
-                                backend=self._backend(arguments), resume=role.resume,
-                                run_dir=self._folder(engine))
+            result = engine.run(
+                model,
+                "train",
+                steps=self.steps,
+                epochs=arguments["epochs"],
+                setup_options=arguments["setup_options"],
+                backend=self._backend(arguments),
+                resume=role.resume,
+                run_dir=self._folder(engine),
+            )
         return {"ended": result.ended, "steps": result.steps, "epochs": result.epochs}
 
     def _folder(self, engine: Engine) -> RunFolder:
@@ -203,32 +221,65 @@ class CheckRun:
             return arguments["backend"]
         return self.backend or "ddp"
 
-    def _hooks(self, engine: Engine, model: Any, paths: dict[str, Path], log: IO[str],
-               checkpoint: Checkpoint | None) -> None:
+    def _hooks(
+        self,
+        engine: Engine,
+        model: Any,
+        paths: dict[str, Path],
+        log: IO[str],
+        checkpoint: Checkpoint | None,
+    ) -> None:
         role = self.role
 
         def record_digest(engine: Engine) -> None:
             s = engine.state
-            log.write(json.dumps({"step": s.step + 1, "epoch": s.epoch,
-                                  "epoch_step": s.epoch_step + 1,
-                                  "digest": digest(list(_weights(model).items()))}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "step": s.step + 1,
+                        "epoch": s.epoch,
+                        "epoch_step": s.epoch_step + 1,
+                        "digest": digest(list(_weights(model).items())),
+                    }
+                )
+                + "\n"
+            )
             log.flush()
 
         # last of all runstep hooks: the step's state as every other hook left it
         engine.on("runstep", record_digest, priority=-3000, name="check_resume.digest")
         if role.kill is not None:
             assert checkpoint is not None
-            engine.on("runstep", lambda e: _die(checkpoint.directory, paths["killed"]),
-                      once=role.kill, priority=-2000, name="check_resume.kill")
+            engine.on(
+                "runstep",
+                lambda e: _die(checkpoint.directory, paths["killed"]),
+                once=role.kill,
+                priority=-2000,
+                name="check_resume.kill",
+            )
         if role.record is not None:
             recorder = OutputRecorder(model, paths["outputs"])
-            engine.on("step_start", recorder.start, once=role.record - 1,
-                      priority=-3000, name="check_resume.record")
-            engine.on("runstep", recorder.end, once=role.record - 1, priority=3000,
-                      name="check_resume.recorded")
+            engine.on(
+                "step_start",
+                recorder.start,
+                once=role.record - 1,
+                priority=-3000,
+                name="check_resume.record",
+            )
+            engine.on(
+                "runstep",
+                recorder.end,
+                once=role.record - 1,
+                priority=3000,
+                name="check_resume.recorded",
+            )
         else:
-            engine.on("teardown", lambda e: _write_final(e, model, paths["final"]),
-                      priority=10_000, name="check_resume.final")
+            engine.on(
+                "teardown",
+                lambda e: _write_final(e, model, paths["final"]),
+                priority=10_000,
+                name="check_resume.final",
+            )
 
 
 def _refuse_folders_outside(engine: Engine) -> None:
@@ -238,11 +289,13 @@ def _refuse_folders_outside(engine: Engine) -> None:
     for key, pack in engine.table.packs.items():
         folder = getattr(pack, "directory", None)
         if isinstance(folder, Path) and folder.is_absolute():
-            raise TargetError(f"pack {key!r} ({type(pack).__name__}) writes to {folder}, a "
-                              f"folder of its own: the check runs the model several times, "
-                              f"each in a run folder of its own where relative folders go; "
-                              f"give the pack a relative folder (or a script option that "
-                              f"sets one)")
+            raise TargetError(
+                f"pack {key!r} ({type(pack).__name__}) writes to {folder}, a "
+                f"folder of its own: the check runs the model several times, "
+                f"each in a run folder of its own where relative folders go; "
+                f"give the pack a relative folder (or a script option that "
+                f"sets one)"
+            )
 
 
 def _die(folder: Path, marker: Path) -> None:
@@ -251,8 +304,10 @@ def _die(folder: Path, marker: Path) -> None:
     deadline = time.monotonic() + CHECKPOINT_WAIT
     while not (folder.is_dir() and checkpoints_in(folder)):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no checkpoint appeared in {folder} in {CHECKPOINT_WAIT:.0f}s "
-                               f"after the step it was due")
+            raise RuntimeError(
+                f"no checkpoint appeared in {folder} in {CHECKPOINT_WAIT:.0f}s "
+                f"after the step it was due"
+            )
         time.sleep(0.05)
     marker.write_text(f"{os.getpid()}\n")
     sys.stdout.flush()
@@ -268,8 +323,15 @@ def _write_final(engine: Engine, model: Any, path: Path) -> None:
     if engine.state.error is not None:
         return
     state = model.state_dict() if callable(getattr(model, "state_dict", None)) else {}
-    torch.save({"model": list(plain_items(state)), "rng": list(plain_items(rng_state())),
-                "parameters": _parameter_names(model), "step": engine.state.step}, path)
+    torch.save(
+        {
+            "model": list(plain_items(state)),
+            "rng": list(plain_items(rng_state())),
+            "parameters": _parameter_names(model),
+            "step": engine.state.step,
+        },
+        path,
+    )
 
 
 class OutputRecorder:
@@ -292,21 +354,29 @@ class OutputRecorder:
 
     def _hook(self, name: str) -> Any:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            self.calls.append({"module": name, "type": type(module).__name__,
-                               "input": digest(_tensors(inputs)),
-                               "output": digest(_tensors(output))})
+            self.calls.append(
+                {
+                    "module": name,
+                    "type": type(module).__name__,
+                    "input": digest(_tensors(inputs)),
+                    "output": digest(_tensors(output)),
+                }
+            )
+
         return hook
 
     def end(self, engine: Engine) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        write_json(self.path, {"step": engine.state.step + 1, "batch": self.batch,
-                               "calls": self.calls})
+        write_json(
+            self.path, {"step": engine.state.step + 1, "batch": self.batch, "calls": self.calls}
+        )
         engine.stop("check-resume recorded its step")
 
 
 # -- the process ----------------------------------------------------------------------------
+
 
 def _seed() -> None:
     random.seed(0)
@@ -334,8 +404,12 @@ def _parser() -> argparse.ArgumentParser:
 def run(plan: dict[str, Any], role: Role, out: Path) -> dict[str, Any]:
     """The run of ``role`` as ``plan`` (what the parent was asked) describes it."""
     _seed()
-    target = open_target(plan["source"], device=plan.get("device"),
-                         options=plan.get("options", ()), argv=plan.get("argv", ()))
+    target = open_target(
+        plan["source"],
+        device=plan.get("device"),
+        options=plan.get("options", ()),
+        argv=plan.get("argv", ()),
+    )
     action = CheckRun(role, out, plan["steps"], plan.get("backend"))
     if isinstance(target, ConfigTarget):
         if env.several():  # its own ddp or fsdp, else --backend (ddp): as `runmodel run`

@@ -55,8 +55,18 @@ from .folder import RunExists, RunFolder, read_status, record_status
 from .interrupt import say
 from .table import flatten
 
-__all__ = ["INTERRUPTED", "PreparedRun", "RunExists", "claim_folder", "execute", "prepare",
-           "record_launch_failure", "resume_dir", "run_dir_for", "tell_launcher"]
+__all__ = [
+    "INTERRUPTED",
+    "PreparedRun",
+    "RunExists",
+    "claim_folder",
+    "execute",
+    "prepare",
+    "record_launch_failure",
+    "resume_dir",
+    "run_dir_for",
+    "tell_launcher",
+]
 
 #: What an interrupted run's ``reason`` says (a run interrupted by Ctrl-C raises
 #: ``runmodel.Interrupted``: no result carries it any more).
@@ -116,9 +126,16 @@ class PreparedRun:
         steps = config.steps if self.steps is None else self.steps
         if self.lead:
             tell_launcher(self.directory)
-        return self.engine.run(self.model, mode=config.mode, steps=steps, epochs=epochs,
-                               backend=self.backend, resume=self.checkpoint,
-                               run_dir=self.folder, preempt_signals=preempt_signals)
+        return self.engine.run(
+            self.model,
+            mode=config.mode,
+            steps=steps,
+            epochs=epochs,
+            backend=self.backend,
+            resume=self.checkpoint,
+            run_dir=self.folder,
+            preempt_signals=preempt_signals,
+        )
 
 
 #: Where the launcher (``runmodel run --nproc-per-node``) learns the run folder, to name
@@ -141,15 +158,17 @@ def record_launch_failure(run_dir: Path, rank: int, text: str) -> None:
     if not status or status.get("status") == "finished":
         return
     seen = status.get("error")
-    status.update(status="failed", error=text, failed_rank=rank,
-                  ended=status.get("ended") or time.time())
+    status.update(
+        status="failed", error=text, failed_rank=rank, ended=status.get("ended") or time.time()
+    )
     if seen and seen != text:
         status["rank_0_error"] = seen
     record_status(run_dir, status, RuntimeError(text))
 
 
-def build(config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: bool = True
-          ) -> tuple[RunConfig, Any, Any]:
+def build(
+    config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: bool = True
+) -> tuple[RunConfig, Any, Any]:
     """The config as a run records it, and the model and the backend it names, seeded
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
@@ -179,11 +198,20 @@ def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
     return RunConfig.from_dict(data, source=str(directory / "config.json")), Path(base or ".")
 
 
-def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
-            directory: str | os.PathLike[str] | None = None, resume: bool = False,
-            restart: bool = False, take_over: bool = False, base: str | os.PathLike[str] = ".",
-            engine: Engine | None = None, progress: bool = True,
-            packs: Sequence[Pack] = (), backend: str | None = None) -> PreparedRun:
+def prepare(
+    config: RunConfig,
+    root: str | os.PathLike[str] = "runs",
+    *,
+    directory: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    restart: bool = False,
+    take_over: bool = False,
+    base: str | os.PathLike[str] = ".",
+    engine: Engine | None = None,
+    progress: bool = True,
+    packs: Sequence[Pack] = (),
+    backend: str | None = None,
+) -> PreparedRun:
     """Check and build everything ``config`` names, then claim its run directory
     (``directory``, or derived under ``root``; a new run creates it, so two runs of one
     config cannot both start there); nothing is written before that works.
@@ -211,18 +239,33 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
     named = {spec.type_ for spec in config.packs}
     # every run directory holds checkpoints and TensorBoard events, and a run shows its
     # progress; a config that lists these packs sets their options
-    defaults = [Spec(name) for name in DEFAULT_PACKS
-                if name not in named and (progress or name != "progress")]
-    made = [*packs, *(make_pack(spec, directory=run_dir / spec.type_)
-                      for spec in (*config.packs, *defaults))]
+    defaults = [
+        Spec(name)
+        for name in DEFAULT_PACKS
+        if name not in named and (progress or name != "progress")
+    ]
+    made = [
+        *packs,
+        *(make_pack(spec, directory=run_dir / spec.type_) for spec in (*config.packs, *defaults)),
+    ]
     status = {}
     if env.launched():  # what `runmodel resume` relaunches with (1 process too)
         status = {**env.launch_world(), "backend": config.backend and config.backend.type_}
-    folder = RunFolder(run_dir, {"kind": "config", "digest": config.digest(),
-                                 "base": str(Path(base).resolve()), "cwd": os.getcwd()},
-                       files={"config.json": config.to_dict()}, status=status, claimed=True)
-    checkpoint = claim_folder(folder, resume=resume, restart=restart, take_over=take_over,
-                              same="config")
+    folder = RunFolder(
+        run_dir,
+        {
+            "kind": "config",
+            "digest": config.digest(),
+            "base": str(Path(base).resolve()),
+            "cwd": os.getcwd(),
+        },
+        files={"config.json": config.to_dict()},
+        status=status,
+        claimed=True,
+    )
+    checkpoint = claim_folder(
+        folder, resume=resume, restart=restart, take_over=take_over, same="config"
+    )
     engine = engine or Engine(progress=False)  # progress= above decides
     for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
         if isinstance(pack, (TensorBoard, MLflow)):
@@ -231,24 +274,36 @@ def prepare(config: RunConfig, root: str | os.PathLike[str] = "runs", *,
             pack.run_name = run_dir.name  # the MLflow run named as the run's folder
     engine.attach(*made)
     configure_engine(registries["model"].get(config.model.type_), engine)
-    return PreparedRun(config, folder, model, made_backend, engine, checkpoint, Path(base),
-                       lead=env.rank() == 0)
+    return PreparedRun(
+        config, folder, model, made_backend, engine, checkpoint, Path(base), lead=env.rank() == 0
+    )
 
 
-def claim_folder(folder: RunFolder, *, resume: bool, restart: bool, take_over: bool,
-                 same: str = "config") -> Path | None:
+def claim_folder(
+    folder: RunFolder, *, resume: bool, restart: bool, take_over: bool, same: str = "config"
+) -> Path | None:
     """Claim the folder of a config's (or a model source's) run for a new run, or find
     the checkpoint to continue its run from (``resume``, ``take_over``), or move its run
     aside (``restart``): see ``prepare``. Returns the checkpoint to continue from. Under
     torchrun rank 0 alone claims it and tells the others, which must have derived the
     same folder (from the same ``same``: config, source and options)."""
     run_dir = folder.directory
-    decision = torchrun.decided(lambda: {"directory": str(run_dir), "checkpoint": (
-        None if (found := _claim(folder, resume, restart, take_over)) is None else str(found))})
+    decision = torchrun.decided(
+        lambda: {
+            "directory": str(run_dir),
+            "checkpoint": (
+                None
+                if (found := _claim(folder, resume, restart, take_over)) is None
+                else str(found)
+            ),
+        }
+    )
     if Path(decision["directory"]).resolve() != run_dir.resolve():
-        raise ValueError(f"process rank 0 runs in {decision['directory']}, this process "
-                         f"(rank {env.rank()}) would in {run_dir}: start every process "
-                         f"with the same {same}, in the same working folder")
+        raise ValueError(
+            f"process rank 0 runs in {decision['directory']}, this process "
+            f"(rank {env.rank()}) would in {run_dir}: start every process "
+            f"with the same {same}, in the same working folder"
+        )
     return None if decision["checkpoint"] is None else Path(decision["checkpoint"])
 
 
@@ -258,8 +313,10 @@ def _claim(folder: RunFolder, resume: bool, restart: bool, take_over: bool) -> P
     if folder.holds_run():
         status = read_status(run_dir)
         if status.get("status") == "running" and (resume or restart) and not take_over:
-            raise RunExists(f"{run_dir} is running now (pid {status.get('pid')} on "
-                            f"{status.get('host')}); wait for it, or stop it first")
+            raise RunExists(
+                f"{run_dir} is running now (pid {status.get('pid')} on "
+                f"{status.get('host')}); wait for it, or stop it first"
+            )
         if not (resume or restart or take_over):
             folder.claim(resuming=False)  # says it holds a run, and what to do
         if resume or take_over:
@@ -270,45 +327,54 @@ def _claim(folder: RunFolder, resume: bool, restart: bool, take_over: bool) -> P
                 raise FileNotFoundError(
                     f"{run_dir} has no checkpoint to resume from: the run (status "
                     f"{status.get('status', 'unknown')}) ended before it wrote its first one; "
-                    f"start it again with --restart (the old run is kept beside it)")
-            say(f"runmodel: {run_dir} holds no checkpoint of its run to continue from: "
-                f"starting it over (the old folder is kept beside it)")
+                    f"start it again with --restart (the old run is kept beside it)"
+                )
+            say(
+                f"runmodel: {run_dir} holds no checkpoint of its run to continue from: "
+                f"starting it over (the old folder is kept beside it)"
+            )
         folder.move_aside()
     elif resume:
         raise FileNotFoundError(f"no run to resume at {run_dir}")
     elif take_over:
-        say(f"runmodel: {run_dir} is not here (a folder of another machine): starting the "
-            f"run over")
+        say(f"runmodel: {run_dir} is not here (a folder of another machine): starting the run over")
     try:  # a new run: claim the directory, or find it taken
         run_dir.mkdir(parents=True)
     except FileExistsError:
-        raise RunExists(f"{run_dir} exists but holds no run: another run of this config "
-                        f"may be starting; if not, remove the empty directory") from None
+        raise RunExists(
+            f"{run_dir} exists but holds no run: another run of this config "
+            f"may be starting; if not, remove the empty directory"
+        ) from None
     return None
 
 
-def execute(config: RunConfig, root: str | os.PathLike[str] = "runs", **options: Any
-            ) -> tuple[RunResult, Path]:
+def execute(
+    config: RunConfig, root: str | os.PathLike[str] = "runs", **options: Any
+) -> tuple[RunResult, Path]:
     """``prepare(config, root, **options).run()``; returns the result and the directory."""
     prepared = prepare(config, root, **options)
     return prepared.run(), prepared.directory
 
 
-def resume_dir(directory: str | os.PathLike[str], engine: Engine | None = None, *,
-               epochs: int | None = None, steps: int | None = None,
-               **options: Any) -> PreparedRun:
+def resume_dir(
+    directory: str | os.PathLike[str],
+    engine: Engine | None = None,
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+    **options: Any,
+) -> PreparedRun:
     """Prepare the run in ``directory`` to continue from its newest checkpoint; with
     ``epochs``/``steps``, to that length (more than it has: an extension, recorded in
     its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
     config, base = load_run_config(directory)
-    prepared = prepare(config, directory=directory, resume=True, base=base, engine=engine,
-                       **options)
+    prepared = prepare(
+        config, directory=directory, resume=True, base=base, engine=engine, **options
+    )
     prepared.epochs, prepared.steps = epochs, steps
     if epochs is None and steps is None:  # the length it has now (after an extension)
         status = read_status(directory)
         prepared.epochs = status.get("epochs", config.epochs)
         prepared.steps = status.get("steps", config.steps)
     return prepared
-
-

@@ -34,16 +34,23 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
     copied or moved aside (``--restart``) uses its own; a checkpoint whose run record
     names another run than the folder's is never used (a folder written before paths
     were relative names the place it was started in, which may hold another run now)."""
-    files = {**read_json(run_dir / "metrics.json").get("files", {}),
-             **read_status(run_dir).get("files", {})}
+    files = {
+        **read_json(run_dir / "metrics.json").get("files", {}),
+        **read_status(run_dir).get("files", {}),
+    }
     run = read_json(run_dir / "run.json").get("id")
     best = _existing(run_dir, files.get("best_checkpoint"), run) or _newest(run_dir, "best-*.pt")
-    last = _existing(run_dir, files.get("last_checkpoint"), run) or _newest(
-        run_dir, "ckpt-*.pt") or _newest(run_dir, "ckpt-*")
+    last = (
+        _existing(run_dir, files.get("last_checkpoint"), run)
+        or _newest(run_dir, "ckpt-*.pt")
+        or _newest(run_dir, "ckpt-*")
+    )
     if which == "best":
         if best is None:
-            raise FileNotFoundError(f"{run_dir} has no best checkpoint (its Checkpoint pack had "
-                                    f"no best=); use --checkpoint last")
+            raise FileNotFoundError(
+                f"{run_dir} has no best checkpoint (its Checkpoint pack had "
+                f"no best=); use --checkpoint last"
+            )
         return best
     if which == "last":
         if last is None:
@@ -54,18 +61,23 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
         if not _usable(path) and _usable(run_dir / path):
             path = run_dir / path
         if not _usable(path):
-            raise FileNotFoundError(f"--checkpoint {which}: no such file (give best, last, or "
-                                    f"a checkpoint file)")
+            raise FileNotFoundError(
+                f"--checkpoint {which}: no such file (give best, last, or a checkpoint file)"
+            )
         if not _of_run(path, run):
-            raise FileNotFoundError(f"--checkpoint {which}: a checkpoint of run "
-                                    f"{(run_of(path) or {}).get('id')}, and {run_dir} holds run "
-                                    f"{run}: give one of its own checkpoints")
+            raise FileNotFoundError(
+                f"--checkpoint {which}: a checkpoint of run "
+                f"{(run_of(path) or {}).get('id')}, and {run_dir} holds run "
+                f"{run}: give one of its own checkpoints"
+            )
         return path
     for found in (best, last, run_dir / "model.pt"):
         if found is not None and _usable(found):
             return found
-    raise FileNotFoundError(f"{run_dir} has no trained weights: no checkpoint and no "
-                            f"model.pt (did the run finish an epoch?)")
+    raise FileNotFoundError(
+        f"{run_dir} has no trained weights: no checkpoint and no "
+        f"model.pt (did the run finish an epoch?)"
+    )
 
 
 def _existing(run_dir: Path, name: str | None, run: str | None) -> Path | None:
@@ -93,9 +105,15 @@ def _usable(path: Path) -> bool:
 
 
 def _newest(run_dir: Path, pattern: str) -> Path | None:
-    found = sorted((p for folder in (run_dir, run_dir / "checkpoint")
-                    for p in folder.glob(pattern) if _usable(p)),
-                   key=lambda p: p.stem.rsplit("-", 2)[1:])
+    found = sorted(
+        (
+            p
+            for folder in (run_dir, run_dir / "checkpoint")
+            for p in folder.glob(pattern)
+            if _usable(p)
+        ),
+        key=lambda p: p.stem.rsplit("-", 2)[1:],
+    )
     return found[-1] if found else None
 
 
@@ -107,20 +125,34 @@ def load_weights(model: Any, path: Path, averaged: bool = False) -> None:
     model.load_state_dict(model_state(path, averaged=averaged))
 
 
-def evaluate_model(model: Any, weights: Path, mode: str, *,
-                   setup_options: dict[str, Any] | None = None,
-                   engine: Engine | None = None, averaged: bool = False,
-                   split: str = "eval") -> RunResult:
+def evaluate_model(
+    model: Any,
+    weights: Path,
+    mode: str,
+    *,
+    setup_options: dict[str, Any] | None = None,
+    engine: Engine | None = None,
+    averaged: bool = False,
+    split: str = "eval",
+) -> RunResult:
     """Run ``model`` in ``mode`` (eval or infer) with ``weights`` (``averaged``: their
     EMA or SWA average) loaded once it is set up; ``split="test"`` runs it on the model's
     ``test_data`` (which its setup makes) in place of its eval data, and names the
     metrics ``test_*``."""
     if split not in SPLITS:
-        raise ValueError(f"split={split!r}: the data to evaluate on is one of "
-                         f"{', '.join(SPLITS)} (the model's eval_data or test_data)")
+        raise ValueError(
+            f"split={split!r}: the data to evaluate on is one of "
+            f"{', '.join(SPLITS)} (the model's eval_data or test_data)"
+        )
     engine = engine or Engine()
-    handles = [engine.on("setup", lambda e: load_weights(e.model, weights, averaged),
-                         priority=3000, name="runmodel.load_weights")]
+    handles = [
+        engine.on(
+            "setup",
+            lambda e: load_weights(e.model, weights, averaged),
+            priority=3000,
+            name="runmodel.load_weights",
+        )
+    ]
     if split == "test":
         handles.append(engine.attach(TestSplit()))
     try:
@@ -144,15 +176,18 @@ class TestSplit(Pack):
         model = engine.model
         data = getattr(model, "test_data", None)
         if data is None:
-            raise ValueError(f"{type(model).__name__} has no test_data to evaluate on (--split "
-                             f"test): set self.test_data in its setup(), beside eval_data")
+            raise ValueError(
+                f"{type(model).__name__} has no test_data to evaluate on (--split "
+                f"test): set self.test_data in its setup(), beside eval_data"
+            )
         model.eval_data = data
         if getattr(model, "infer_data", None) is not None:
             model.infer_data = data
 
 
-def record_eval(run_dir: Path, weights: Path, result: RunResult, averaged: bool = False,
-                split: str = "eval") -> str:
+def record_eval(
+    run_dir: Path, weights: Path, result: RunResult, averaged: bool = False, split: str = "eval"
+) -> str:
     """Add ``result`` to the run's ``eval.json``, keyed by the weights used (``averaged``:
     `` (averaged)`` after the checkpoint's name; the test split: ``" [test]"``); the
     key."""
@@ -164,7 +199,11 @@ def record_eval(run_dir: Path, weights: Path, result: RunResult, averaged: bool 
     if split != "eval":
         key = f"{key} [{split}]"
     evaluated = read_json(run_dir / "eval.json")
-    evaluated[key] = {"metrics": result.metrics, "steps": result.steps, "at": time.time(),
-                      "split": split}
+    evaluated[key] = {
+        "metrics": result.metrics,
+        "steps": result.steps,
+        "at": time.time(),
+        "split": split,
+    }
     write_json(run_dir / "eval.json", evaluated)
     return key

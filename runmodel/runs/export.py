@@ -29,8 +29,14 @@ from ..checkpoint.export import model_state
 from ..extras import require
 from ..models.torchutil import unwrap
 
-__all__ = ["FORMATS", "ExportProgram", "Exported", "check_program", "example_inputs",
-           "export_module"]
+__all__ = [
+    "FORMATS",
+    "ExportProgram",
+    "Exported",
+    "check_program",
+    "example_inputs",
+    "export_module",
+]
 
 #: What ``runmodel export --format`` writes: the weights (any checkpoint), or a program
 #: (a run folder's model): torch.export's ``.pt2``, ONNX.
@@ -55,10 +61,12 @@ class Exported:
     def summary(self) -> str:
         sizes = " and ".join(str(n) for n in self.batch_sizes)
         source = "the module" if self.weights is None else str(self.weights)
-        return (f"exported {source} as {self.format} to {self.out}\n"
-                f"checked: the exported program's outputs on batches of {sizes} match the "
-                f"module's (torch.testing.assert_close, rtol={self.rtol:g}, "
-                f"atol={self.atol:g}): largest difference {self.max_abs_diff:.3g}")
+        return (
+            f"exported {source} as {self.format} to {self.out}\n"
+            f"checked: the exported program's outputs on batches of {sizes} match the "
+            f"module's (torch.testing.assert_close, rtol={self.rtol:g}, "
+            f"atol={self.atol:g}): largest difference {self.max_abs_diff:.3g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,9 @@ class ExportProgram:
             model.teardown()
 
 
-def export_module(model: Any, out: str | Path, format: str,
-                  weights: Path | None = None) -> Exported:
+def export_module(
+    model: Any, out: str | Path, format: str, weights: Path | None = None
+) -> Exported:
     """Export ``model``'s module (a ``TorchModel``'s, set up: it has data) as ``format``
     (``"pt2"`` or ``"onnx"``) to ``out``, and check the program written against the
     module on a batch of its data; ``AssertionError`` (``assert_close``'s) if it differs.
@@ -94,8 +103,10 @@ def export_module(model: Any, out: str | Path, format: str,
             require(name, needed_by="runmodel export --format onnx")
     module = unwrap(getattr(model, "module", None))
     if not isinstance(module, nn.Module):
-        raise TypeError(f"export --format {format} exports a TorchModel's module; "
-                        f"{type(model).__name__} has none")
+        raise TypeError(
+            f"export --format {format} exports a TorchModel's module; "
+            f"{type(model).__name__} has none"
+        )
     out = Path(out)
     args, kwargs = example_inputs(model, module)
     training = module.training
@@ -114,8 +125,9 @@ def export_module(model: Any, out: str | Path, format: str,
         module.train(training)
 
 
-def _export_onnx(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 dynamic: Any, out: Path) -> None:
+def _export_onnx(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: Any, out: Path
+) -> None:
     import logging
     import warnings
 
@@ -127,8 +139,9 @@ def _export_onnx(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            program = torch.onnx.export(module, args, kwargs=kwargs, dynamo=True,
-                                        dynamic_shapes=dynamic, verbose=False)
+            program = torch.onnx.export(
+                module, args, kwargs=kwargs, dynamo=True, dynamic_shapes=dynamic, verbose=False
+            )
     finally:
         logger.setLevel(level)
     assert program is not None  # dynamo=True returns the program
@@ -154,20 +167,23 @@ def example_inputs(model: Any, module: nn.Module) -> tuple[tuple[Any, ...], dict
     finally:
         handle.remove()
     if not seen:
-        raise ValueError(f"{type(model).__name__}.compute_output(batch) did not call its "
-                         f"module: no example input to export with")
+        raise ValueError(
+            f"{type(model).__name__}.compute_output(batch) did not call its "
+            f"module: no example input to export with"
+        )
     args, kwargs = seen[0]
     return pytree.tree_map(_two_rows, (tuple(args), dict(kwargs)))
 
 
 def _first_batch(model: Any) -> Any:
-    for data in (getattr(model, name, None) for name in ("infer_data", "eval_data",
-                                                         "train_data")):
+    for data in (getattr(model, name, None) for name in ("infer_data", "eval_data", "train_data")):
         if isinstance(data, Iterable):
             for batch in data:
                 return batch
-    raise ValueError(f"{type(model).__name__} has no data to take an example input from "
-                     f"(infer_data, eval_data or train_data, set in setup())")
+    raise ValueError(
+        f"{type(model).__name__} has no data to take an example input from "
+        f"(infer_data, eval_data or train_data, set in setup())"
+    )
 
 
 def _two_rows(value: Any) -> Any:
@@ -176,8 +192,9 @@ def _two_rows(value: Any) -> Any:
     return value
 
 
-def _dynamic_shapes(module: nn.Module, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> dict[str, Any]:
+def _dynamic_shapes(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """torch.export's ``dynamic_shapes``, by the name of the forward's argument each
     input binds to: the first dimension of every tensor is the batch's."""
     import inspect
@@ -193,8 +210,14 @@ def _batch_dim(value: Any) -> Any:
     return None
 
 
-def check_program(module: nn.Module, out: Path, format: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any], weights: Path | None = None) -> Exported:
+def check_program(
+    module: nn.Module,
+    out: Path,
+    format: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    weights: Path | None = None,
+) -> Exported:
     """Run the program written to ``out`` on the example batch and on its first half (the
     batch dimension is dynamic), and compare its outputs with the module's."""
     run = _load_pt2(out) if format == "pt2" else _load_onnx(out)
@@ -205,8 +228,12 @@ def check_program(module: nn.Module, out: Path, format: str, args: tuple[Any, ..
         expected = [t.detach().cpu() for t in pytree.tree_leaves(module(*a, **k))]
         actual = [t.detach().cpu() for t in run(a, k)]
         torch.testing.assert_close(
-            actual, expected, rtol=tolerance["rtol"], atol=tolerance["atol"],
-            msg=lambda m: f"the {format} export differs from the module: {m}")
+            actual,
+            expected,
+            rtol=tolerance["rtol"],
+            atol=tolerance["atol"],
+            msg=lambda m: f"the {format} export differs from the module: {m}",
+        )
         for got, wanted in zip(actual, expected, strict=True):
             largest = max(largest, float((got.float() - wanted.float()).abs().max()))
         sizes.append(rows)
@@ -227,6 +254,7 @@ def _load_pt2(out: Path) -> Any:
 
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         return list(pytree.tree_leaves(program(*args, **kwargs)))
+
     return run
 
 
@@ -239,8 +267,11 @@ def _load_onnx(out: Path) -> Any:
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
         if len(tensors) != len(names):
-            raise ValueError(f"the ONNX program takes {len(names)} inputs ({', '.join(names)}); "
-                             f"the module was called with {len(tensors)} tensors")
+            raise ValueError(
+                f"the ONNX program takes {len(names)} inputs ({', '.join(names)}); "
+                f"the module was called with {len(tensors)} tensors"
+            )
         feed = {name: t.detach().cpu().numpy() for name, t in zip(names, tensors, strict=True)}
         return [torch.from_numpy(o) for o in session.run(None, feed)]
+
     return run

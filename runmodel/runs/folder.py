@@ -46,11 +46,26 @@ from ..backends.distributed.failures import restarts
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup, signal_name
 
-__all__ = ["COMMAND_KINDS", "INTERRUPTS", "RunExists", "RunFolder", "is_run", "is_script_run",
-           "live_pid", "read_status", "resolve", "start_record"]
+__all__ = [
+    "COMMAND_KINDS",
+    "INTERRUPTS",
+    "RunExists",
+    "RunFolder",
+    "is_run",
+    "is_script_run",
+    "live_pid",
+    "read_status",
+    "resolve",
+    "start_record",
+]
 
 STATUS, RECORD, METRICS, CONFIG, MODEL = (
-    "status.json", "run.json", "metrics.json", "config.json", "model.pt")
+    "status.json",
+    "run.json",
+    "metrics.json",
+    "config.json",
+    "model.pt",
+)
 #: A run ended by one of these can be continued: it stopped on its own path and saved.
 INTERRUPTS = ("interrupted", "preempted")
 #: The kinds of run (``run.json``'s ``kind``) that the ``runmodel`` command starts in a
@@ -71,8 +86,11 @@ class RunExists(FileExistsError):
 def live_pid(status: dict[str, Any]) -> int | None:
     """The pid of the live process of this host that a ``running`` status names, if any."""
     pid = status.get("pid")
-    if status.get("status") != "running" or status.get("host") != socket.gethostname() or (
-            not isinstance(pid, int) or pid <= 0):  # pid 0 would ask about our process group
+    if (
+        status.get("status") != "running"
+        or status.get("host") != socket.gethostname()
+        or (not isinstance(pid, int) or pid <= 0)
+    ):  # pid 0 would ask about our process group
         return None
     try:
         os.kill(pid, 0)
@@ -101,8 +119,11 @@ def read_status(directory: Path) -> dict[str, Any]:
     status = read_json(path)
     if not status and path.is_file() and path.read_bytes().strip():
         return {"status": "damaged"}
-    if (status.get("status") == "running" and status.get("host") == socket.gethostname()
-            and live_pid(status) is None):
+    if (
+        status.get("status") == "running"
+        and status.get("host") == socket.gethostname()
+        and live_pid(status) is None
+    ):
         status["status"] = "interrupted"
     return status
 
@@ -136,8 +157,7 @@ def versions() -> dict[str, str]:
         runmodel = version("runmodel")
     except PackageNotFoundError:
         runmodel = "0+unknown"
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "runmodel": runmodel}
+    return {"python": platform.python_version(), "torch": torch.__version__, "runmodel": runmodel}
 
 
 def start_record(packs: dict[str, Pack], mode: str) -> dict[str, Any]:
@@ -148,10 +168,15 @@ def start_record(packs: dict[str, Pack], mode: str) -> dict[str, Any]:
 
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
-    return {"kind": "script", "script": None if script is None else str(Path(script).resolve()),
-            "argv": list(sys.argv[1:]), "cwd": os.getcwd(), "mode": mode,
-            "packs": {key: type(pack).__name__ for key, pack in packs.items()},
-            "seed": last_seed()}
+    return {
+        "kind": "script",
+        "script": None if script is None else str(Path(script).resolve()),
+        "argv": list(sys.argv[1:]),
+        "cwd": os.getcwd(),
+        "mode": mode,
+        "packs": {key: type(pack).__name__ for key, pack in packs.items()},
+        "seed": last_seed(),
+    }
 
 
 class RunFolder(Pack):
@@ -172,9 +197,15 @@ class RunFolder(Pack):
 
     name = "run_folder"
 
-    def __init__(self, directory: str | os.PathLike[str], record: dict[str, Any] | None = None,
-                 *, files: dict[str, dict[str, Any]] | None = None,
-                 status: dict[str, Any] | None = None, claimed: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        record: dict[str, Any] | None = None,
+        *,
+        files: dict[str, dict[str, Any]] | None = None,
+        status: dict[str, Any] | None = None,
+        claimed: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.record = dict(record or {})
         self.files = dict(files or {})
@@ -203,33 +234,41 @@ class RunFolder(Pack):
         status = read_json(self.directory / STATUS)
         pid = live_pid(status)
         if pid is not None and pid != os.getpid() and not take_over:
-            raise RunExists(f"{self.directory} is the folder of a run that is running now (pid "
-                            f"{pid} on {status.get('host')}); two processes never share a run "
-                            f"folder: wait for it, stop it, or {self._elsewhere()}")
+            raise RunExists(
+                f"{self.directory} is the folder of a run that is running now (pid "
+                f"{pid} on {status.get('host')}); two processes never share a run "
+                f"folder: wait for it, stop it, or {self._elsewhere()}"
+            )
         if resuming or not self.holds_run() or restarts():
             return  # (a group torchrun restarted goes on with its run, or starts it over)
         if auto:
             raise RunExists(
                 f"{self.directory} holds a run, but none of its checkpoints to continue it "
-                f"from (resume=\"auto\" looks in the attached Checkpoint packs' folders: give "
-                f"the run a Checkpoint pack, such as Checkpoint(\"checkpoint\") inside "
-                f"run_dir), or {self._elsewhere()}")
+                f'from (resume="auto" looks in the attached Checkpoint packs\' folders: give '
+                f'the run a Checkpoint pack, such as Checkpoint("checkpoint") inside '
+                f"run_dir), or {self._elsewhere()}"
+            )
         held = read_json(self.directory / RECORD).get("id") or status.get("run")
         now = read_status(self.directory).get("status", "unknown")
         if self.kind in COMMAND_KINDS:
-            raise RunExists(f"{self.directory} holds a run of this "
-                            f"{COMMAND_KINDS[self.kind]} already (status: "
-                            f"{now}); continue it with `runmodel resume {self.directory}` (or "
-                            f"--resume), or start again with --restart (the old run is kept "
-                            f"beside it)")
-        raise RunExists(f"{self.directory} holds a run already (run {held or '?'}, status "
-                        f"{now}); this run starts from step 0. Continue that run with "
-                        f"resume=\"auto\" (or `runmodel resume {self.directory}`), or give "
-                        f"this run another run_dir")
+            raise RunExists(
+                f"{self.directory} holds a run of this "
+                f"{COMMAND_KINDS[self.kind]} already (status: "
+                f"{now}); continue it with `runmodel resume {self.directory}` (or "
+                f"--resume), or start again with --restart (the old run is kept "
+                f"beside it)"
+            )
+        raise RunExists(
+            f"{self.directory} holds a run already (run {held or '?'}, status "
+            f"{now}); this run starts from step 0. Continue that run with "
+            f'resume="auto" (or `runmodel resume {self.directory}`), or give '
+            f"this run another run_dir"
+        )
 
     def _elsewhere(self) -> str:
-        return ("wait for it to end" if self.kind in COMMAND_KINDS
-                else "give this run another run_dir")
+        return (
+            "wait for it to end" if self.kind in COMMAND_KINDS else "give this run another run_dir"
+        )
 
     def move_aside(self) -> Path:
         """Rename the folder to ``NAME.old-TIME`` (``-2``, ``-3``... if taken), so that a
@@ -251,12 +290,18 @@ class RunFolder(Pack):
         yield Hook(self.setup, "setup", HookOptions.of(priority=2000, rank=0, modes="train"))
         # every process (gathering the weights of a sharded model is collective), before
         # the backend's own teardown puts its data back
-        yield Hook(self.trained, "teardown", HookOptions.of(priority=1000, modes="train",
-                                                            name="run_folder.trained"))
+        yield Hook(
+            self.trained,
+            "teardown",
+            HookOptions.of(priority=1000, modes="train", name="run_folder.trained"),
+        )
         # after the Checkpoint packs' last save (priority 0), which names the best
         # checkpoint; every process, as the evaluation in trained()
-        yield Hook(self.tested, "teardown", HookOptions.of(priority=-500, modes="train",
-                                                           name="run_folder.tested"))
+        yield Hook(
+            self.tested,
+            "teardown",
+            HookOptions.of(priority=-500, modes="train", name="run_folder.tested"),
+        )
 
     def check_setup(self, engine: Any) -> None:
         """Rank 0, which writes the folder, claims it (the other processes of a
@@ -268,9 +313,11 @@ class RunFolder(Pack):
             self.claim(engine.resumed_from is not None)
         held = read_json(self.directory / RECORD).get("id")
         if held and engine.resumed_from is not None and held != engine.run_record.get("id"):
-            raise RunExists(f"{self.directory} holds run {held}, and this run continues run "
-                            f"{engine.run_record.get('id')} (from {engine.resumed_from}); a "
-                            f"folder holds one run: give it another folder")
+            raise RunExists(
+                f"{self.directory} holds run {held}, and this run continues run "
+                f"{engine.run_record.get('id')} (from {engine.resumed_from}); a "
+                f"folder holds one run: give it another folder"
+            )
 
     def setup(self, engine: Any) -> None:
         """Claim the folder: the record (a continuation adds to it) and ``running``."""
@@ -282,11 +329,21 @@ class RunFolder(Pack):
         previous = read_json(self.directory / STATUS) if engine.resumed_from else {}
         if record:  # a continuation: the run's record, with the length it has now
             record.setdefault("continued", []).append(
-                {"at": time.time(), "from": self._inside(engine.resumed_from),
-                 "epochs": s.max_epochs, "steps": s.max_steps, "argv": self.record.get("argv")})
+                {
+                    "at": time.time(),
+                    "from": self._inside(engine.resumed_from),
+                    "epochs": s.max_epochs,
+                    "steps": s.max_steps,
+                    "argv": self.record.get("argv"),
+                }
+            )
         else:
-            record = {**self.record, "id": run.get("id"), "started": run.get("started"),
-                      "versions": versions()}
+            record = {
+                **self.record,
+                "id": run.get("id"),
+                "started": run.get("started"),
+                "versions": versions(),
+            }
         extensions = list(previous.get("extensions", record.get("extensions", [])))
         if engine.extension:
             extensions.append(engine.extension)
@@ -294,12 +351,20 @@ class RunFolder(Pack):
         record.update(epochs=s.max_epochs, steps=s.max_steps, extensions=extensions)
         write_json(self.directory / RECORD, record)
         self._reserve()
-        self._status = {"status": "running", "run": run.get("id"), "pid": os.getpid(),
-                        "host": socket.gethostname(), "started": time.time(),
-                        "run_started": run.get("started"), "epochs": s.max_epochs,
-                        "steps": s.max_steps, "extensions": extensions,
-                        "resumed_from": self._inside(engine.resumed_from), **restarts(),
-                        **self.extra}
+        self._status = {
+            "status": "running",
+            "run": run.get("id"),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "run_started": run.get("started"),
+            "epochs": s.max_epochs,
+            "steps": s.max_steps,
+            "extensions": extensions,
+            "resumed_from": self._inside(engine.resumed_from),
+            **restarts(),
+            **self.extra,
+        }
         self._write_status(self._status)
         self.began = True
 
@@ -331,8 +396,12 @@ class RunFolder(Pack):
         interface = getattr(model, "interface", None)
         data = getattr(model, "test_data", None)
         storage = engine.storage
-        if s.error is not None or interface is None or data is None or not getattr(
-                storage, "ended_together", True):
+        if (
+            s.error is not None
+            or interface is None
+            or data is None
+            or not getattr(storage, "ended_together", True)
+        ):
             return
         from ..backends.distributed.env import broadcast_from_0
 
@@ -361,8 +430,11 @@ class RunFolder(Pack):
         try:
             state = model_state(best)
         except (OSError, ValueError) as error:
-            print(f"runmodel: the test split is evaluated with the trained weights: the best "
-                  f"checkpoint {best} cannot be read ({error})", file=sys.stderr)
+            print(
+                f"runmodel: the test split is evaluated with the trained weights: the best "
+                f"checkpoint {best} cannot be read ({error})",
+                file=sys.stderr,
+            )
             return None
         kept = model.state_dict()
         if isinstance(kept, dict) and "optimizer" in kept:
@@ -395,8 +467,9 @@ class RunFolder(Pack):
                 torch.save(state, file)
             engine.state.files["model"] = str(self.directory / MODEL)
 
-    def finish(self, engine: Any, result: RunResult | None,
-               error: BaseException | None = None) -> None:  # one of the two
+    def finish(
+        self, engine: Any, result: RunResult | None, error: BaseException | None = None
+    ) -> None:  # one of the two
         """After the run (rank 0): its status, and for a run that ended without an error
         its final metrics."""
         if not self.began:
@@ -407,20 +480,34 @@ class RunFolder(Pack):
         status = {**self._status, "ended": time.time()}
         if result is not None:
             status.update(status="finished", files=_relative(self.directory, result.files))
-            write_json(self.directory / METRICS, {
-                "metrics": result.metrics, "ended": result.ended, "steps": result.steps,
-                "epochs": result.epochs, "seconds": result.seconds, "timings": result.timings,
-                "files": _relative(self.directory, result.files), "reason": result.reason})
+            write_json(
+                self.directory / METRICS,
+                {
+                    "metrics": result.metrics,
+                    "ended": result.ended,
+                    "steps": result.steps,
+                    "epochs": result.epochs,
+                    "seconds": result.seconds,
+                    "timings": result.timings,
+                    "files": _relative(self.directory, result.files),
+                    "reason": result.reason,
+                },
+            )
         elif isinstance(error, Interrupted):
-            status.update(status="preempted" if isinstance(error, Preempted) else
-                          "interrupted", error=str(error), step=engine.state.step,
-                          files=_relative(self.directory, engine.state.files))
+            status.update(
+                status="preempted" if isinstance(error, Preempted) else "interrupted",
+                error=str(error),
+                step=engine.state.step,
+                files=_relative(self.directory, engine.state.files),
+            )
             if isinstance(error, Preempted):
                 status["signal"] = signal_name(error.signal)
         elif error is not None:
-            status.update(status="interrupted" if isinstance(error, KeyboardInterrupt)
-                          else "failed", error=f"{type(error).__name__}: {error}",
-                          traceback=_traceback(error))
+            status.update(
+                status="interrupted" if isinstance(error, KeyboardInterrupt) else "failed",
+                error=f"{type(error).__name__}: {error}",
+                traceback=_traceback(error),
+            )
         self._write_status(status, error)
 
     def _failed_before_setup(self, error: BaseException) -> None:
@@ -431,11 +518,20 @@ class RunFolder(Pack):
             if not (self.directory / name).is_file():
                 write_json(self.directory / name, data)
         now = time.time()
-        self._write_status({**read_json(self.directory / STATUS), "status": "failed",
-                            "pid": os.getpid(), "host": socket.gethostname(),
-                            "started": now, "ended": now, **self.extra,
-                            "error": f"{type(error).__name__}: {error}",
-                            "traceback": _traceback(error)}, error)
+        self._write_status(
+            {
+                **read_json(self.directory / STATUS),
+                "status": "failed",
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": now,
+                "ended": now,
+                **self.extra,
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": _traceback(error),
+            },
+            error,
+        )
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -449,8 +545,7 @@ class RunFolder(Pack):
             if not path.is_file() or path.stat().st_size < RESERVE_BYTES:
                 path.write_bytes(b"\0" * RESERVE_BYTES)
 
-    def _write_status(self, status: dict[str, Any], error: BaseException | None = None
-                      ) -> None:
+    def _write_status(self, status: dict[str, Any], error: BaseException | None = None) -> None:
         """``status.json``, atomically; on a full disk, once more after freeing the
         reserve. If even that fails, the run's own error says so in a note (raised only
         when there is no error of the run's to raise)."""
@@ -464,8 +559,10 @@ class RunFolder(Pack):
                     continue
                 if error is None:
                     raise
-                error.add_note(f"runmodel: could not record the run's status in "
-                               f"{self.directory / STATUS}: {full}")
+                error.add_note(
+                    f"runmodel: could not record the run's status in "
+                    f"{self.directory / STATUS}: {full}"
+                )
                 return
 
 

@@ -44,8 +44,14 @@ from ..backends.distributed import env
 from ..backends.distributed.stopping import REQUEST
 from ..core import Interrupted
 
-__all__ = ["SAME_SIGNAL_S", "IgnoreCtrlC", "ends_as_its_signal", "say", "signal_number",
-           "watch_interrupts"]
+__all__ = [
+    "SAME_SIGNAL_S",
+    "IgnoreCtrlC",
+    "ends_as_its_signal",
+    "say",
+    "signal_number",
+    "watch_interrupts",
+]
 
 #: Under torchrun, a second signal this soon (seconds) after the first is the same one:
 #: a terminal's Ctrl-C reaches a process from the terminal and again from the launcher.
@@ -69,13 +75,15 @@ def signal_number(value: int | str | signal.Signals) -> signal.Signals:
         return signal.Signals(value)
     except (KeyError, ValueError):
         known = ", ".join(s.name for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
-        raise ValueError(f"{value!r} is not a signal: give a number or a name such as "
-                         f"{known}") from None
+        raise ValueError(
+            f"{value!r} is not a signal: give a number or a name such as {known}"
+        ) from None
 
 
 @contextlib.contextmanager
-def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] = ()
-                     ) -> Iterator[Callable[[Any], None] | None]:
+def watch_interrupts(
+    engine: Any, preempt: Iterable[int | str | signal.Signals] = ()
+) -> Iterator[Callable[[Any], None] | None]:
     """While ``engine`` runs: the first SIGINT interrupts the run after its step
     (``engine.interrupt()``), a second raises ``KeyboardInterrupt`` at once; each signal
     of ``preempt`` preempts it the same way (``engine.interrupt(signal=...)``), a second
@@ -92,8 +100,10 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
     meets "worker exited unexpectedly"."""
     preempting = [signal_number(s) for s in preempt]
     ctrl_c = signal.getsignal(signal.SIGINT)
-    if (threading.current_thread() is not threading.main_thread()
-            or ctrl_c not in (signal.default_int_handler, signal.SIG_IGN)):
+    if threading.current_thread() is not threading.main_thread() or ctrl_c not in (
+        signal.default_int_handler,
+        signal.SIG_IGN,
+    ):
         yield None  # an outer run's handlers, or the script's own
         return
     watched = [signal.SIGINT] if ctrl_c is signal.default_int_handler else []
@@ -109,14 +119,15 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
             _together(engine, signum, frame, alone=set_up[0] and not REQUEST.checks)
             return
         for sig in previous:  # the next one: at once
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                          else _at_once)
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else _at_once)
         ctrl_c = signum == signal.SIGINT
         if not engine.interrupt(signal=None if ctrl_c else signum):
             _at_once(signum, frame)  # before the run began: as without this handler
         again = "Ctrl-C again" if ctrl_c else f"{signal.Signals(signum).name} again"
-        say(f"runmodel: {_name(signum)}: stopping after this step, then saving ({again} to "
-            f"stop at once)")
+        say(
+            f"runmodel: {_name(signum)}: stopping after this step, then saving ({again} to "
+            f"stop at once)"
+        )
 
     loaders: list[tuple[Any, Any]] = []  # (loader, its own worker_init_fn)
 
@@ -124,7 +135,8 @@ def watch_interrupts(engine: Any, preempt: Iterable[int | str | signal.Signals] 
         for kind in ("train_data", "eval_data", "infer_data"):
             loader: Any = getattr(model, kind, None)
             if getattr(loader, "num_workers", 0) and not isinstance(
-                    loader.worker_init_fn, IgnoreCtrlC):
+                loader.worker_init_fn, IgnoreCtrlC
+            ):
                 loaders.append((loader, loader.worker_init_fn))
                 loader.worker_init_fn = IgnoreCtrlC(loader.worker_init_fn)
         set_up[0] = True
@@ -163,10 +175,15 @@ def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
     if alone:
         _interrupt(engine, signum)
     if env.rank() == 0:
-        when = ("this process stops after this step" if alone else
-                "the processes stop together after one of the next steps")
-        say(f"runmodel: {_name(signum)}: {when}, then save ({_name(signum)} again, "
-            f"{SAME_SIGNAL_S:g} s on, to stop at once)")
+        when = (
+            "this process stops after this step"
+            if alone
+            else "the processes stop together after one of the next steps"
+        )
+        say(
+            f"runmodel: {_name(signum)}: {when}, then save ({_name(signum)} again, "
+            f"{SAME_SIGNAL_S:g} s on, to stop at once)"
+        )
 
 
 def _interrupt(engine: Any, signum: int) -> None:
@@ -208,8 +225,9 @@ class _EndsAsItsSignal:
     def __init__(self, previous: Callable[..., Any]) -> None:
         self.previous = previous
 
-    def __call__(self, kind: type[BaseException], error: BaseException,
-                 traceback: TracebackType | None) -> None:
+    def __call__(
+        self, kind: type[BaseException], error: BaseException, traceback: TracebackType | None
+    ) -> None:
         self.previous(kind, error, traceback)
         if not isinstance(error, Interrupted):
             return

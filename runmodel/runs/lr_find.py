@@ -61,15 +61,21 @@ class LRFindResult:
     end_lr: float = END_LR
 
     def summary(self) -> str:
-        lines = [f"lr-find: {len(self.lrs)} of {self.steps} steps, learning rate "
-                 f"{self.start_lr:.3g} to {self.lrs[-1] if self.lrs else self.start_lr:.3g} "
-                 f"({self.ended})"]
+        lines = [
+            f"lr-find: {len(self.lrs)} of {self.steps} steps, learning rate "
+            f"{self.start_lr:.3g} to {self.lrs[-1] if self.lrs else self.start_lr:.3g} "
+            f"({self.ended})"
+        ]
         if self.suggestion is None:
-            lines.append("  no suggestion: too few steps before the loss diverged (fastai's "
-                         "rule drops the first tenth of the steps and the last five)")
+            lines.append(
+                "  no suggestion: too few steps before the loss diverged (fastai's "
+                "rule drops the first tenth of the steps and the last five)"
+            )
         else:
-            lines.append(f"  suggestion (valley): {self.suggestion:.3g} (step {self.index}, "
-                         f"smoothed loss {self.losses[self.index or 0]:.4g})")
+            lines.append(
+                f"  suggestion (valley): {self.suggestion:.3g} (step {self.index}, "
+                f"smoothed loss {self.losses[self.index or 0]:.4g})"
+            )
         if self.plot is not None:
             lines.append(f"  plot: {self.plot}")
         return "\n".join(lines)
@@ -85,13 +91,14 @@ def valley(lrs: Sequence[float], losses: Sequence[float]) -> int:
     first step gives index -1, the last learning rate."""
     count = len(losses)
     if count != len(lrs) or count == 0:
-        raise ValueError(f"valley: {len(lrs)} learning rates and {count} losses; give as many "
-                         f"of each, at least one")
+        raise ValueError(
+            f"valley: {len(lrs)} learning rates and {count} losses; give as many "
+            f"of each, at least one"
+        )
     longest = [1] * count  # the longest falling run ending at each step
     end = 0
     for i in range(1, count):
-        longest[i] = 1 + max((longest[j] for j in range(i) if losses[j] > losses[i]),
-                             default=0)
+        longest[i] = 1 + max((longest[j] for j in range(i) if losses[j] > losses[i]), default=0)
         if longest[i] > longest[end]:
             end = i
     # the step before the valley's first (0 where no step falls below an earlier one)
@@ -107,12 +114,12 @@ def suggest(lrs: Sequence[float], losses: Sequence[float], steps: int) -> int | 
     everything from the first NaN on; then the valley rule. None where nothing is
     left."""
     skip = steps // 10
-    kept = list(losses[skip:len(losses) - 5])
+    kept = list(losses[skip : len(losses) - 5])
     if any(math.isnan(v) for v in kept):
-        kept = kept[:next(i for i, v in enumerate(kept) if math.isnan(v))]
+        kept = kept[: next(i for i, v in enumerate(kept) if math.isnan(v))]
     if not kept:
         return None
-    return skip + valley(lrs[skip:skip + len(kept)], kept)
+    return skip + valley(lrs[skip : skip + len(kept)], kept)
 
 
 class _RangeTest:
@@ -121,7 +128,11 @@ class _RangeTest:
 
     def __init__(self, start_lr: float, end_lr: float, steps: int, diverges: float) -> None:
         self.start_lr, self.ratio, self.steps, self.diverges = (
-            start_lr, end_lr / start_lr, steps, diverges)
+            start_lr,
+            end_lr / start_lr,
+            steps,
+            diverges,
+        )
         self.lrs: list[float] = []
         self.losses: list[float] = []
         self.raw: list[float] = []
@@ -135,9 +146,11 @@ class _RangeTest:
         as it is now once the test is over."""
         optimizer = getattr(engine.model, "optimizer", None)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"lr_find raises the learning rate of the model's optimizer; "
-                            f"{type(engine.model).__name__}.optimizer is {optimizer!r} after "
-                            f"setup()")
+            raise TypeError(
+                f"lr_find raises the learning rate of the model's optimizer; "
+                f"{type(engine.model).__name__}.optimizer is {optimizer!r} after "
+                f"setup()"
+            )
         self.optimizer, self.optimizer_state = optimizer, copy.deepcopy(optimizer.state_dict())
 
     def step_start(self, engine: Any) -> None:
@@ -163,10 +176,18 @@ class _RangeTest:
             self.optimizer.load_state_dict(self.optimizer_state)
 
 
-def lr_find(model: Any, *, engine: Engine | None = None, start_lr: float = START_LR,
-            end_lr: float = END_LR, steps: int = STEPS, diverges: float = DIVERGES,
-            setup_options: dict[str, Any] | None = None, backend: Any = None,
-            plot: str | os.PathLike[str] | None = None) -> LRFindResult:
+def lr_find(
+    model: Any,
+    *,
+    engine: Engine | None = None,
+    start_lr: float = START_LR,
+    end_lr: float = END_LR,
+    steps: int = STEPS,
+    diverges: float = DIVERGES,
+    setup_options: dict[str, Any] | None = None,
+    backend: Any = None,
+    plot: str | os.PathLike[str] | None = None,
+) -> LRFindResult:
     """Run the range test on ``model`` (a ``TorchModel``): up to ``steps`` train steps
     (through ``engine``, default a new ``runmodel.Engine``, with its hooks and packs; the
     model is set up by the run, with ``setup_options`` and ``backend``), the learning rate
@@ -188,14 +209,16 @@ def lr_find(model: Any, *, engine: Engine | None = None, start_lr: float = START
     test = _RangeTest(start_lr, end_lr, steps, diverges)
     weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
     before = getattr(model, "optimizer", None)
-    before_state = (copy.deepcopy(before.state_dict())
-                    if isinstance(before, torch.optim.Optimizer) else None)
+    before_state = (
+        copy.deepcopy(before.state_dict()) if isinstance(before, torch.optim.Optimizer) else None
+    )
     generators, loader = rng_state(), _loader_generator(model)
     loader_state = loader.get_state() if loader is not None else None
-    handles = [engine.on("setup", test.setup, priority=-10_000, modes="train",
-                         name="lr_find.setup"),
-               engine.on("step_start", test.step_start, priority=10_000, name="lr_find.lr"),
-               engine.on("runstep", test.runstep, priority=10_000, name="lr_find.loss")]
+    handles = [
+        engine.on("setup", test.setup, priority=-10_000, modes="train", name="lr_find.setup"),
+        engine.on("step_start", test.step_start, priority=10_000, name="lr_find.lr"),
+        engine.on("runstep", test.runstep, priority=10_000, name="lr_find.loss"),
+    ]
     try:
         engine.run(model, "train", steps=steps, setup_options=setup_options, backend=backend)
     finally:
@@ -210,9 +233,17 @@ def lr_find(model: Any, *, engine: Engine | None = None, start_lr: float = START
         if loader is not None and loader_state is not None:
             loader.set_state(loader_state)
     index = suggest(test.lrs, test.losses, steps)
-    result = LRFindResult(test.lrs, test.losses, test.raw,
-                          None if index is None else test.lrs[index], index, test.ended,
-                          steps=steps, start_lr=start_lr, end_lr=end_lr)
+    result = LRFindResult(
+        test.lrs,
+        test.losses,
+        test.raw,
+        None if index is None else test.lrs[index],
+        index,
+        test.ended,
+        steps=steps,
+        start_lr=start_lr,
+        end_lr=end_lr,
+    )
     if plot is not None:
         result.plot = save_plot(result, plot)
     return result
@@ -228,8 +259,10 @@ def _check_range(start_lr: float, end_lr: float, steps: int, diverges: float) ->
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"lr_find: {name} must be a number > 0, got {value!r}")
     if not end_lr > start_lr:
-        raise ValueError(f"lr_find: end_lr ({end_lr:g}) must be above start_lr "
-                         f"({start_lr:g}): the test raises the learning rate")
+        raise ValueError(
+            f"lr_find: end_lr ({end_lr:g}) must be above start_lr "
+            f"({start_lr:g}): the test raises the learning rate"
+        )
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"lr_find: steps must be a whole number >= 2, got {steps!r}")
 
@@ -248,8 +281,13 @@ def figure(result: LRFindResult) -> Figure:
     axes.plot(result.lrs, result.raw_losses, color="C0", alpha=0.3, linewidth=1, label="loss")
     axes.plot(result.lrs, result.losses, color="C0", label="loss (running average)")
     if result.index is not None:
-        axes.plot([result.lrs[result.index]], [result.losses[result.index]], "o", color="C3",
-                  label=f"valley: {result.lrs[result.index]:.3g}")
+        axes.plot(
+            [result.lrs[result.index]],
+            [result.losses[result.index]],
+            "o",
+            color="C3",
+            label=f"valley: {result.lrs[result.index]:.3g}",
+        )
     axes.set_xscale("log")
     axes.set(title="learning-rate range test", xlabel="learning rate", ylabel="loss")
     finite = [v for v in result.losses if math.isfinite(v)]
@@ -284,6 +322,13 @@ class LRFind:
     trains: ClassVar[bool] = True
 
     def __call__(self, engine: Engine, model: Any, arguments: dict[str, Any]) -> LRFindResult:
-        return lr_find(model, engine=engine, start_lr=self.start_lr, end_lr=self.end_lr,
-                       steps=self.steps, setup_options=arguments.get("setup_options"),
-                       backend=arguments.get("backend"), plot=self.plot)
+        return lr_find(
+            model,
+            engine=engine,
+            start_lr=self.start_lr,
+            end_lr=self.end_lr,
+            steps=self.steps,
+            setup_options=arguments.get("setup_options"),
+            backend=arguments.get("backend"),
+            plot=self.plot,
+        )

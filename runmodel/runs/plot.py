@@ -40,8 +40,20 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["Curve", "Run", "add_arguments", "command", "event_folders", "figure", "labels",
-           "load_runs", "main", "plot", "read_curves", "sweep_figure"]
+__all__ = [
+    "Curve",
+    "Run",
+    "add_arguments",
+    "command",
+    "event_folders",
+    "figure",
+    "labels",
+    "load_runs",
+    "main",
+    "plot",
+    "read_curves",
+    "sweep_figure",
+]
 
 EXIT_OK, EXIT_USAGE = 0, 2
 #: Inches per panel (width, height) and pixels per inch: a PNG's size follows from these.
@@ -76,13 +88,18 @@ def _not_a_run(path: Path) -> str:
         return f"{path} is a file, not a run directory"
     runs = sorted(child.name for child in path.iterdir() if child.is_dir() and is_run(child))
     if runs:
-        return (f"{path} is not a run directory but holds {len(runs)} runs: give them, as in "
-                f"`runmodel plot {path / '*'}` ({', '.join(runs[:5])}"
-                + (", ..." if len(runs) > 5 else "") + ")")
+        return (
+            f"{path} is not a run directory but holds {len(runs)} runs: give them, as in "
+            f"`runmodel plot {path / '*'}` ({', '.join(runs[:5])}"
+            + (", ..." if len(runs) > 5 else "")
+            + ")"
+        )
     found = sorted(p.name for p in path.iterdir())
-    return (f"{path} is not a run directory (no config.json or run.json; it holds "
-            + (", ".join(found[:8]) + (", ..." if len(found) > 8 else "") if found
-               else "nothing") + ")")
+    return (
+        f"{path} is not a run directory (no config.json or run.json; it holds "
+        + (", ".join(found[:8]) + (", ..." if len(found) > 8 else "") if found else "nothing")
+        + ")"
+    )
 
 
 def event_folders(run_dir: str | Path) -> list[Path]:
@@ -92,8 +109,10 @@ def event_folders(run_dir: str | Path) -> list[Path]:
     it that holds event files. Only folders that hold event files."""
     run_dir = Path(run_dir)
     named = read_json(run_dir / "run.json").get("tensorboard") or []
-    for candidates in ([run_dir / str(p) for p in ([named] if isinstance(named, str) else named)],
-                       [run_dir / "tensorboard"]):
+    for candidates in (
+        [run_dir / str(p) for p in ([named] if isinstance(named, str) else named)],
+        [run_dir / "tensorboard"],
+    ):
         found = [folder for folder in candidates if _has_events(folder)]
         if found:
             return found
@@ -143,15 +162,19 @@ def load_runs(run_dirs: Iterable[str | Path]) -> list[Run]:
             continue
         folders = event_folders(path)
         if not folders:
-            raise ValueError(f"{path} has no TensorBoard events in {path / 'tensorboard'} "
-                             f"(a config run writes them from its first epoch's end)")
+            raise ValueError(
+                f"{path} has no TensorBoard events in {path / 'tensorboard'} "
+                f"(a config run writes them from its first epoch's end)"
+            )
         curves: dict[str, Curve] = {}
         for folder in folders:
             curves.update(read_curves(folder))
         runs.append(Run(path, described(path), curves))
     if not runs:
-        raise ValueError("give at least one run directory" + (
-            f" (none of the {len(given_all)} folders given is one)" if given_all else ""))
+        raise ValueError(
+            "give at least one run directory"
+            + (f" (none of the {len(given_all)} folders given is one)" if given_all else "")
+        )
     return runs
 
 
@@ -163,8 +186,10 @@ def labels(configs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]
     differing = [k for k in keys if len({repr(flat.get(k)) for flat in flats}) > 1]
     short = short_names(differing)
     made = [", ".join(f"{short[k]}={flat.get(k, '-')}" for k in differing) for flat in flats]
-    return [name if not label or made.count(label) > 1 else label
-            for label, name in zip(made, names, strict=True)]
+    return [
+        name if not label or made.count(label) > 1 else label
+        for label, name in zip(made, names, strict=True)
+    ]
 
 
 def _matches(tag: str, name: str) -> bool:
@@ -180,7 +205,7 @@ def quantity(tag: str) -> tuple[str, str]:
         return tag, ""
     for kind in ("eval", "test"):
         if name.startswith(kind + "_"):
-            return name[len(kind) + 1:], kind
+            return name[len(kind) + 1 :], kind
     return name, group
 
 
@@ -188,8 +213,15 @@ def _rank(tag: str) -> int:
     """Where a tag goes: the loss, the other losses (per step), metrics, learning rates
     (a stable sort keeps the order the runs logged them in otherwise)."""
     name = tag.partition("/")[2]
-    return 0 if name == "loss" else 1 if name.startswith("loss") else 3 if (
-        tag.startswith("lr/")) else 2
+    return (
+        0
+        if name == "loss"
+        else 1
+        if name.startswith("loss")
+        else 3
+        if (tag.startswith("lr/"))
+        else 2
+    )
 
 
 def _chosen(runs: Sequence[Run], metrics: Sequence[str] | None) -> list[str]:
@@ -199,13 +231,17 @@ def _chosen(runs: Sequence[Run], metrics: Sequence[str] | None) -> list[str]:
     if metrics:
         unknown = [name for name in metrics if not any(_matches(t, name) for t in tags)]
         if unknown:
-            raise ValueError(f"no run has {', '.join(map(repr, unknown))}; the runs have "
-                             + (", ".join(tags) or "no curves"))
+            raise ValueError(
+                f"no run has {', '.join(map(repr, unknown))}; the runs have "
+                + (", ".join(tags) or "no curves")
+            )
         return list(dict.fromkeys(tag for name in metrics for tag in tags if _matches(tag, name)))
     chosen = [tag for tag in tags if not tag.startswith("lr/")]
     if not chosen:
-        raise ValueError("the runs have no loss or metric curves yet"
-                         + (f" (only {', '.join(tags)})" if tags else ""))
+        raise ValueError(
+            "the runs have no loss or metric curves yet"
+            + (f" (only {', '.join(tags)})" if tags else "")
+        )
     return chosen
 
 
@@ -260,9 +296,15 @@ def figure(run_dirs: Iterable[str | Path], metrics: Sequence[str] | None = None)
                     continue
                 kind = quantity(tag)[1]
                 label = name if len(kinds) == 1 else kind if len(runs) == 1 else f"{name} ({kind})"
-                axes.plot(curve.steps, curve.values, label=label, color=f"C{colour % 10}",
-                          linestyle=STYLES.get(kind, "-."),
-                          marker="o" if len(curve.steps) <= 30 else None, markersize=3)
+                axes.plot(
+                    curve.steps,
+                    curve.values,
+                    label=label,
+                    color=f"C{colour % 10}",
+                    linestyle=STYLES.get(kind, "-."),
+                    marker="o" if len(curve.steps) <= 30 else None,
+                    markersize=3,
+                )
         title, ylabel = _title(panel)
         axes.set(title=title, xlabel="step", ylabel=ylabel)
         _whole_steps(axes)
@@ -272,8 +314,9 @@ def figure(run_dirs: Iterable[str | Path], metrics: Sequence[str] | None = None)
     return fig
 
 
-def plot(run_dirs: Iterable[str | Path], output: str | Path,
-         metrics: Sequence[str] | None = None) -> Path:
+def plot(
+    run_dirs: Iterable[str | Path], output: str | Path, metrics: Sequence[str] | None = None
+) -> Path:
     """Write the loss and metric curves of ``run_dirs`` to ``output`` (a PNG; ``.svg`` and
     ``.pdf`` work too; no suffix means ``.png``) and return its path."""
     path = Path(output)
@@ -330,7 +373,7 @@ def sweep_figure(folder: str | Path) -> Figure:
         axes.set(title=f"{metric} by {key}", xlabel=key, ylabel=metric)
         axes.grid(alpha=0.3)
     pick = max if sweep.get("direction", "max") == "max" else min
-    best = [pick(values[:n + 1]) for n in range(len(values))]
+    best = [pick(values[: n + 1]) for n in range(len(values))]
     axes = fig.add_subplot(rows, columns, len(names))
     axes.plot(range(1, len(best) + 1), best, marker="o", markersize=3, label="best so far")
     axes.scatter(range(1, len(values) + 1), values, s=9, alpha=0.5, label="trial")
@@ -345,7 +388,7 @@ def _categories(axes: Axes, xs: Sequence[Any], values: Sequence[float]) -> None:
     """A categorical axis in the categories' order (numbers by value), not in the order
     the trials happened to draw them."""
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
-    order = sorted(set(xs), key=lambda x: (x if numeric else str(x)))
+    order = sorted(set(xs), key=lambda x: x if numeric else str(x))
     axes.scatter([order.index(x) for x in xs], values)
     axes.set_xticks(range(len(order)), [str(x) for x in order])
 
@@ -359,13 +402,22 @@ def _names(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``runmodel plot`` (the command's parser, or this module's own)."""
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="run folders (config or script runs), or one sweep's folder")
-    parser.add_argument("-o", "--output", default="plot.png",
-                        help="the PNG to write (default: plot.png)")
-    parser.add_argument("--metrics", type=_names, metavar="NAME,NAME",
-                        help="the quantities to plot, by TensorBoard tag or name (loss, "
-                        "eval_accuracy, lr/group0); default: the loss and every metric")
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders (config or script runs), or one sweep's folder",
+    )
+    parser.add_argument(
+        "-o", "--output", default="plot.png", help="the PNG to write (default: plot.png)"
+    )
+    parser.add_argument(
+        "--metrics",
+        type=_names,
+        metavar="NAME,NAME",
+        help="the quantities to plot, by TensorBoard tag or name (loss, "
+        "eval_accuracy, lr/group0); default: the loss and every metric",
+    )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
 
 
@@ -385,8 +437,9 @@ def main(args: argparse.Namespace) -> int:
 
 def command(argv: Sequence[str] | None = None) -> int:
     """``python -m runmodel.plot RUN_DIR...``: ``runmodel plot`` on its own."""
-    parser = argparse.ArgumentParser(prog="runmodel plot", description=(
-        "plot the loss and metric curves of runs into one PNG"))
+    parser = argparse.ArgumentParser(
+        prog="runmodel plot", description=("plot the loss and metric curves of runs into one PNG")
+    )
     add_arguments(parser)
     return main(parser.parse_args(argv))
 

@@ -50,8 +50,11 @@ def is_script(source: str) -> bool:
     while changed:  # a class whose base is one of the file's model classes is one too
         changed = False
         for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name not in models and any(
-                    _base_name(base) in models for base in node.bases):
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.name not in models
+                and any(_base_name(base) in models for base in node.bases)
+            ):
                 models.add(node.name)
                 changed = True
     return not (models - _MODEL_BASES)
@@ -65,8 +68,12 @@ def _base_name(node: ast.expr) -> str:
     return ""
 
 
-def run_script(script: str | os.PathLike[str], argv: Sequence[str], cwd: str | os.PathLike[str],
-               instead: Instead) -> Any:
+def run_script(
+    script: str | os.PathLike[str],
+    argv: Sequence[str],
+    cwd: str | os.PathLike[str],
+    instead: Instead,
+) -> Any:
     """Run ``script`` as ``__main__`` with ``argv`` from ``cwd`` until its first
     ``engine.run``, which calls ``instead(engine, model, arguments)``; its return value."""
     script = Path(script).resolve()
@@ -86,5 +93,7 @@ def run_script(script: str | os.PathLike[str], argv: Sequence[str], cwd: str | o
     finally:
         sys.argv, sys.path[:] = saved[0], saved[2]
         os.chdir(saved[1])
-    raise RuntimeError(f"{script} ended without calling engine.run(...): the runmodel command "
-                       f"acts at a script's first engine.run")
+    raise RuntimeError(
+        f"{script} ended without calling engine.run(...): the runmodel command "
+        f"acts at a script's first engine.run"
+    )

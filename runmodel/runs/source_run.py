@@ -37,13 +37,29 @@ from ..engine import Engine
 from .config_run import DEFAULT_PACKS, claim_folder, tell_launcher
 from .folder import RunFolder
 
-__all__ = ["IDENTITY", "SourceRun", "default_packs", "prepare", "resolved_source",
-           "run_dir_for", "source_record"]
+__all__ = [
+    "IDENTITY",
+    "SourceRun",
+    "default_packs",
+    "prepare",
+    "resolved_source",
+    "run_dir_for",
+    "source_record",
+]
 
 #: What makes a model source's run, hashed into its folder's name (as a config's canonical
 #: form is): a run of the same source with other options, seed or length is another run.
-IDENTITY = ("source", "model", "init_options", "setup_options", "device", "seed", "backend",
-            "epochs", "steps")
+IDENTITY = (
+    "source",
+    "model",
+    "init_options",
+    "setup_options",
+    "device",
+    "seed",
+    "backend",
+    "epochs",
+    "steps",
+)
 
 
 def resolved_source(source: str) -> str:
@@ -55,20 +71,42 @@ def resolved_source(source: str) -> str:
     return location + sep + name
 
 
-def source_record(source: str, model: type, *, init: dict[str, Any], setup: dict[str, Any],
-                  device: str | None, seed: int, backend: str | None, epochs: int | None,
-                  steps: int | None) -> dict[str, Any]:
+def source_record(
+    source: str,
+    model: type,
+    *,
+    init: dict[str, Any],
+    setup: dict[str, Any],
+    device: str | None,
+    seed: int,
+    backend: str | None,
+    epochs: int | None,
+    steps: int | None,
+) -> dict[str, Any]:
     """How a model source's run is started, as its ``run.json`` records it: what a
     ``runmodel resume`` needs to make the same model again."""
-    return {"kind": "source", "source": resolved_source(source), "model": model.__qualname__,
-            "init_options": dict(init), "setup_options": dict(setup), "device": device,
-            "seed": seed, "backend": backend, "epochs": epochs, "steps": steps,
-            "cwd": os.getcwd()}
+    return {
+        "kind": "source",
+        "source": resolved_source(source),
+        "model": model.__qualname__,
+        "init_options": dict(init),
+        "setup_options": dict(setup),
+        "device": device,
+        "seed": seed,
+        "backend": backend,
+        "epochs": epochs,
+        "steps": steps,
+        "cwd": os.getcwd(),
+    }
 
 
 def _digest(record: dict[str, Any]) -> str:
-    canonical = json.dumps({key: record.get(key) for key in IDENTITY}, sort_keys=True,
-                           separators=(",", ":"), default=repr)
+    canonical = json.dumps(
+        {key: record.get(key) for key in IDENTITY},
+        sort_keys=True,
+        separators=(",", ":"),
+        default=repr,
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
@@ -80,8 +118,11 @@ def run_dir_for(record: dict[str, Any], root: str | os.PathLike[str] = "runs") -
     stem = Path(location).stem if location.endswith(".py") else location.rpartition(".")[2]
     parts = [stem] if record["model"].lower() == stem.lower() else [stem, record["model"]]
     options = {**record.get("init_options", {}), **record.get("setup_options", {})}
-    parts += [f"{key}{value}" for key, value in sorted(options.items())[:2]
-              if isinstance(value, (int, float, str, bool))]
+    parts += [
+        f"{key}{value}"
+        for key, value in sorted(options.items())[:2]
+        if isinstance(value, (int, float, str, bool))
+    ]
     name = "-".join(sanitize(part) for part in parts)[:100]
     return Path(root) / f"{name}_{_digest(record)}"
 
@@ -90,8 +131,11 @@ def default_packs(run_dir: Path, progress: bool = True) -> list[Pack]:
     """The packs every config run has by default (``config_run.DEFAULT_PACKS``: a
     checkpoint every epoch, the newest 2; TensorBoard events; progress, unless
     ``progress`` is False), in ``run_dir``."""
-    return [make_pack(Spec(name), directory=run_dir / name) for name in DEFAULT_PACKS
-            if progress or name != "progress"]
+    return [
+        make_pack(Spec(name), directory=run_dir / name)
+        for name in DEFAULT_PACKS
+        if progress or name != "progress"
+    ]
 
 
 @dataclass
@@ -117,15 +161,31 @@ class SourceRun:
         ``preempt_signals`` as every run is (``runs/interrupt.py``)."""
         if env.rank() == 0:
             tell_launcher(self.directory)
-        return self.engine.run(self.model, "train", steps=self.steps, epochs=self.epochs,
-                               setup_options=self.setup_options, backend=self.backend,
-                               resume=self.checkpoint, run_dir=self.folder,
-                               preempt_signals=preempt_signals)
+        return self.engine.run(
+            self.model,
+            "train",
+            steps=self.steps,
+            epochs=self.epochs,
+            setup_options=self.setup_options,
+            backend=self.backend,
+            resume=self.checkpoint,
+            run_dir=self.folder,
+            preempt_signals=preempt_signals,
+        )
 
 
-def prepare(engine: Engine, model: Any, record: dict[str, Any], run_dir: Path, *,
-            setup_options: dict[str, Any] | None, epochs: int | None, steps: int | None,
-            resume: bool = False, restart: bool = False) -> SourceRun:
+def prepare(
+    engine: Engine,
+    model: Any,
+    record: dict[str, Any],
+    run_dir: Path,
+    *,
+    setup_options: dict[str, Any] | None,
+    epochs: int | None,
+    steps: int | None,
+    resume: bool = False,
+    restart: bool = False,
+) -> SourceRun:
     """Claim ``run_dir`` for the run ``record`` describes (rank 0 alone under torchrun,
     the others told): a new run creates it; where it holds a run, ``resume`` continues
     that from its newest checkpoint and ``restart`` moves it aside (``NAME.old-TIME``);
@@ -134,8 +194,9 @@ def prepare(engine: Engine, model: Any, record: dict[str, Any], run_dir: Path, *
     if env.launched():  # what `runmodel resume` relaunches with (1 process too)
         status = {**env.launch_world(), "backend": record.get("backend")}
     folder = RunFolder(run_dir, record, status=status, claimed=True)
-    checkpoint = claim_folder(folder, resume=resume, restart=restart, take_over=False,
-                              same="source and options")
-    return SourceRun(folder, engine, model, checkpoint, setup_options, record.get("backend"),
-                     epochs, steps)
-
+    checkpoint = claim_folder(
+        folder, resume=resume, restart=restart, take_over=False, same="source and options"
+    )
+    return SourceRun(
+        folder, engine, model, checkpoint, setup_options, record.get("backend"), epochs, steps
+    )

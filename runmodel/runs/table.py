@@ -24,8 +24,15 @@ from ..checkpoint.names import checkpoints_in, position
 from ..config import did_you_mean
 from .folder import is_run, is_script_run, read_status
 
-__all__ = ["RunInfo", "described", "flatten", "list_runs", "runs_table", "short_names",
-           "terminal_width"]
+__all__ = [
+    "RunInfo",
+    "described",
+    "flatten",
+    "list_runs",
+    "runs_table",
+    "short_names",
+    "terminal_width",
+]
 
 
 def described(directory: Path) -> dict[str, Any]:
@@ -35,14 +42,22 @@ def described(directory: Path) -> dict[str, Any]:
     status = read_status(directory)
     record = read_json(directory / "run.json")
     if record.get("kind") == "source":
-        return {"source": Path(str(record.get("source")).partition(":")[0]).name,
-                "model": record.get("model"), "init": record.get("init_options") or {},
-                "setup": record.get("setup_options") or {}, "seed": record.get("seed"),
-                "epochs": record.get("epochs"), "steps": record.get("steps")}
+        return {
+            "source": Path(str(record.get("source")).partition(":")[0]).name,
+            "model": record.get("model"),
+            "init": record.get("init_options") or {},
+            "setup": record.get("setup_options") or {},
+            "seed": record.get("seed"),
+            "epochs": record.get("epochs"),
+            "steps": record.get("steps"),
+        }
     if is_script_run(directory):
-        return {"script": Path(str(record.get("script"))).name,
-                "args": " ".join(map(str, record.get("argv") or [])),
-                "epochs": record.get("epochs"), "steps": record.get("steps")}
+        return {
+            "script": Path(str(record.get("script"))).name,
+            "args": " ".join(map(str, record.get("argv") or [])),
+            "epochs": record.get("epochs"),
+            "steps": record.get("steps"),
+        }
     config = read_json(directory / "config.json")
     for key in ("epochs", "steps"):
         if status.get(key) is not None:
@@ -94,15 +109,30 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
     for directory in sorted(d for d in folders if is_run(d)):
         status = read_status(directory)
         result = read_json(directory / "metrics.json")
-        found.append(RunInfo(directory, described(directory), status.get("status", "unknown"),
-                             result.get("metrics", {}), steps_done(directory)))
-    found.sort(key=lambda run: (str(run.path.parent), read_json(
-        run.path / "status.json").get("started", 0)))
+        found.append(
+            RunInfo(
+                directory,
+                described(directory),
+                status.get("status", "unknown"),
+                result.get("metrics", {}),
+                steps_done(directory),
+            )
+        )
+    found.sort(
+        key=lambda run: (
+            str(run.path.parent),
+            read_json(run.path / "status.json").get("started", 0),
+        )
+    )
     sweep = read_json(root / "sweep.json")
     if sweep.get("metric"):
         metric, sign = sweep["metric"], -1 if sweep.get("direction", "max") == "max" else 1
-        found.sort(key=lambda run: (not isinstance(run.metrics.get(metric), (int, float)),
-                                    sign * (run.metrics.get(metric) or 0)))
+        found.sort(
+            key=lambda run: (
+                not isinstance(run.metrics.get(metric), (int, float)),
+                sign * (run.metrics.get(metric) or 0),
+            )
+        )
     for run in found:
         run.name = str(run.path.relative_to(root))
     return found
@@ -126,8 +156,9 @@ def short_names(keys: Sequence[str]) -> dict[str, str]:
         parts = key.split(".")
         for n in range(1, len(parts) + 1):
             name = ".".join(parts[-n:])
-            if not any(other != key and (other == name or other.endswith("." + name))
-                       for other in keys):
+            if not any(
+                other != key and (other == name or other.endswith("." + name)) for other in keys
+            ):
                 break
         names[key] = name
     return names
@@ -151,8 +182,7 @@ def terminal_width() -> int:
     return 0
 
 
-def runs_table(runs: list[RunInfo], width: int = 0, columns: Sequence[str] | None = None
-               ) -> str:
+def runs_table(runs: list[RunInfo], width: int = 0, columns: Sequence[str] | None = None) -> str:
     """A table of runs: name, status, the config values that differ, steps, final
     metrics; or the ``columns`` named (``run``, ``status``, ``steps``, a config key or its
     last parts, a metric), in their order. With ``width``, wide columns are folded (their
@@ -182,8 +212,10 @@ def runs_table(runs: list[RunInfo], width: int = 0, columns: Sequence[str] | Non
 
 def _columns(runs: list[RunInfo], flats: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Every column the table can show, by name, with a cell per run."""
-    made = {"run": [run.name or run.path.name for run in runs],
-            "status": [run.status for run in runs]}
+    made = {
+        "run": [run.name or run.path.name for run in runs],
+        "status": [run.status for run in runs],
+    }
     for key in sorted({k for flat in flats for k in flat}):
         made[key] = [str(flat.get(key, "-")) for flat in flats]
     made["steps"] = [str(run.steps if run.steps is not None else "-") for run in runs]
@@ -204,8 +236,10 @@ def _column_named(name: str, available: list[str]) -> str:
     if ending:
         raise ValueError(f"--columns: {name!r} is the end of {', '.join(ending)}: name one")
     shown = short_names(available)
-    raise ValueError(f"--columns: no column {name!r}{did_you_mean(name, shown.values())}; "
-                     f"the runs have {', '.join(shown[key] for key in available)}")
+    raise ValueError(
+        f"--columns: no column {name!r}{did_you_mean(name, shown.values())}; "
+        f"the runs have {', '.join(shown[key] for key in available)}"
+    )
 
 
 def _fitted(natural: list[int], width: int) -> list[int]:
@@ -228,9 +262,15 @@ def _rows(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
     its tallest cell."""
     folded = [fold(cell, width) for cell, width in zip(cells, widths, strict=True)]
     height = max(len(lines) for lines in folded)
-    return [(" " * GAP).join((lines[i] if i < len(lines) else "").ljust(width)
-                             for lines, width in zip(folded, widths, strict=True)).rstrip()
-            for i in range(height)]
+    return [
+        (" " * GAP)
+        .join(
+            (lines[i] if i < len(lines) else "").ljust(width)
+            for lines, width in zip(folded, widths, strict=True)
+        )
+        .rstrip()
+        for i in range(height)
+    ]
 
 
 def fold(text: str, width: int) -> list[str]:

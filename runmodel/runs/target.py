@@ -59,9 +59,22 @@ from .interrupt import say
 from .script import is_script, run_script
 from .source_run import SourceRun
 
-__all__ = ["Action", "ConfigTarget", "Continue", "Describe", "Measure", "ModelTarget",
-           "RunRequest", "ScriptTarget", "Target", "TargetError", "Train", "WithWeights",
-           "open_run", "open_target"]
+__all__ = [
+    "Action",
+    "ConfigTarget",
+    "Continue",
+    "Describe",
+    "Measure",
+    "ModelTarget",
+    "RunRequest",
+    "ScriptTarget",
+    "Target",
+    "TargetError",
+    "Train",
+    "WithWeights",
+    "open_run",
+    "open_target",
+]
 
 #: ``engine.run``'s keyword arguments as a source gives them (mode, steps, epochs,
 #: setup_options, backend, resume, run_dir).
@@ -124,6 +137,7 @@ class RunRequest:
 
 # -- actions --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Describe:
     """The model (class, device, parameters, options in effect) and the resolved phase and
@@ -145,8 +159,9 @@ class Describe:
             lines.append(f"module: {type(native).__name__}, {count:,} parameters")
         for kind, options in (("init", getattr(model, "init_options", None)), ("setup", setup)):
             if options:
-                lines.append(f"{kind} options: "
-                             + ", ".join(f"{k}={v!r}" for k, v in options.items()))
+                lines.append(
+                    f"{kind} options: " + ", ".join(f"{k}={v!r}" for k, v in options.items())
+                )
         return "\n".join(lines) + "\n\n" + engine.describe()
 
 
@@ -162,8 +177,13 @@ class Measure:
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         engine.attach(*self.packs)
-        return engine.run(model, self.mode, steps=self.steps, backend=arguments["backend"],
-                          setup_options=arguments["setup_options"])
+        return engine.run(
+            model,
+            self.mode,
+            steps=self.steps,
+            backend=arguments["backend"],
+            setup_options=arguments["setup_options"],
+        )
 
 
 @dataclass(frozen=True)
@@ -184,9 +204,15 @@ class Train:
             engine.attach(Progress())
         engine.attach(*request.packs)
         backend = (request.backend or "ddp") if env.launched() else arguments["backend"]
-        return engine.run(model, mode, steps=request.steps, epochs=request.epochs,
-                          setup_options=arguments["setup_options"], backend=backend,
-                          preempt_signals=request.preempt)
+        return engine.run(
+            model,
+            mode,
+            steps=request.steps,
+            epochs=request.epochs,
+            setup_options=arguments["setup_options"],
+            backend=backend,
+            preempt_signals=request.preempt,
+        )
 
 
 @dataclass(frozen=True)
@@ -202,9 +228,14 @@ class WithWeights:
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
-        return evaluate_model(model, self.weights, self.mode,
-                              setup_options=arguments["setup_options"], averaged=self.averaged,
-                              split=self.split)
+        return evaluate_model(
+            model,
+            self.weights,
+            self.mode,
+            setup_options=arguments["setup_options"],
+            averaged=self.averaged,
+            split=self.split,
+        )
 
 
 @dataclass(frozen=True)
@@ -223,14 +254,22 @@ class Continue:
 
     def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
         record = read_json(self.run_dir / RECORD)
-        epochs = self.epochs if self.epochs is not None else record.get(
-            "epochs", arguments["epochs"])
+        epochs = (
+            self.epochs if self.epochs is not None else record.get("epochs", arguments["epochs"])
+        )
         steps = self.steps if self.steps is not None else record.get("steps", arguments["steps"])
         refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments["run_dir"]))
-        return engine.run(model, arguments["mode"], epochs=epochs, steps=steps,
-                          setup_options=arguments["setup_options"],
-                          backend=arguments["backend"], resume="auto", run_dir=self.run_dir,
-                          preempt_signals=(*self.preempt, *arguments["preempt_signals"]))
+        return engine.run(
+            model,
+            arguments["mode"],
+            epochs=epochs,
+            steps=steps,
+            setup_options=arguments["setup_options"],
+            backend=arguments["backend"],
+            resume="auto",
+            run_dir=self.run_dir,
+            preempt_signals=(*self.preempt, *arguments["preempt_signals"]),
+        )
 
 
 def _folder_of(run_dir: Any) -> Path | None:
@@ -241,8 +280,7 @@ def _folder_of(run_dir: Any) -> Path | None:
     return Path(getattr(run_dir, "directory", run_dir)).resolve()
 
 
-def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path | None
-                               ) -> None:
+def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path | None) -> None:
     """A run continued in a folder other than the one it was started in (a copy, a
     folder moved or moved aside) must not save into a Checkpoint folder outside it: that
     folder holds the checkpoints of the run that was started there. Said before the run
@@ -263,10 +301,12 @@ def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path |
                 f"there), and its Checkpoint pack saves in {folder}, outside it: continuing "
                 f"the copy would write into the checkpoints of the run in {started_in}. "
                 f"Give the Checkpoint pack a folder inside run_dir (as "
-                f"Checkpoint(\"checkpoint\")), or resume {started_in} itself")
+                f'Checkpoint("checkpoint")), or resume {started_in} itself'
+            )
 
 
 # -- targets --------------------------------------------------------------------------------
+
 
 class Target(abc.ABC):
     """Something a command runs (see the module's docstring)."""
@@ -291,8 +331,10 @@ class Target(abc.ABC):
 
     def resume(self, request: RunRequest) -> RunResult:
         """``runmodel resume``: the run of this target's folder, continued."""
-        raise TargetError(f"{self.source} is {self.what}, not a run folder: `runmodel resume` "
-                          f"continues a run from its folder")
+        raise TargetError(
+            f"{self.source} is {self.what}, not a run folder: `runmodel resume` "
+            f"continues a run from its folder"
+        )
 
     def processes(self) -> dict[str, Any] | None:
         """How a continuation of this target's run is launched (``world_size``,
@@ -319,13 +361,19 @@ class ModelTarget(Target):
     def of_run(cls, directory: Path) -> ModelTarget:
         record = read_json(directory / RECORD)
         if not isinstance(record.get("source"), str):
-            raise TargetError(f"{directory} is a model source's run, and its run.json names "
-                              f"no source to make its model from")
-        return cls(record["source"], record.get("device"), seed=record.get("seed"),
-                   directory=directory, record=record)
+            raise TargetError(
+                f"{directory} is a model source's run, and its run.json names "
+                f"no source to make its model from"
+            )
+        return cls(
+            record["source"],
+            record.get("device"),
+            seed=record.get("seed"),
+            directory=directory,
+            record=record,
+        )
 
-    def _model(self) -> tuple[type[Model], Model, dict[str, Any], dict[str, Any],
-                              dict[str, Any]]:
+    def _model(self) -> tuple[type[Model], Model, dict[str, Any], dict[str, Any], dict[str, Any]]:
         """The model class, the init and setup options given (``--set``, or as the run
         folder records them), the model (made after seeding, where a seed is given) and
         its setup options resolved against its declared ones."""
@@ -361,8 +409,10 @@ class ModelTarget(Target):
         """A train run in the run folder derived from the source (``source_run.py``); an
         eval or infer run (``--mode``) in none."""
         if self.directory is not None:
-            raise TargetError(f"{self.directory} is a run folder: continue its run with "
-                              f"`runmodel resume {self.directory}`")
+            raise TargetError(
+                f"{self.directory} is a run folder: continue its run with "
+                f"`runmodel resume {self.directory}`"
+            )
         if (request.mode or "train") != "train":
             result: RunResult = self.run_with(Train(request))
             return result
@@ -387,8 +437,10 @@ class ModelTarget(Target):
         if not env.launched():
             return None
         if request.backend and recorded and request.backend != recorded:
-            raise TargetError(f"--backend {request.backend}: the run in {self.directory} "
-                              f"trains with backend {recorded!r}; drop --backend")
+            raise TargetError(
+                f"--backend {request.backend}: the run in {self.directory} "
+                f"trains with backend {recorded!r}; drop --backend"
+            )
         return str(request.backend or recorded or "ddp")
 
     def _in_folder(self, request: RunRequest) -> RunResult:
@@ -403,26 +455,47 @@ class ModelTarget(Target):
             backend = self._backend(request)
             if self.directory is None or self.record is None:
                 assert self.seed is not None
-                record = source_record(self.source, cls, init=init, setup=setup,
-                                       device=self.device, seed=self.seed, backend=backend,
-                                       epochs=request.epochs, steps=request.steps)
+                record = source_record(
+                    self.source,
+                    cls,
+                    init=init,
+                    setup=setup,
+                    device=self.device,
+                    seed=self.seed,
+                    backend=backend,
+                    epochs=request.epochs,
+                    steps=request.steps,
+                )
                 run_dir = run_dir_for(record, request.runs_dir)
                 record["directory"] = str(run_dir.resolve())  # where it was started
                 epochs, steps, resume = request.epochs, request.steps, request.resume
             else:
                 record, run_dir, resume = self.record, self.directory, True
                 status = read_status(run_dir)
-                epochs = request.epochs if request.epochs is not None else status.get(
-                    "epochs", record.get("epochs"))
-                steps = request.steps if request.steps is not None else status.get(
-                    "steps", record.get("steps"))
-            engine = self._engine(cls, [*request.packs,
-                                        *default_packs(run_dir, request.progress)])
+                epochs = (
+                    request.epochs
+                    if request.epochs is not None
+                    else status.get("epochs", record.get("epochs"))
+                )
+                steps = (
+                    request.steps
+                    if request.steps is not None
+                    else status.get("steps", record.get("steps"))
+                )
+            engine = self._engine(cls, [*request.packs, *default_packs(run_dir, request.progress)])
             if self.directory is not None:
                 refuse_checkpoints_outside(engine, run_dir, _started_in(record))
-            prepared = prepare(engine, model, {**record, "backend": backend}, run_dir,
-                               setup_options=resolved or None, epochs=epochs, steps=steps,
-                               resume=resume, restart=request.restart)
+            prepared = prepare(
+                engine,
+                model,
+                {**record, "backend": backend},
+                run_dir,
+                setup_options=resolved or None,
+                epochs=epochs,
+                steps=steps,
+                resume=resume,
+                restart=request.restart,
+            )
         return _run_in_folder(prepared, request)
 
 
@@ -448,8 +521,9 @@ class ScriptTarget(Target):
         record = read_json(directory / "run.json")
         script = record.get("script")
         if not script or not Path(script).is_file():
-            raise TargetError(f"{directory} is a script run, and its script {script!r} is not "
-                              f"there to run")
+            raise TargetError(
+                f"{directory} is a script run, and its script {script!r} is not there to run"
+            )
         return cls(script, record.get("argv") or [], record.get("cwd", "."), directory)
 
     def run_with(self, action: Action) -> Any:
@@ -466,8 +540,9 @@ class ScriptTarget(Target):
         if self.directory is None:
             return super().resume(request)
         say(f"run directory: {self.directory} (a run of {self.source})")
-        result: RunResult = self.run_with(Continue(self.directory, request.epochs,
-                                                   request.steps, request.preempt))
+        result: RunResult = self.run_with(
+            Continue(self.directory, request.epochs, request.steps, request.preempt)
+        )
         return result
 
 
@@ -488,8 +563,9 @@ class ConfigTarget(Target):
     @classmethod
     def of_file(cls, path: str, overrides: Sequence[str] = ()) -> ConfigTarget:
         base = Path(path).resolve().parent
-        return cls(path, load_config(path, overrides), base,
-                   model_args=overridden_model_args(overrides))
+        return cls(
+            path, load_config(path, overrides), base, model_args=overridden_model_args(overrides)
+        )
 
     @classmethod
     def of_run(cls, directory: Path) -> ConfigTarget:
@@ -501,17 +577,28 @@ class ConfigTarget(Target):
         and its command-line model options checked against the model's."""
         config = self.config
         if request is not None:
-            config = config.with_overrides([f"{key}={value!r}" for key, value in (
-                ("mode", request.mode), ("epochs", request.epochs), ("steps", request.steps))
-                if value is not None], source=self.source)
+            config = config.with_overrides(
+                [
+                    f"{key}={value!r}"
+                    for key, value in (
+                        ("mode", request.mode),
+                        ("epochs", request.epochs),
+                        ("steps", request.steps),
+                    )
+                    if value is not None
+                ],
+                source=self.source,
+            )
         if self.model_args:
             import_sources(config, self.base)
             unchecked = check_model_args(config.model, self.model_args)
             if unchecked:
-                print(f"runmodel: warning: model {config.model.type_!r} declares no init "
-                      f"options (init_defaults), so these go to it unchecked: "
-                      f"{', '.join(self.model_args[name] for name in unchecked)}",
-                      file=sys.stderr)
+                print(
+                    f"runmodel: warning: model {config.model.type_!r} declares no init "
+                    f"options (init_defaults), so these go to it unchecked: "
+                    f"{', '.join(self.model_args[name] for name in unchecked)}",
+                    file=sys.stderr,
+                )
         return config
 
     def run_with(self, action: Action) -> Any:
@@ -522,8 +609,11 @@ class ConfigTarget(Target):
             config, model, backend = build(config, self.base, backend=action.trains)
             engine = Engine(progress=False)
             configure_engine(registries["model"].get(config.model.type_), engine)
-        return action(engine, model, _arguments(
-            mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend))
+        return action(
+            engine,
+            model,
+            _arguments(mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend),
+        )
 
     def describe(self) -> str:
         """The model and the engine a run of the config has: its packs (and the default
@@ -534,20 +624,30 @@ class ConfigTarget(Target):
             prepared = prepare(config, directory=Path(folder) / "run", base=self.base)
         prepared.engine.attach(prepared.folder)  # what a run attaches: its folder's writer
         return Describe(f"{self.source} (model {config.model.type_!r})")(
-            prepared.engine, prepared.model, _arguments())
+            prepared.engine, prepared.model, _arguments()
+        )
 
     def run(self, request: RunRequest) -> RunResult:
         if self.directory is not None:
-            raise TargetError(f"{self.source} is a run folder: continue its run with "
-                              f"`runmodel resume {self.source}`")
+            raise TargetError(
+                f"{self.source} is a run folder: continue its run with "
+                f"`runmodel resume {self.source}`"
+            )
         with loading():
             if request.resume and request.restart:
                 raise TargetError("--resume and --restart exclude each other")
             config = self._checked(request)
             self._refuse_outside_torchrun(config, "run it")
-            prepared = prepare(config, request.runs_dir, resume=request.resume,
-                               restart=request.restart, progress=request.progress,
-                               packs=request.packs, base=self.base, backend=request.backend)
+            prepared = prepare(
+                config,
+                request.runs_dir,
+                resume=request.resume,
+                restart=request.restart,
+                progress=request.progress,
+                packs=request.packs,
+                base=self.base,
+                backend=request.backend,
+            )
         return _run_in_folder(prepared, request)
 
     def resume(self, request: RunRequest) -> RunResult:
@@ -555,9 +655,13 @@ class ConfigTarget(Target):
             return super().resume(request)
         with loading():
             self._refuse_outside_torchrun(self.config, "resume it")
-            prepared = resume_dir(self.directory, progress=request.progress,
-                                  epochs=request.epochs, steps=request.steps,
-                                  packs=request.packs)
+            prepared = resume_dir(
+                self.directory,
+                progress=request.progress,
+                epochs=request.epochs,
+                steps=request.steps,
+                packs=request.packs,
+            )
         return _run_in_folder(prepared, request)
 
     def processes(self) -> dict[str, Any] | None:
@@ -570,9 +674,11 @@ class ConfigTarget(Target):
         group: said at once, with how to start it."""
         if _distributed(config) and not env.launched():
             assert config.backend is not None
-            raise TargetError(f"{self.source}: the config's backend is "
-                              f"{config.backend.type_!r}, which runs in processes torchrun "
-                              f"starts: {doing} with --nproc-per-node N (1 for one process)")
+            raise TargetError(
+                f"{self.source}: the config's backend is "
+                f"{config.backend.type_!r}, which runs in processes torchrun "
+                f"starts: {doing} with --nproc-per-node N (1 for one process)"
+            )
 
 
 def _processes(directory: Path, distributed: bool) -> dict[str, Any] | None:
@@ -585,11 +691,15 @@ def _processes(directory: Path, distributed: bool) -> dict[str, Any] | None:
     world = status.get("world_size")
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         world = 1
-    if world <= 1 and not (status.get("backend") in torchrun.BACKENDS or distributed
-                           or _sharded(directory)):
+    if world <= 1 and not (
+        status.get("backend") in torchrun.BACKENDS or distributed or _sharded(directory)
+    ):
         return None
-    return {"world_size": world, "nproc_per_node": status.get("nproc_per_node", world),
-            "nnodes": status.get("nnodes", 1)}
+    return {
+        "world_size": world,
+        "nproc_per_node": status.get("nproc_per_node", world),
+        "nnodes": status.get("nnodes", 1),
+    }
 
 
 def _distributed(config: RunConfig) -> bool:
@@ -599,8 +709,16 @@ def _distributed(config: RunConfig) -> bool:
 
 def _arguments(**given: Any) -> Arguments:
     """``engine.run``'s keyword arguments: ``given``, and the defaults for the rest."""
-    return {"mode": "train", "steps": None, "epochs": None, "setup_options": None,
-            "backend": None, "resume": None, "run_dir": None, **given}
+    return {
+        "mode": "train",
+        "steps": None,
+        "epochs": None,
+        "setup_options": None,
+        "backend": None,
+        "resume": None,
+        "run_dir": None,
+        **given,
+    }
 
 
 def _run_in_folder(prepared: PreparedRun | SourceRun, request: RunRequest) -> RunResult:
@@ -608,8 +726,10 @@ def _run_in_folder(prepared: PreparedRun | SourceRun, request: RunRequest) -> Ru
     Ctrl-C and the request's preemption signals end it as any run ends: saved, its folder
     saying how to go on, ``runmodel.Interrupted`` (``Preempted``) raised."""
     if env.rank() == 0:
-        say(f"run directory: {prepared.directory}"
-            + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""))
+        say(
+            f"run directory: {prepared.directory}"
+            + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else "")
+        )
     return prepared.run(request.preempt)
 
 
@@ -620,15 +740,16 @@ def _sharded(directory: Path) -> bool:
     return any(path.is_dir() for path in checkpoints_in(directory))
 
 
-def split_options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any],
-                                                                    dict[str, Any]]:
+def split_options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``--set`` pairs as init and setup options of ``cls``. ``KEY`` is ``NAME``,
     ``init.NAME`` or ``setup.NAME``; a bare ``NAME`` is an init option where the model
     declares one of that name (``init_defaults``), else a setup option. A name the model
     does not declare is an error with a did-you-mean; where the model declares no options
     of that kind, it is passed through, with one warning."""
-    known = {"init": dict(getattr(cls, "init_defaults", None) or {}),
-             "setup": dict(getattr(cls, "setup_defaults", None) or {})}
+    known = {
+        "init": dict(getattr(cls, "init_defaults", None) or {}),
+        "setup": dict(getattr(cls, "setup_defaults", None) or {}),
+    }
     given: dict[str, dict[str, Any]] = {"init": {}, "setup": {}}
     unchecked: dict[str, list[str]] = {"init": [], "setup": []}
     for pair in pairs:
@@ -646,9 +767,11 @@ def split_options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any
         given[scope][name] = value
     for scope, said in unchecked.items():
         if said:
-            print(f"runmodel: warning: {cls.__name__} declares no {scope} options "
-                  f"({scope}_defaults), so these go to it unchecked: {', '.join(said)}",
-                  file=sys.stderr)
+            print(
+                f"runmodel: warning: {cls.__name__} declares no {scope} options "
+                f"({scope}_defaults), so these go to it unchecked: {', '.join(said)}",
+                file=sys.stderr,
+            )
     return given["init"], given["setup"]
 
 
@@ -664,21 +787,31 @@ def _key_value(pair: str, example: str) -> tuple[str, Any]:
         return key, text
 
 
-def _undeclared(pair: str, cls: type[Model], name: str, known: dict[str, dict[str, Any]],
-                scope: str) -> str:
+def _undeclared(
+    pair: str, cls: type[Model], name: str, known: dict[str, dict[str, Any]], scope: str
+) -> str:
     """The error for an option ``cls`` does not declare: the close names, and what it
     declares."""
     kinds = [scope] if scope else [kind for kind in ("init", "setup") if known[kind]]
     names = [n for kind in kinds for n in known[kind]]
-    declared = "; ".join(f"{kind} options: {', '.join(known[kind]) or 'none'}"
-                         for kind in ("init", "setup"))
+    declared = "; ".join(
+        f"{kind} options: {', '.join(known[kind]) or 'none'}" for kind in ("init", "setup")
+    )
     what = f"{scope} option" if scope else "option"
-    return (f"--set {pair!r}: {cls.__name__} declares no {what} {name!r}"
-            f"{did_you_mean(name, names)}; {declared}")
+    return (
+        f"--set {pair!r}: {cls.__name__} declares no {what} {name!r}"
+        f"{did_you_mean(name, names)}; {declared}"
+    )
 
 
-def open_target(source: str, *, device: str | None = None, options: Sequence[str] = (),
-                argv: Sequence[str] = (), seed: int | None = None) -> Target:
+def open_target(
+    source: str,
+    *,
+    device: str | None = None,
+    options: Sequence[str] = (),
+    argv: Sequence[str] = (),
+    seed: int | None = None,
+) -> Target:
     """The target ``source`` names: a config file (``options`` are its ``--set``
     overrides, ``device`` and ``seed`` more), a run folder (``open_run``), a script (run
     with ``argv`` from here), or a model source (``device``, ``options`` and ``seed`` its
@@ -687,8 +820,11 @@ def open_target(source: str, *, device: str | None = None, options: Sequence[str
         return open_run(source)
     with loading():
         if is_config_file(source):
-            overrides = [*options, *([f"device={device!r}"] if device is not None else []),
-                         *([f"seed={seed!r}"] if seed is not None else [])]
+            overrides = [
+                *options,
+                *([f"device={device!r}"] if device is not None else []),
+                *([f"seed={seed!r}"] if seed is not None else []),
+            ]
             return ConfigTarget.of_file(source, overrides)
         if is_script(source):
             return ScriptTarget(source, argv, os.getcwd())

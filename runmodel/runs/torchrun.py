@@ -39,14 +39,18 @@ def with_backend(config: RunConfig, asked: str | None) -> RunConfig:
     kind = None if config.backend is None else config.backend.type_
     if kind in BACKENDS:
         if asked is not None and asked != kind:
-            raise ValueError(f"--backend {asked}: the config names backend {kind!r}; drop "
-                             f"--backend, or set the config's backend = {{type = \"{asked}\"}}")
+            raise ValueError(
+                f"--backend {asked}: the config names backend {kind!r}; drop "
+                f'--backend, or set the config\'s backend = {{type = "{asked}"}}'
+            )
         return config
     if kind not in (None, "plain"):
-        raise ValueError(f"the config's backend {kind!r} runs in one process; in several "
-                         f"(--nproc-per-node) a config run takes backend "
-                         f"{' or '.join(map(repr, BACKENDS))}: remove the config's backend "
-                         f"or set backend = {{type = \"ddp\"}}")
+        raise ValueError(
+            f"the config's backend {kind!r} runs in one process; in several "
+            f"(--nproc-per-node) a config run takes backend "
+            f"{' or '.join(map(repr, BACKENDS))}: remove the config's backend "
+            f'or set backend = {{type = "ddp"}}'
+        )
     return dataclasses.replace(config, backend=Spec(asked or "ddp"))
 
 

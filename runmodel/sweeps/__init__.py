@@ -26,6 +26,17 @@ from .scheduler import FAILURES_IN_A_ROW, SweepFailed, SweepResult, sweep
 from .spec import SPACES, SweepError, SweepSpec, distribution, parse_param, read_spec
 from .trial import PRUNED, ReportToTrial
 
-__all__ = ["FAILURES_IN_A_ROW", "PRUNED", "SPACES", "ReportToTrial", "SweepError",
-           "SweepFailed", "SweepResult", "SweepSpec", "distribution", "parse_param",
-           "read_spec", "sweep"]
+__all__ = [
+    "FAILURES_IN_A_ROW",
+    "PRUNED",
+    "SPACES",
+    "ReportToTrial",
+    "SweepError",
+    "SweepFailed",
+    "SweepResult",
+    "SweepSpec",
+    "distribution",
+    "parse_param",
+    "read_spec",
+    "sweep",
+]

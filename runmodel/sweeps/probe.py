@@ -33,11 +33,11 @@ def recorded_metrics(engine: Any) -> dict[str, str]:
     mode, model = engine.state.mode, engine.model
     found = declared_writes(engine.table, mode, 0, ())
     metrics = getattr(model, "metrics", None)
-    if callable(metrics) and (mode == "eval" or (
-            mode == "train" and getattr(model, "eval_data", None) is not None)):
+    if callable(metrics) and (
+        mode == "eval" or (mode == "train" and getattr(model, "eval_data", None) is not None)
+    ):
         prefix = "eval_" if mode == "train" else ""
-        found.update((prefix + name, f"{type(model).__name__}.metrics()")
-                     for name in metrics())
+        found.update((prefix + name, f"{type(model).__name__}.metrics()") for name in metrics())
     return found
 
 
@@ -60,23 +60,32 @@ def check_metric(spec: SweepSpec) -> None:
     """Refuse, before any trial, a metric that the base config's run does not record
     (``recorded_metrics``), and any ``test_*`` metric."""
     if spec.metric.startswith(TEST_PREFIX):
-        raise SweepError(f"metric {spec.metric!r}: a sweep does not tune on a test split's "
-                         f"metric ({TEST_PREFIX}*): the chosen values would be fitted to the "
-                         f"test set, which then no longer measures them; sweep on a "
-                         f"validation metric (eval_*) and read {spec.metric} of the best "
-                         f"trial once")
+        raise SweepError(
+            f"metric {spec.metric!r}: a sweep does not tune on a test split's "
+            f"metric ({TEST_PREFIX}*): the chosen values would be fitted to the "
+            f"test set, which then no longer measures them; sweep on a "
+            f"validation metric (eval_*) and read {spec.metric} of the best "
+            f"trial once"
+        )
     probe = _Probe()
     # in this one process: the metric names do not depend on the backend (ddp, fsdp)
     config = dataclasses.replace(load_config(spec.config, list(spec.overrides)), backend=None)
     with tempfile.TemporaryDirectory(prefix="runmodel-sweep-") as folder:
         try:
-            prepared = prepare(config, directory=Path(folder) / "run", progress=False,
-                               packs=[probe], base=spec.config.parent)
-            prepared.engine.run(prepared.model, mode=config.mode, epochs=1,
-                                backend=prepared.backend)
+            prepared = prepare(
+                config,
+                directory=Path(folder) / "run",
+                progress=False,
+                packs=[probe],
+                base=spec.config.parent,
+            )
+            prepared.engine.run(
+                prepared.model, mode=config.mode, epochs=1, backend=prepared.backend
+            )
         except Exception as error:  # the base config itself is broken: every trial would be
-            raise SweepError(f"the sweep's config cannot run: {type(error).__name__}: "
-                             f"{error}") from None
+            raise SweepError(
+                f"the sweep's config cannot run: {type(error).__name__}: {error}"
+            ) from None
     found = {k: v for k, v in probe.found.items() if not k.startswith(TEST_PREFIX)}
     if spec.metric not in found:
         raise SweepError(
@@ -84,4 +93,5 @@ def check_metric(spec: SweepSpec) -> None:
             f"{close_to(spec.metric, list(found))}; it records: "
             f"{', '.join(sorted(found)) or 'nothing'}. If a hook of yours writes it into "
             f"state.metrics, declare it (engine.on(phase, fn, writes=[{spec.metric!r}]), or "
-            f"writes = [...] in a pack)")
+            f"writes = [...] in a pack)"
+        )

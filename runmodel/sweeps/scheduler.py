@@ -47,13 +47,25 @@ class SweepResult:
     best: dict[str, Any] | None  # number, value, params, run_dir
 
 
-def sweep(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = None,
-          trials: int | None = None, metric: str | None = None,
-          direction: str | None = None, sampler: Any = None, pruner: Any = None,
-          seed: int | None = None, storage: str | None = None, jobs: int = 1,
-          runs_dir: str | os.PathLike[str] = "runs", name: str | None = None,
-          overrides: Sequence[str] = (), echo: bool = True,
-          nproc_per_node: int | None = None, heartbeat: int | None = None) -> SweepResult:
+def sweep(
+    config: str | os.PathLike[str],
+    *,
+    params: Mapping[str, Any] | None = None,
+    trials: int | None = None,
+    metric: str | None = None,
+    direction: str | None = None,
+    sampler: Any = None,
+    pruner: Any = None,
+    seed: int | None = None,
+    storage: str | None = None,
+    jobs: int = 1,
+    runs_dir: str | os.PathLike[str] = "runs",
+    name: str | None = None,
+    overrides: Sequence[str] = (),
+    echo: bool = True,
+    nproc_per_node: int | None = None,
+    heartbeat: int | None = None,
+) -> SweepResult:
     """Search ``config``'s ``[sweep]`` (with these values over it) in config runs under
     ``runs_dir/<name>``: ``jobs`` trials at a time, until ``trials`` trials have finished
     (complete or pruned). Running it again continues it. Bad input raises ``SweepError``
@@ -61,18 +73,33 @@ def sweep(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = 
     the last error."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise SweepError(f"jobs is a whole number >= 1, got {jobs!r}")
-    spec = read_spec(config, params=params, overrides=overrides, trials=trials,
-                     metric=metric, direction=direction, sampler=sampler, pruner=pruner,
-                     seed=seed, storage=storage, name=name, nproc_per_node=nproc_per_node,
-                     heartbeat=heartbeat)
+    spec = read_spec(
+        config,
+        params=params,
+        overrides=overrides,
+        trials=trials,
+        metric=metric,
+        direction=direction,
+        sampler=sampler,
+        pruner=pruner,
+        seed=seed,
+        storage=storage,
+        name=name,
+        nproc_per_node=nproc_per_node,
+        heartbeat=heartbeat,
+    )
     folder = Path(runs_dir) / spec.name
     if (folder / "config.json").exists():
-        raise SweepError(f"{folder} is a run's folder, not a sweep's; name the sweep "
-                         f"another way ([sweep] name)")
+        raise SweepError(
+            f"{folder} is a run's folder, not a sweep's; name the sweep another way ([sweep] name)"
+        )
     # a database, or the journal of a sweep begun: it is reached, and a sweep of this name
     # with another definition refused, before anything is written
-    found = None if spec.storage is None and not (folder / JOURNAL).exists() else (
-        connect(spec, folder))
+    found = (
+        None
+        if spec.storage is None and not (folder / JOURNAL).exists()
+        else (connect(spec, folder))
+    )
     if found is not None:
         SweepStudy.existing(spec, folder, found)
     check_metric(spec)
@@ -104,10 +131,10 @@ class _Running:
 
 
 class _Sweep:
-    def __init__(self, spec: SweepSpec, folder: Path, study: SweepStudy, jobs: int,
-                 echo: bool) -> None:
-        self.spec, self.folder, self.study, self.jobs, self.echo = (
-            spec, folder, study, jobs, echo)
+    def __init__(
+        self, spec: SweepSpec, folder: Path, study: SweepStudy, jobs: int, echo: bool
+    ) -> None:
+        self.spec, self.folder, self.study, self.jobs, self.echo = (spec, folder, study, jobs, echo)
         self.running: list[_Running] = []  # started here, or adopted (left by a dead sweep)
         self.failures: list[str] = []  # failed trials in a row, their errors
         self.distributions = {k: distribution(k, v) for k, v in spec.params.items()}
@@ -124,8 +151,9 @@ class _Sweep:
                 self.reap()
                 if len(self.failures) >= FAILURES_IN_A_ROW:
                     self.wait_all()
-                    raise SweepFailed(f"{FAILURES_IN_A_ROW} trials failed in a row; the last: "
-                                      f"{self.failures[-1]}")
+                    raise SweepFailed(
+                        f"{FAILURES_IN_A_ROW} trials failed in a row; the last: {self.failures[-1]}"
+                    )
                 self.adopt()
                 self.fail_stale()
                 counts = self.study.counts()
@@ -143,8 +171,9 @@ class _Sweep:
                 else:  # running trials of another machine: wait for them
                     time.sleep(min(2, self.spec.heartbeat))
         except KeyboardInterrupt:
-            self.say("interrupted; the running trials save and stop: run the same command "
-                     "to continue")
+            self.say(
+                "interrupted; the running trials save and stop: run the same command to continue"
+            )
             self.wait_all(timeout=120)
             self.summarize()
             raise
@@ -173,13 +202,21 @@ class _Sweep:
         here = {r.number for r in self.running}
         for trial in self.study.trials(TrialState.RUNNING):
             who, sweep = trial.user_attrs.get("owner"), trial.user_attrs.get("asked_by")
-            if (trial.number in here or who is None or who.get("host") != self.me["host"]
-                    or not alive(who) or (sweep is not None and alive(sweep))):
+            if (
+                trial.number in here
+                or who is None
+                or who.get("host") != self.me["host"]
+                or not alive(who)
+                or (sweep is not None and alive(sweep))
+            ):
                 continue
-            self.running.append(_Running(trial.number, None, None,
-                                         self.study.heartbeat(trial.number), who))
-            self.say(f"trial {trial.number} still runs here (pid {who.get('pid')}), left by "
-                     f"a sweep that ended: counted against --jobs {self.jobs} until it stops")
+            self.running.append(
+                _Running(trial.number, None, None, self.study.heartbeat(trial.number), who)
+            )
+            self.say(
+                f"trial {trial.number} still runs here (pid {who.get('pid')}), left by "
+                f"a sweep that ended: counted against --jobs {self.jobs} until it stops"
+            )
 
     def fail_stale(self) -> None:
         """Fail the trials whose heartbeat stopped (a database storage), once a heartbeat:
@@ -189,9 +226,11 @@ class _Sweep:
             self.checked_stale = now
             for trial in self.study.fail_stale():
                 host = (trial.user_attrs.get("owner") or {}).get("host", "?")
-                self.say(f"trial {trial.number} failed: no heartbeat for "
-                         f"{GRACE * self.spec.heartbeat} s (its machine {host}, or its "
-                         f"sweep, died); its values are tried again")
+                self.say(
+                    f"trial {trial.number} failed: no heartbeat for "
+                    f"{GRACE * self.spec.heartbeat} s (its machine {host}, or its "
+                    f"sweep, died); its values are tried again"
+                )
 
     def start(self, number: int) -> None:
         trial = self.study.trial(number)
@@ -203,21 +242,28 @@ class _Sweep:
         retries = None
         if (failed := trial.system_attrs.get("failed_trial")) is not None:
             retries = {"number": failed, "owner": trial.user_attrs.get("owner") or {}}
-        for key, value in (("asked_by", self.me), ("owner", self.me),
-                           ("run_dir", str(run_dir))):
+        for key, value in (("asked_by", self.me), ("owner", self.me), ("run_dir", str(run_dir))):
             self.study.set(number, key, value)
         heartbeat = self.study.heartbeat(number)
         if self.reuse(number, run_dir):
             if heartbeat is not None:
                 heartbeat.stop()
             return
-        job = {"spec": self.spec.to_job(), "folder": str(self.folder), "number": number,
-               "parent": os.getpid(), "retries": retries}
+        job = {
+            "spec": self.spec.to_job(),
+            "folder": str(self.folder),
+            "number": number,
+            "parent": os.getpid(),
+            "retries": retries,
+        }
         log = open(self.folder / f"trial-{number:04d}.log", "ab")  # noqa: SIM115
         nproc = self.spec.nproc_per_node
         torchrun = [] if nproc is None else ["--torchrun", str(nproc)]
-        process = subprocess.Popen([sys.executable, "-m", "runmodel.sweeps", *torchrun,
-                                    json.dumps(job)], stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runmodel.sweeps", *torchrun, json.dumps(job)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.running.append(_Running(number, run_dir, process, heartbeat))
         shown = ", ".join(f"{k}={_show(v)}" for k, v in values.items())
@@ -237,8 +283,10 @@ class _Sweep:
             self.study.tell(number, state=TrialState.PRUNED)
         else:
             self.study.tell(number, float(value))
-        self.say(f"trial {number}: the same values as a finished trial; its result reused "
-                 f"({run_dir.name})")
+        self.say(
+            f"trial {number}: the same values as a finished trial; its result reused "
+            f"({run_dir.name})"
+        )
         self.failures.clear()
         return True
 
@@ -249,8 +297,7 @@ class _Sweep:
             self.running.remove(running)
             running.stop_heartbeat()
             if running.process is None:  # adopted: the next turn resumes it
-                self.say(f"trial {running.number}'s process (left by a sweep that ended) "
-                         f"stopped")
+                self.say(f"trial {running.number}'s process (left by a sweep that ended) stopped")
                 continue
             trial = self.study.trial(running.number)
             code = running.process.returncode
@@ -259,13 +306,13 @@ class _Sweep:
             if trial.state == TrialState.FAIL:
                 error = trial.user_attrs.get("error", f"exit code {code}")
                 self.failures.append(error)
-                self.say(f"trial {trial.number} failed: {error} "
-                         f"(trial-{trial.number:04d}.log)")
+                self.say(f"trial {trial.number} failed: {error} (trial-{trial.number:04d}.log)")
             elif trial.state == TrialState.RUNNING:  # killed: it resumes when started again
-                self.failures.append(f"trial {trial.number}'s process ended by "
-                                     f"{_ended(code)}")
-                self.say(f"trial {trial.number}'s process ended by {_ended(code)}; it "
-                         f"resumes from its checkpoint")
+                self.failures.append(f"trial {trial.number}'s process ended by {_ended(code)}")
+                self.say(
+                    f"trial {trial.number}'s process ended by {_ended(code)}; it "
+                    f"resumes from its checkpoint"
+                )
             else:
                 self.failures.clear()
                 value = "" if trial.value is None else f" {self.spec.metric}={trial.value:.4f}"
@@ -295,15 +342,32 @@ class _Sweep:
         if complete:
             pick = max if self.spec.direction == "max" else min
             top = pick(complete, key=lambda t: t.value)
-            best = {"number": top.number, "value": top.value, "params": top.params,
-                    "run_dir": top.user_attrs.get("run_dir")}
-        summary = {"name": self.spec.name, "metric": self.spec.metric,
-                   "direction": self.spec.direction, "trials": self.spec.trials,
-                   "params": self.spec.params, "config": str(self.spec.config),
-                   **counts, "best": best}
+            best = {
+                "number": top.number,
+                "value": top.value,
+                "params": top.params,
+                "run_dir": top.user_attrs.get("run_dir"),
+            }
+        summary = {
+            "name": self.spec.name,
+            "metric": self.spec.metric,
+            "direction": self.spec.direction,
+            "trials": self.spec.trials,
+            "params": self.spec.params,
+            "config": str(self.spec.config),
+            **counts,
+            "best": best,
+        }
         write_json(self.folder / "sweep.json", summary)
-        return SweepResult(self.spec.name, self.folder, self.spec.metric, counts["complete"],
-                           counts["pruned"], counts["failed"], best)
+        return SweepResult(
+            self.spec.name,
+            self.folder,
+            self.spec.metric,
+            counts["complete"],
+            counts["pruned"],
+            counts["failed"],
+            best,
+        )
 
 
 def _show(value: Any) -> str:
@@ -317,4 +381,3 @@ def _ended(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-

@@ -24,17 +24,43 @@ from ..extras import require
 from ..runs.config_run import import_sources
 from ..runs.torchrun import with_backend
 
-__all__ = ["HEARTBEAT", "PRUNERS", "SAMPLERS", "SPACES", "SweepError", "SweepSpec",
-           "close_to", "distribution", "parse_param", "read_spec", "trial_config"]
+__all__ = [
+    "HEARTBEAT",
+    "PRUNERS",
+    "SAMPLERS",
+    "SPACES",
+    "SweepError",
+    "SweepSpec",
+    "close_to",
+    "distribution",
+    "parse_param",
+    "read_spec",
+    "trial_config",
+]
 
 #: The search spaces of ``[sweep.params]``, as Optuna distributions.
 SPACES = ("uniform", "log_uniform", "int", "choice")
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler"}
-PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner",
-           "hyperband": "HyperbandPruner", "successive_halving": "SuccessiveHalvingPruner",
-           "none": "NopPruner"}
-KEYS = ("name", "metric", "direction", "trials", "params", "sampler", "pruner", "seed",
-        "storage", "nproc_per_node", "heartbeat")
+PRUNERS = {
+    "median": "MedianPruner",
+    "percentile": "PercentilePruner",
+    "hyperband": "HyperbandPruner",
+    "successive_halving": "SuccessiveHalvingPruner",
+    "none": "NopPruner",
+}
+KEYS = (
+    "name",
+    "metric",
+    "direction",
+    "trials",
+    "params",
+    "sampler",
+    "pruner",
+    "seed",
+    "storage",
+    "nproc_per_node",
+    "heartbeat",
+)
 #: Seconds between two heartbeats of a running trial (a database storage); a trial
 #: whose heartbeat is 3 times as old is failed and tried again.
 HEARTBEAT = 60
@@ -67,25 +93,44 @@ class SweepSpec:
 
     def definition(self) -> dict[str, Any]:
         """What makes two runs of the command the same sweep (not ``trials``)."""
-        return {"config": str(self.config), "metric": self.metric,
-                "direction": self.direction, "params": self.params,
-                "overrides": list(self.overrides)}
+        return {
+            "config": str(self.config),
+            "metric": self.metric,
+            "direction": self.direction,
+            "params": self.params,
+            "overrides": list(self.overrides),
+        }
 
     def to_job(self) -> dict[str, Any]:
         """This spec as JSON data, for a trial's process (``from_job`` reads it)."""
-        return {**dataclasses.asdict(self), "config": str(self.config),
-                "sampler": [self.sampler.type_, self.sampler.args],
-                "pruner": [self.pruner.type_, self.pruner.args],
-                "overrides": list(self.overrides)}
+        return {
+            **dataclasses.asdict(self),
+            "config": str(self.config),
+            "sampler": [self.sampler.type_, self.sampler.args],
+            "pruner": [self.pruner.type_, self.pruner.args],
+            "overrides": list(self.overrides),
+        }
 
     @classmethod
     def from_job(cls, data: Mapping[str, Any]) -> SweepSpec:
-        return cls(**{**data, "config": Path(data["config"]), "sampler": Spec(*data["sampler"]),
-                      "pruner": Spec(*data["pruner"]), "overrides": tuple(data["overrides"])})
+        return cls(
+            **{
+                **data,
+                "config": Path(data["config"]),
+                "sampler": Spec(*data["sampler"]),
+                "pruner": Spec(*data["pruner"]),
+                "overrides": tuple(data["overrides"]),
+            }
+        )
 
 
-def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | None = None,
-              overrides: Sequence[str] = (), **given: Any) -> SweepSpec:
+def read_spec(
+    config: str | os.PathLike[str],
+    *,
+    params: Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+    **given: Any,
+) -> SweepSpec:
     """The sweep of ``config``'s ``[sweep]`` table with ``given`` values (``trials=``,
     ``metric=``, ...) and ``params`` over it; every mistake is a ``SweepError`` naming
     it, raised before anything is created."""
@@ -99,22 +144,28 @@ def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | Non
         raise SweepError(f"{path}: [sweep] must be a table, got {table!r}")
     unknown = [key for key in (*table, *given) if key not in KEYS]
     if unknown:
-        raise SweepError(f"[sweep] has no key {unknown[0]!r}{close_to(unknown[0], KEYS)}; "
-                         f"valid keys: {', '.join(KEYS)}")
+        raise SweepError(
+            f"[sweep] has no key {unknown[0]!r}{close_to(unknown[0], KEYS)}; "
+            f"valid keys: {', '.join(KEYS)}"
+        )
     values = {**table, **{k: v for k, v in given.items() if v is not None}}
     spaces = {**(values.get("params") or {}), **(params or {})}
     if not spaces:
-        raise SweepError("a sweep needs parameters to search: [sweep.params] in the config "
-                         "or --param KEY=SPACE, as in --param 'optimizer.args.lr={log_uniform "
-                         "= [1e-4, 1e-1]}'")
+        raise SweepError(
+            "a sweep needs parameters to search: [sweep.params] in the config "
+            "or --param KEY=SPACE, as in --param 'optimizer.args.lr={log_uniform "
+            "= [1e-4, 1e-1]}'"
+        )
     try:
         base = RunConfig.from_dict(apply_overrides(data, overrides), source=str(path))
     except ConfigError as error:
         raise SweepError(str(error)) from None
     metric = values.get("metric")
     if not isinstance(metric, str) or not metric:
-        raise SweepError("a sweep needs the metric it optimizes: metric = \"eval_accuracy\" "
-                         "in [sweep], or --metric NAME")
+        raise SweepError(
+            'a sweep needs the metric it optimizes: metric = "eval_accuracy" '
+            "in [sweep], or --metric NAME"
+        )
     direction = values.get("direction", "max")
     if direction not in ("max", "min"):
         raise SweepError(f"direction is 'max' or 'min', got {direction!r}")
@@ -133,8 +184,11 @@ def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | Non
     storage = values.get("storage")
     if storage is not None and (not isinstance(storage, str) or not storage):
         raise SweepError(f"storage is a database URL, got {storage!r}")
-    heartbeat = _whole(values.get("heartbeat", HEARTBEAT), "heartbeat",
-                       "seconds between a running trial's heartbeats")
+    heartbeat = _whole(
+        values.get("heartbeat", HEARTBEAT),
+        "heartbeat",
+        "seconds between a running trial's heartbeats",
+    )
     nproc = values.get("nproc_per_node")
     if nproc is not None:
         nproc = _whole(nproc, "nproc_per_node", "each trial's processes")
@@ -143,9 +197,21 @@ def read_spec(config: str | os.PathLike[str], *, params: Mapping[str, Any] | Non
             with_backend(base, None)
         except ValueError as error:
             raise SweepError(str(error)) from None
-    return SweepSpec(path.resolve(), name, metric, direction, trials, spaces, sampler, pruner,
-                     seed, storage, tuple(overrides), nproc if nproc != 1 else None,
-                     heartbeat)
+    return SweepSpec(
+        path.resolve(),
+        name,
+        metric,
+        direction,
+        trials,
+        spaces,
+        sampler,
+        pruner,
+        seed,
+        storage,
+        tuple(overrides),
+        nproc if nproc != 1 else None,
+        heartbeat,
+    )
 
 
 def _whole(value: Any, key: str, what: str) -> int:
@@ -166,8 +232,10 @@ def _choice(kind: str, value: Any, known: Mapping[str, str]) -> Spec:
     except (TypeError, ValueError) as error:
         raise SweepError(str(error)) from None
     if spec.type_ not in known:
-        raise SweepError(f"unknown {kind} {spec.type_!r}{close_to(spec.type_, list(known))}; "
-                         f"known: {', '.join(known)}")
+        raise SweepError(
+            f"unknown {kind} {spec.type_!r}{close_to(spec.type_, list(known))}; "
+            f"known: {', '.join(known)}"
+        )
     return spec
 
 
@@ -176,8 +244,10 @@ def distribution(key: str, space: Any) -> Any:
     require("optuna", needed_by="runmodel sweep")
     from optuna import distributions as d
 
-    shape = (f"{key}: a space is {{uniform = [LOW, HIGH]}}, {{log_uniform = [LOW, HIGH]}}, "
-             f"{{int = [LOW, HIGH]}} or {{choice = [A, B, ...]}}")
+    shape = (
+        f"{key}: a space is {{uniform = [LOW, HIGH]}}, {{log_uniform = [LOW, HIGH]}}, "
+        f"{{int = [LOW, HIGH]}} or {{choice = [A, B, ...]}}"
+    )
     if not isinstance(space, dict) or len(space) != 1 or next(iter(space)) not in SPACES:
         raise SweepError(f"{shape}; got {space!r}")
     kind, bounds = next(iter(space.items()))
@@ -187,15 +257,22 @@ def distribution(key: str, space: Any) -> Any:
         if not all(v is None or isinstance(v, (bool, int, float, str)) for v in bounds):
             raise SweepError(f"{key}: choice values are numbers, strings, booleans")
         return d.CategoricalDistribution(bounds)
-    numbers = isinstance(bounds, list) and len(bounds) == 2 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)
+    numbers = (
+        isinstance(bounds, list)
+        and len(bounds) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)
+    )
     if not numbers or (kind == "int" and not all(isinstance(v, int) for v in bounds)):
-        raise SweepError(f"{key}: {kind} needs [LOW, HIGH], two "
-                         f"{'whole numbers' if kind == 'int' else 'numbers'}; got {bounds!r}")
+        raise SweepError(
+            f"{key}: {kind} needs [LOW, HIGH], two "
+            f"{'whole numbers' if kind == 'int' else 'numbers'}; got {bounds!r}"
+        )
     low, high = bounds
     if not low < high:
-        raise SweepError(f"{key}: {kind} = [{low}, {high}] is "
-                         f"{'empty' if low == high else 'inverted'}: LOW must be below HIGH")
+        raise SweepError(
+            f"{key}: {kind} = [{low}, {high}] is "
+            f"{'empty' if low == high else 'inverted'}: LOW must be below HIGH"
+        )
     if kind == "log_uniform" and low <= 0:
         raise SweepError(f"{key}: log_uniform needs LOW > 0, got {low}")
     if kind == "int":
@@ -207,16 +284,22 @@ def _sample(space: dict[str, Any]) -> Any:
     return next(iter(space.values()))[0]
 
 
-def _check_keys(path: Path, data: dict[str, Any], base: RunConfig,
-                spaces: Mapping[str, Any], overrides: Sequence[str]) -> None:
+def _check_keys(
+    path: Path,
+    data: dict[str, Any],
+    base: RunConfig,
+    spaces: Mapping[str, Any],
+    overrides: Sequence[str],
+) -> None:
     """Each searched key names a config field, or an option that the spec it is under
     (the model, the optimizer, a pack...) declares: searching what a run ignores would
     waste every trial."""
     for key, space in spaces.items():
         _names_something(path, base, key)
         try:
-            RunConfig.from_dict(apply_overrides(data, [*overrides, f"{key}={_sample(space)!r}"]),
-                                source=str(path))
+            RunConfig.from_dict(
+                apply_overrides(data, [*overrides, f"{key}={_sample(space)!r}"]), source=str(path)
+            )
         except ConfigError as error:
             raise SweepError(f"[sweep.params] {key!r}: {error}") from None
         parts = key.split(".")
@@ -226,10 +309,12 @@ def _check_keys(path: Path, data: dict[str, Any], base: RunConfig,
         spec = _spec_at(base, where)
         declared = _declared(path, base, spec, where[0])
         if declared is not None and option not in declared:
-            raise SweepError(f"[sweep.params] {key!r}: the {where[0].rstrip('s')} "
-                             f"{spec.type_!r} has no option {option!r}"
-                             f"{close_to(option, sorted(declared))}; it has: "
-                             f"{', '.join(sorted(declared)) or 'none'}")
+            raise SweepError(
+                f"[sweep.params] {key!r}: the {where[0].rstrip('s')} "
+                f"{spec.type_!r} has no option {option!r}"
+                f"{close_to(option, sorted(declared))}; it has: "
+                f"{', '.join(sorted(declared)) or 'none'}"
+            )
 
 
 SPEC_FIELDS = ("model", "optimizer", "interface", "backend")
@@ -240,18 +325,26 @@ def _names_something(path: Path, base: RunConfig, key: str) -> None:
     (``model.hiden`` is refused with ``model.args.hidden`` offered)."""
     parts = key.split(".")
     if parts[0] in SPEC_FIELDS and len(parts) > 1 and getattr(base, parts[0]) is None:
-        raise SweepError(f"[sweep.params] {key!r}: the config has no {parts[0]} to set "
-                         f"{parts[-1]!r} in")
-    if parts[0] == "packs" and len(parts) > 1 and not (
-            parts[1].isdigit() and int(parts[1]) < len(base.packs)):
-        raise SweepError(f"[sweep.params] {key!r}: the config lists {len(base.packs)} "
-                         f"pack(s) ([[packs]]), numbered from 0")
+        raise SweepError(
+            f"[sweep.params] {key!r}: the config has no {parts[0]} to set {parts[-1]!r} in"
+        )
+    if (
+        parts[0] == "packs"
+        and len(parts) > 1
+        and not (parts[1].isdigit() and int(parts[1]) < len(base.packs))
+    ):
+        raise SweepError(
+            f"[sweep.params] {key!r}: the config lists {len(base.packs)} "
+            f"pack(s) ([[packs]]), numbered from 0"
+        )
     if parts[0] in SPEC_FIELDS and len(parts) == 2 and parts[1] not in ("type", "args"):
         spec = getattr(base, parts[0])
         declared = sorted(_declared(path, base, spec, parts[0]) or ())
         hint = f"{parts[0]}.args.{closest(parts[1], declared) or parts[1]}"
-        raise SweepError(f"[sweep.params] {key!r}: a {parts[0]}'s options are under its "
-                         f"args (did you mean {hint!r}?)")
+        raise SweepError(
+            f"[sweep.params] {key!r}: a {parts[0]}'s options are under its "
+            f"args (did you mean {hint!r}?)"
+        )
 
 
 def _spec_option(parts: list[str]) -> tuple[tuple[str, ...] | None, str]:
@@ -289,15 +382,15 @@ def _declared(path: Path, base: RunConfig, spec: Spec, field: str) -> set[str] |
         return None
     if any(p.kind == p.VAR_KEYWORD for p in names.values()):
         return None
-    return {n for n, p in names.items() if n not in ("params", "self")
-            and p.kind != p.VAR_POSITIONAL}
+    return {
+        n for n, p in names.items() if n not in ("params", "self") and p.kind != p.VAR_POSITIONAL
+    }
 
 
 def trial_config(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
     """The base config (without its ``[sweep]`` table) with the trial's values set (and
     the backend of a run in several processes, as its processes will have it)."""
-    config = load_config(spec.config, [*spec.overrides,
-                                       *(f"{k}={v!r}" for k, v in values.items())])
+    config = load_config(spec.config, [*spec.overrides, *(f"{k}={v!r}" for k, v in values.items())])
     return config if spec.nproc_per_node is None else with_backend(config, None)
 
 
@@ -305,11 +398,14 @@ def parse_param(text: str) -> tuple[str, Any]:
     """``--param KEY=SPACE``: SPACE is a TOML inline table (``{choice = [32, 64]}``)."""
     key, sep, space = text.partition("=")
     if not sep or not key.strip():
-        raise SweepError(f"--param {text!r}: write KEY=SPACE, as in --param "
-                         f"'model.args.hidden={{choice = [32, 64]}}'")
+        raise SweepError(
+            f"--param {text!r}: write KEY=SPACE, as in --param "
+            f"'model.args.hidden={{choice = [32, 64]}}'"
+        )
     try:
         value = tomllib.loads(f"space = {space}")["space"]
     except tomllib.TOMLDecodeError as error:
-        raise SweepError(f"--param {text!r}: SPACE is a TOML inline table such as "
-                         f"{{int = [2, 10]}} ({error})") from None
+        raise SweepError(
+            f"--param {text!r}: SPACE is a TOML inline table such as {{int = [2, 10]}} ({error})"
+        ) from None
     return key.strip(), value

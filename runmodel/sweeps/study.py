@@ -30,9 +30,16 @@ JOURNAL = "study.journal"
 #: Times the values of a trial whose machine died are tried again.
 RETRIES = 3
 #: What each SQLAlchemy dialect's default driver is installed as.
-DRIVERS = {"psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'",
-           "MySQLdb": "mysqlclient", "pymysql": "pymysql", "cx_Oracle": "cx_Oracle",
-           "oracledb": "oracledb", "pyodbc": "pyodbc", "pymssql": "pymssql"}
+DRIVERS = {
+    "psycopg2": "psycopg2-binary",
+    "psycopg": "'psycopg[binary]'",
+    "MySQLdb": "mysqlclient",
+    "pymysql": "pymysql",
+    "cx_Oracle": "cx_Oracle",
+    "oracledb": "oracledb",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+}
 DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 #: Seconds a database connection may take before the server is called unreachable.
 CONNECT_TIMEOUT = 10
@@ -76,45 +83,65 @@ def connect(spec: SweepSpec, folder: Path) -> Any:
     url = spec.storage
     scheme = url.partition("://")[0] if "://" in url else ""
     if scheme.split("+")[0] not in DIALECTS:
-        raise SweepError(f"--storage {shown(url)}: not a database URL Optuna can use; write "
-                         f"sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DATABASE or "
-                         f"mysql://..., or leave --storage out for the sweep's own journal file")
+        raise SweepError(
+            f"--storage {shown(url)}: not a database URL Optuna can use; write "
+            f"sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DATABASE or "
+            f"mysql://..., or leave --storage out for the sweep's own journal file"
+        )
     import sqlalchemy.exc
 
     dialect = scheme.split("+")[0]
     # how long to wait for a busy SQLite file, or for a server to answer (the drivers of
     # PostgreSQL and MySQL take connect_timeout; others keep their own)
-    timeout = {"sqlite": {"timeout": 60}, "postgresql": {"connect_timeout": CONNECT_TIMEOUT},
-               "mysql": {"connect_timeout": CONNECT_TIMEOUT},
-               "mariadb": {"connect_timeout": CONNECT_TIMEOUT}}.get(dialect, {})
+    timeout = {
+        "sqlite": {"timeout": 60},
+        "postgresql": {"connect_timeout": CONNECT_TIMEOUT},
+        "mysql": {"connect_timeout": CONNECT_TIMEOUT},
+        "mariadb": {"connect_timeout": CONNECT_TIMEOUT},
+    }.get(dialect, {})
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     # Optuna 4.9 renamed failed_trial_callback
     named = "heartbeat_stale_trial_callback" if retry else "failed_trial_callback"
     try:
         with _quiet():
             callback = (retry or optuna.storages.RetryFailedTrialCallback)(max_retry=RETRIES)
-            return _tables_made(lambda: optuna.storages.RDBStorage(
-                url, engine_kwargs={"connect_args": timeout},
-                heartbeat_interval=spec.heartbeat, grace_period=GRACE * spec.heartbeat,
-                **{named: callback}))
+            return _tables_made(
+                lambda: optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs={"connect_args": timeout},
+                    heartbeat_interval=spec.heartbeat,
+                    grace_period=GRACE * spec.heartbeat,
+                    **{named: callback},
+                )
+            )
     except ImportError as error:
         module = _missing(error)
-        raise SweepError(f"--storage {shown(url)}: its driver {module!r} is not installed: "
-                         f"pip install {DRIVERS.get(module, module)}") from None
+        raise SweepError(
+            f"--storage {shown(url)}: its driver {module!r} is not installed: "
+            f"pip install {DRIVERS.get(module, module)}"
+        ) from None
     except sqlalchemy.exc.ArgumentError as error:  # an unknown driver, a malformed URL
-        raise SweepError(f"--storage {shown(url)}: {_first_line(error)}; write "
-                         f"sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DATABASE or "
-                         f"mysql://...") from None
+        raise SweepError(
+            f"--storage {shown(url)}: {_first_line(error)}; write "
+            f"sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DATABASE or "
+            f"mysql://..."
+        ) from None
     except sqlalchemy.exc.OperationalError as error:
-        where = ("check that its folder exists and can be written" if dialect == "sqlite" else
-                 "check that the server runs and is reachable from here, and the user, "
-                 "password and database name")
-        raise SweepError(f"--storage {shown(url)}: cannot connect "
-                         f"({_first_line(error.orig or error)}); {where}") from None
+        where = (
+            "check that its folder exists and can be written"
+            if dialect == "sqlite"
+            else "check that the server runs and is reachable from here, and the user, "
+            "password and database name"
+        )
+        raise SweepError(
+            f"--storage {shown(url)}: cannot connect ({_first_line(error.orig or error)}); {where}"
+        ) from None
     except sqlalchemy.exc.DBAPIError as error:
-        raise SweepError(f"--storage {shown(url)}: the database refused Optuna's tables "
-                         f"({_first_line(error.orig or error)}); check that the user may "
-                         f"create tables in it") from None
+        raise SweepError(
+            f"--storage {shown(url)}: the database refused Optuna's tables "
+            f"({_first_line(error.orig or error)}); check that the user may "
+            f"create tables in it"
+        ) from None
 
 
 def _tables_made(storage: Callable[[], Any]) -> Any:
@@ -155,8 +182,12 @@ class Heartbeat:
         self.storage, self.trial_id = storage, trial_id
         self._stopped = threading.Event()
         storage.record_heartbeat(trial_id)  # at once: a trial without one is never stale
-        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
-                                        name=f"runmodel-sweep-heartbeat-{trial_id}")
+        self._thread = threading.Thread(
+            target=self._beat,
+            args=(interval,),
+            daemon=True,
+            name=f"runmodel-sweep-heartbeat-{trial_id}",
+        )
         self._thread.start()
 
     def _beat(self, interval: int) -> None:
@@ -178,8 +209,9 @@ class SweepStudy:
         self.study_id = storage.get_study_id_from_name(spec.name)
 
     @classmethod
-    def open(cls, spec: SweepSpec, folder: Path, storage: Any = None, *,
-             create: bool = False) -> SweepStudy:
+    def open(
+        cls, spec: SweepSpec, folder: Path, storage: Any = None, *, create: bool = False
+    ) -> SweepStudy:
         """The study of ``spec`` in ``storage`` (else ``connect(spec, folder)``); with
         ``create``, made if it is not there. A study of that name with another definition
         is refused before anything is written."""
@@ -189,21 +221,28 @@ class SweepStudy:
         storage = connect(spec, folder) if storage is None else storage
         existing = cls.existing(spec, folder, storage)
         pruner = _made(spec.pruner, PRUNERS, optuna.pruners)  # not stored: a trial's
-        if existing is None and not create:                    # process decides with it
+        if existing is None and not create:  # process decides with it
             raise SweepError(f"no sweep {spec.name!r} in {shown(spec.storage or str(folder))}")
         with _quiet():
             if existing is None:
                 study = optuna.create_study(
-                    study_name=spec.name, storage=storage, pruner=pruner, load_if_exists=True,
+                    study_name=spec.name,
+                    storage=storage,
+                    pruner=pruner,
+                    load_if_exists=True,
                     sampler=_made(spec.sampler, SAMPLERS, optuna.samplers, seed=spec.seed),
-                    direction="maximize" if spec.direction == "max" else "minimize")
+                    direction="maximize" if spec.direction == "max" else "minimize",
+                )
                 study.set_user_attr("definition", spec.definition())
                 return cls(spec, storage, study)
             # continued: a sampler seeded as at the start would repeat its values
             seed = spec.seed + len(storage.get_all_trials(existing, deepcopy=False))
-            study = optuna.load_study(study_name=spec.name, storage=storage, pruner=pruner,
-                                      sampler=_made(spec.sampler, SAMPLERS, optuna.samplers,
-                                                    seed=seed))
+            study = optuna.load_study(
+                study_name=spec.name,
+                storage=storage,
+                pruner=pruner,
+                sampler=_made(spec.sampler, SAMPLERS, optuna.samplers, seed=seed),
+            )
         return cls(spec, storage, study)
 
     @staticmethod
@@ -218,9 +257,11 @@ class SweepStudy:
         if known is not None and known != json.loads(json.dumps(spec.definition())):
             changed = sorted(k for k in known if known[k] != spec.definition().get(k))
             where = shown(spec.storage) if spec.storage else str(folder)
-            raise SweepError(f"the sweep {spec.name!r} in {where} was started with other "
-                             f"{', '.join(changed)}; give this one another name ([sweep] "
-                             f"name, or the config's file name)")
+            raise SweepError(
+                f"the sweep {spec.name!r} in {where} was started with other "
+                f"{', '.join(changed)}; give this one another name ([sweep] "
+                f"name, or the config's file name)"
+            )
         return study_id
 
     # -- trials, by number ------------------------------------------------------------
@@ -234,8 +275,9 @@ class SweepStudy:
 
     def trials(self, *states: Any) -> list[Any]:
         """The study's trials (in these states), by number."""
-        return list(self.storage.get_all_trials(self.study_id, deepcopy=False,
-                                                states=states or None))
+        return list(
+            self.storage.get_all_trials(self.study_id, deepcopy=False, states=states or None)
+        )
 
     def live(self, number: int) -> Any:
         """The trial ``number`` as an ``optuna.Trial``, to report to and ask the pruner."""
@@ -264,11 +306,13 @@ class SweepStudy:
         from optuna.trial import TrialState
 
         states = [t.state for t in self.trials()]
-        return {"complete": states.count(TrialState.COMPLETE),
-                "pruned": states.count(TrialState.PRUNED),
-                "failed": states.count(TrialState.FAIL),
-                "running": states.count(TrialState.RUNNING),
-                "waiting": states.count(TrialState.WAITING)}
+        return {
+            "complete": states.count(TrialState.COMPLETE),
+            "pruned": states.count(TrialState.PRUNED),
+            "failed": states.count(TrialState.FAIL),
+            "running": states.count(TrialState.RUNNING),
+            "waiting": states.count(TrialState.WAITING),
+        }
 
     # -- heartbeats (database storages) -----------------------------------------------
 
@@ -276,7 +320,8 @@ class SweepStudy:
     def heartbeats(self) -> bool:
         """Whether this storage has heartbeats (a database one)."""
         return callable(getattr(self.storage, "record_heartbeat", None)) and bool(
-            self.storage.get_heartbeat_interval())
+            self.storage.get_heartbeat_interval()
+        )
 
     def heartbeat(self, number: int) -> Heartbeat | None:
         """Start trial ``number``'s heartbeat (None where the storage has none)."""

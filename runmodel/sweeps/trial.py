@@ -47,8 +47,9 @@ class ReportToTrial(Pack):
         self.reads = [metric]  # a name a typo away from a declared one stops it at setup
 
     def hooks(self) -> Any:
-        yield Hook(self.report, "epoch_end", HookOptions.of(
-            name="sweep_trial.report", priority=-100))  # after the metrics' hooks
+        yield Hook(
+            self.report, "epoch_end", HookOptions.of(name="sweep_trial.report", priority=-100)
+        )  # after the metrics' hooks
 
     def report(self, engine: Any) -> None:
         prune = False
@@ -61,15 +62,16 @@ class ReportToTrial(Pack):
         if prune:
             engine.stop(PRUNED)
 
-
     def _report(self, value: float, epoch: int) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
 
         try:
             self.trial.report(value, epoch)
         except UpdateFinishedTrialError:  # its values run again elsewhere, from this folder
-            raise RuntimeError(f"trial {self.trial.number} was failed by another sweep "
-                               f"process: its heartbeat came late") from None
+            raise RuntimeError(
+                f"trial {self.trial.number} was failed by another sweep "
+                f"process: its heartbeat came late"
+            ) from None
 
 
 def stop_with_parent(parent: int | None) -> None:
@@ -93,9 +95,20 @@ def process(argv: list[str]) -> int:
         nproc, job = argv[1], argv[2]
         stop_with_parent(json.loads(job).get("parent"))
         # --standalone: a port of its own, so that trials run side by side
-        os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run",
-                                  "--standalone", "--nproc-per-node", nproc,
-                                  "-m", "runmodel.sweeps", job])
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                nproc,
+                "-m",
+                "runmodel.sweeps",
+                job,
+            ],
+        )
     return main(json.loads(argv[0]))
 
 
@@ -120,21 +133,28 @@ def main(job: Mapping[str, Any]) -> int:
         config = trial_config(spec, trial.params)
         run_dir = run_dir_for(config, folder)
         take_over = _take_over(run_dir, job.get("retries"), lead)
-        prepared = prepare(config, folder, resume=False, take_over=take_over,
-                           progress=False, packs=[ReportToTrial(trial, spec.metric)],
-                           base=spec.config.parent)
+        prepared = prepare(
+            config,
+            folder,
+            resume=False,
+            take_over=take_over,
+            progress=False,
+            packs=[ReportToTrial(trial, spec.metric)],
+            base=spec.config.parent,
+        )
         if lead:
-            print(f"trial {number}: {dict(trial.params)} in {prepared.directory}"
-                  + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
-                  flush=True)
+            print(
+                f"trial {number}: {dict(trial.params)} in {prepared.directory}"
+                + (f" (resuming from {prepared.checkpoint})" if prepared.checkpoint else ""),
+                flush=True,
+            )
         result = prepared.run()
     except KeyboardInterrupt:  # Ctrl-C, or the sweep died: the next start resumes it
         return 130
     except Exception as error:
         text = f"{type(error).__name__}: {error}"
         if not lead:
-            print(f"trial {number} [rank {env.rank()}] failed: {text}", file=sys.stderr,
-                  flush=True)
+            print(f"trial {number} [rank {env.rank()}] failed: {text}", file=sys.stderr, flush=True)
             return 1
         study.set(number, "error", text)
         study.tell(number, state=optuna.trial.TrialState.FAIL)
@@ -152,26 +172,41 @@ def _take_over(run_dir: Path, retries: Mapping[str, Any] | None, lead: bool) -> 
     heartbeat (``retries``: that trial's number and owner), on another machine."""
     if not (run_dir / "config.json").exists():
         if retries is not None and lead:
-            print(f"retrying trial {retries['number']} of {retries['owner'].get('host')}: "
-                  f"its run folder is not on this machine (a runs folder that is not shared): "
-                  f"starting over", flush=True)
+            print(
+                f"retrying trial {retries['number']} of {retries['owner'].get('host')}: "
+                f"its run folder is not on this machine (a runs folder that is not shared): "
+                f"starting over",
+                flush=True,
+            )
         return False
     status = read_status(run_dir)
     state = status.get("status")
     if state in ("interrupted", "failed"):
         return True
     held_by = (retries or {}).get("owner") or {}
-    if state == "running" and status.get("host") != socket.gethostname() and (
-            status.get("host"), status.get("pid")) == (held_by.get("host"), held_by.get("pid")):
+    if (
+        state == "running"
+        and status.get("host") != socket.gethostname()
+        and (status.get("host"), status.get("pid")) == (held_by.get("host"), held_by.get("pid"))
+    ):
         if lead:
-            print(f"retrying trial {retries['number']} (no heartbeat from "  # type: ignore[index]
-                  f"{held_by.get('host')}): taking its run folder over", flush=True)
+            print(
+                f"retrying trial {retries['number']} (no heartbeat from "  # type: ignore[index]
+                f"{held_by.get('host')}): taking its run folder over",
+                flush=True,
+            )
         return True
     return False  # running here, or by a living trial elsewhere: the claim refuses it
 
 
-def tell(study: SweepStudy, number: int, reason: str | None, metrics: Mapping[str, Any],
-         metric: str, run_dir: Path) -> int:
+def tell(
+    study: SweepStudy,
+    number: int,
+    reason: str | None,
+    metrics: Mapping[str, Any],
+    metric: str,
+    run_dir: Path,
+) -> int:
     """Tell the study how trial ``number``'s run ended: pruned, complete with the value
     of ``metric`` it recorded, or failed without one. Returns the process's exit code."""
     from optuna.trial import TrialState
@@ -182,9 +217,12 @@ def tell(study: SweepStudy, number: int, reason: str | None, metrics: Mapping[st
         return 0
     value = metrics.get(metric)
     if not isinstance(value, (int, float)) or math.isnan(value):
-        text = (f"the run recorded no metric {metric!r}{close_to(metric, list(metrics))}; "
-                f"it recorded: {', '.join(metrics) or 'none'}" if value is None
-                else f"{metric} is {value!r}")
+        text = (
+            f"the run recorded no metric {metric!r}{close_to(metric, list(metrics))}; "
+            f"it recorded: {', '.join(metrics) or 'none'}"
+            if value is None
+            else f"{metric} is {value!r}"
+        )
         study.set(number, "error", text)
         study.tell(number, state=TrialState.FAIL)
         print(f"trial {number} failed: {text}", file=sys.stderr, flush=True)

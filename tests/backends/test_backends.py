@@ -30,8 +30,10 @@ def tiny(device: str = "cpu", data: Any = None) -> Tiny:
 
 # -- plain and a configured optimizer -------------------------------------------------------
 
-@pytest.mark.parametrize("backend", [None, "plain", Plain(), Spec("plain")],
-                         ids=["default", "name", "object", "spec"])
+
+@pytest.mark.parametrize(
+    "backend", [None, "plain", Plain(), Spec("plain")], ids=["default", "name", "object", "spec"]
+)
 def test_plain_changes_nothing(backend: Any, device: str) -> None:
     reference = tiny(device)
     runmodel.Engine().run(reference, epochs=2)
@@ -49,8 +51,12 @@ def test_plain_changes_nothing(backend: Any, device: str) -> None:
 def check_sgd_replaces_adam(backend: Backend, device: str) -> None:
     model, seen = tiny(device), []
     engine = runmodel.Engine()
-    engine.on("setup", lambda e: seen.append(("setup", type(e.model.optimizer).__name__,
-                                                e.model.optimizer.param_groups[0]["lr"])))
+    engine.on(
+        "setup",
+        lambda e: seen.append(
+            ("setup", type(e.model.optimizer).__name__, e.model.optimizer.param_groups[0]["lr"])
+        ),
+    )
     engine.on("step_start", lambda e: seen.append(("step", id(e.model.optimizer))))
     engine.run(model, epochs=2, backend=backend)
     assert isinstance(model.optimizer, torch.optim.SGD)
@@ -61,11 +67,13 @@ def check_sgd_replaces_adam(backend: Backend, device: str) -> None:
     assert_equal_params(model, plain_sgd(tiny(device).module, make_data(), lr=0.1, epochs=2))
 
 
-@pytest.mark.parametrize("spec", [Spec("sgd", {"lr": 0.1}), {"type": "sgd", "args": {"lr": 0.1}}],
-                         ids=["Spec", "dict"])
+@pytest.mark.parametrize(
+    "spec", [Spec("sgd", {"lr": 0.1}), {"type": "sgd", "args": {"lr": 0.1}}], ids=["Spec", "dict"]
+)
 def test_an_optimizer_spec_replaces_the_models_optimizer(spec: Any, device: str) -> None:
-    check_sgd_replaces_adam(runmodel.make_backend({"type": "plain", "args": {"optimizer": spec}}),
-                            device)
+    check_sgd_replaces_adam(
+        runmodel.make_backend({"type": "plain", "args": {"optimizer": spec}}), device
+    )
 
 
 def test_an_optimizer_factory_replaces_the_models_optimizer(device: str) -> None:
@@ -79,15 +87,19 @@ def test_an_optimizer_set_on_the_backend_replaces_the_models_optimizer(device: s
 
 
 def test_an_optimizer_that_is_no_factory_is_refused() -> None:
-    with pytest.raises(TypeError, match=r"optimizer= takes a factory .* got 'sgd'; a config "
-                                        r"names optimizers"):
+    with pytest.raises(
+        TypeError,
+        match=r"optimizer= takes a factory .* got 'sgd'; a config "
+        r"names optimizers",
+    ):
         Plain(optimizer="sgd")  # type: ignore[arg-type]
 
 
 def test_a_backends_optimizer_needs_a_module() -> None:
     class NoModule(runmodel.Model):
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-                **kwargs: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+        ) -> None:
             runstep(0)
 
     with pytest.raises(ValueError, match=r"an optimizer for the backend needs NoModule\.module"):
@@ -95,33 +107,59 @@ def test_a_backends_optimizer_needs_a_module() -> None:
 
 
 def test_an_unknown_optimizer_is_a_key_error_when_the_backend_is_made() -> None:
-    with pytest.raises(KeyError, match=r"no optimizer registered as 'sdg'\. Did you mean "
-                                       r"'sgd'\?"):
+    with pytest.raises(
+        KeyError,
+        match=r"no optimizer registered as 'sdg'\. Did you mean "
+        r"'sgd'\?",
+    ):
         runmodel.make_backend({"type": "plain", "args": {"optimizer": "sdg"}})
 
 
 # -- the fine-tune spec ----------------------------------------------------------------------
 
+
 def generator() -> Iterator[int]:
     yield from range(3)
 
 
-@pytest.mark.parametrize(("data", "steps", "epochs", "expected"), [
-    ([1, 2, 3, 4], None, 3, FineTuneSpec(3, 12, 4, None)),
-    ([1, 2, 3, 4], 5, 3, FineTuneSpec(3, 5, 4, None)),
-    ([1, 2, 3, 4], 7, None, FineTuneSpec(None, 7, 4, None)),
-    ([1, 2, 3, 4], None, None, FineTuneSpec(None, None, 4, None)),
-    (DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3), None, 2,
-     FineTuneSpec(2, 8, 4, 3)),
-    (DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3, drop_last=True), None, 2,
-     FineTuneSpec(2, 6, 3, 3)),
-    (generator(), None, 2, FineTuneSpec(2, None, None, None)),
-    (generator(), 6, 2, FineTuneSpec(2, 6, None, None)),
-    (None, None, 1, FineTuneSpec(1, None, None, None)),
-], ids=["list-epochs", "list-steps-win", "list-steps", "list-nothing", "loader",
-        "loader-drop-last", "generator", "generator-steps", "none"])
-def test_fine_tune_spec_of(data: Any, steps: int | None, epochs: int | None,
-                           expected: FineTuneSpec) -> None:
+@pytest.mark.parametrize(
+    ("data", "steps", "epochs", "expected"),
+    [
+        ([1, 2, 3, 4], None, 3, FineTuneSpec(3, 12, 4, None)),
+        ([1, 2, 3, 4], 5, 3, FineTuneSpec(3, 5, 4, None)),
+        ([1, 2, 3, 4], 7, None, FineTuneSpec(None, 7, 4, None)),
+        ([1, 2, 3, 4], None, None, FineTuneSpec(None, None, 4, None)),
+        (
+            DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3),
+            None,
+            2,
+            FineTuneSpec(2, 8, 4, 3),
+        ),
+        (
+            DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3, drop_last=True),
+            None,
+            2,
+            FineTuneSpec(2, 6, 3, 3),
+        ),
+        (generator(), None, 2, FineTuneSpec(2, None, None, None)),
+        (generator(), 6, 2, FineTuneSpec(2, 6, None, None)),
+        (None, None, 1, FineTuneSpec(1, None, None, None)),
+    ],
+    ids=[
+        "list-epochs",
+        "list-steps-win",
+        "list-steps",
+        "list-nothing",
+        "loader",
+        "loader-drop-last",
+        "generator",
+        "generator-steps",
+        "none",
+    ],
+)
+def test_fine_tune_spec_of(
+    data: Any, steps: int | None, epochs: int | None, expected: FineTuneSpec
+) -> None:
     assert FineTuneSpec.of(data, steps, epochs) == expected
 
 
@@ -157,13 +195,17 @@ def loader_model() -> Tiny:
     return tiny(data=DataLoader(TensorDataset(x, y), batch_size=16))
 
 
-@pytest.mark.parametrize(("steps", "epochs", "expected"), [
-    (None, 3, FineTuneSpec(3, 6, 2, 16)),
-    (3, None, FineTuneSpec(None, 3, 2, 16)),
-    (5, 2, FineTuneSpec(2, 5, 2, 16)),
-])
+@pytest.mark.parametrize(
+    ("steps", "epochs", "expected"),
+    [
+        (None, 3, FineTuneSpec(3, 6, 2, 16)),
+        (3, None, FineTuneSpec(None, 3, 2, 16)),
+        (5, 2, FineTuneSpec(2, 5, 2, 16)),
+    ],
+)
 def test_a_custom_backend_gets_the_spec_after_model_setup(
-        steps: int | None, epochs: int | None, expected: FineTuneSpec) -> None:
+    steps: int | None, epochs: int | None, expected: FineTuneSpec
+) -> None:
     model = loader_model()
     log = model.calls
     backend = Recording(log)
@@ -184,8 +226,9 @@ def test_a_backend_in_eval_mode_gets_the_eval_datas_spec() -> None:
     class Eval(Tiny):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             super().setup(setup_options)
-            self.eval_data = DataLoader(TensorDataset(torch.zeros(20, 4), torch.zeros(20, 1)),
-                                        batch_size=8)
+            self.eval_data = DataLoader(
+                TensorDataset(torch.zeros(20, 4), torch.zeros(20, 1)), batch_size=8
+            )
 
     backend = Recording([])
     runmodel.Engine().run(Eval(), mode="eval", backend=backend)
@@ -196,8 +239,11 @@ def test_backend_by_name_and_unknown_names() -> None:
     model = tiny()
     result = runmodel.Engine().run(model, epochs=1, backend="plain")
     assert result.steps == 4
-    with pytest.raises(KeyError, match=r"no backend registered as 'plian'\. Did you mean "
-                                       r"'plain'\?"):
+    with pytest.raises(
+        KeyError,
+        match=r"no backend registered as 'plian'\. Did you mean "
+        r"'plain'\?",
+    ):
         runmodel.Engine().run(tiny(), epochs=1, backend="plian")
     with pytest.raises(KeyError, match=r"Registered: amp, compile, ddp, fsdp, plain"):
         runmodel.Engine().run(tiny(), epochs=1, backend="tpu")
@@ -250,8 +296,11 @@ def test_amp_by_name_and_a_plain_run_differ(device: str) -> None:
     if device == "cuda":
         scales: list[float] = []
         engine.on("step_start", lambda e: scales.append(e.state.grad_scaler.get_scale()))
-        engine.on("runstep", lambda e: skipped.append(e.state.step),
-                  when=lambda e: e.state.grad_scaler.get_scale() < scales[-1])
+        engine.on(
+            "runstep",
+            lambda e: skipped.append(e.state.step),
+            when=lambda e: e.state.grad_scaler.get_scale() < scales[-1],
+        )
     engine.run(amp, epochs=1, backend="amp")
     reference = runmodel.Engine()
 
@@ -269,7 +318,8 @@ def test_amp_by_name_and_a_plain_run_differ(device: str) -> None:
 
 
 def test_amp_float16_scales_the_loss_on_cuda_only_and_checkpoints_the_scaler(
-        device: str, tmp_path: Path) -> None:
+    device: str, tmp_path: Path
+) -> None:
     seen: list[Any] = []
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path))
@@ -287,29 +337,35 @@ def test_amp_float16_scales_the_loss_on_cuda_only_and_checkpoints_the_scaler(
     restored: list[dict[str, Any]] = []
     resumed = runmodel.Engine()
     resumed.attach(Checkpoint(tmp_path / "resumed"))
-    resumed.on("step_start", lambda e: restored.append(e.state_dict()["packs"]["amp"]),
-               once=4)  # the first step after the checkpoint
+    resumed.on(
+        "step_start", lambda e: restored.append(e.state_dict()["packs"]["amp"]), once=4
+    )  # the first step after the checkpoint
     result = resumed.run(tiny(device), epochs=2, resume=tmp_path, backend=AMP(dtype="float16"))
     assert result.steps == 8 and restored == [amp]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="no CUDA device: float16 AMP scales the loss on CUDA only")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: float16 AMP scales the loss on CUDA only"
+)
 def test_a_cpu_amp_checkpoint_resumes_with_a_fresh_scaler_on_cuda(tmp_path: Path) -> None:
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "cpu"))
     engine.run(tiny("cpu"), epochs=1, backend=AMP(dtype="float16"))
     resumed = runmodel.Engine()
     resumed.attach(Checkpoint(tmp_path / "cuda"))
-    result = resumed.run(tiny("cuda"), epochs=2, resume=tmp_path / "cpu",
-                         backend=AMP(dtype="float16"))
+    result = resumed.run(
+        tiny("cuda"), epochs=2, resume=tmp_path / "cpu", backend=AMP(dtype="float16")
+    )
     assert result.steps == 8
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float32", "bf16"])
 def test_amp_rejects_other_dtypes(dtype: str) -> None:
-    with pytest.raises(ValueError, match=rf"AMP dtype must be 'bfloat16' or 'float16', got "
-                                         rf"'{dtype}'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"AMP dtype must be 'bfloat16' or 'float16', got "
+        rf"'{dtype}'",
+    ):
         AMP(dtype=dtype)
 
 
@@ -328,6 +384,7 @@ def test_amp_pack_is_detached_after_a_failed_run() -> None:
 
 
 # -- compile ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -354,8 +411,7 @@ def test_compile_wraps_the_module_and_trains_like_plain(compiled: dict[str, Any]
     assert_equal_params(model.module._orig_mod, plain)
 
 
-def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
-        compiled: dict[str, Any]) -> None:
+def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(compiled: dict[str, Any]) -> None:
     checkpoint = compiled["directory"] / "checkpoint" / "ckpt-00002-0000000008.pt"
     state = torch.load(checkpoint, weights_only=True)
     assert sorted(state["model"]["module"]) == ["bias", "weight"]
@@ -369,7 +425,8 @@ def test_a_compiled_runs_checkpoint_resumes_into_a_plain_model(
 
 
 def test_a_compiled_models_saved_weights_load_into_a_plain_module(
-        compiled: dict[str, Any], tmp_path: Path) -> None:
+    compiled: dict[str, Any], tmp_path: Path
+) -> None:
     path = runmodel.Supervised().save(compiled["model"], tmp_path)
     state = torch.load(path, weights_only=True)
     assert sorted(state) == ["bias", "weight"]
@@ -378,8 +435,9 @@ def test_a_compiled_models_saved_weights_load_into_a_plain_module(
 
 def test_compile_needs_a_module() -> None:
     class NoModule(runmodel.Model):
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-                **kwargs: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+        ) -> None:
             runstep(0)
 
     with pytest.raises(ValueError, match=r"the compile backend needs NoModule\.module"):
@@ -387,6 +445,7 @@ def test_compile_needs_a_module() -> None:
 
 
 # -- regressions found in review ------------------------------------------------------------
+
 
 def test_the_backend_pack_is_detached_even_when_a_teardown_hook_raises() -> None:
     engine = runmodel.Engine()

@@ -27,54 +27,71 @@ def snapshot(model: dict[str, Any]) -> dict[str, Any]:
     return {"engine": {"counters": {"step": 1}, "packs": {}}, "model": model}
 
 
-def assert_as_synchronous(tmp_path: Path, writer: checkpoint.Writer, name: str,
-                          model: dict[str, Any]) -> dict[str, Any]:
+def assert_as_synchronous(
+    tmp_path: Path, writer: checkpoint.Writer, name: str, model: dict[str, Any]
+) -> dict[str, Any]:
     """Save ``model`` both ways; the files are the same bytes; the async one read back."""
     checkpoint.save(tmp_path / f"{name}-sync.pt", snapshot(model))
     writer.submit(tmp_path / f"{name}-async.pt", snapshot(model))
     writer.wait()
-    assert filecmp.cmp(tmp_path / f"{name}-sync.pt", tmp_path / f"{name}-async.pt",
-                       shallow=False), name
+    assert filecmp.cmp(
+        tmp_path / f"{name}-sync.pt", tmp_path / f"{name}-async.pt", shallow=False
+    ), name
     state: dict[str, Any] = checkpoint.read(tmp_path / f"{name}-async.pt")["model"]
     return state
 
 
 def test_a_state_that_changes_its_layout_between_saves_is_written_as_it_is_now(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     weights = torch.arange(12.0)
     parameter = torch.nn.Parameter(torch.ones(2, 3))
     writer = checkpoint.Writer()
-    first = assert_as_synchronous(tmp_path, writer, "first", {
-        "weights": weights, "rows": weights.view(3, 4)[1:], "parameter": parameter})
+    first = assert_as_synchronous(
+        tmp_path,
+        writer,
+        "first",
+        {"weights": weights, "rows": weights.view(3, 4)[1:], "parameter": parameter},
+    )
     assert torch.equal(first["rows"], torch.arange(4.0, 12.0).view(2, 4))
     assert first["parameter"].requires_grad
     # the same storages again, seen otherwise: a transposed view first (not the whole
     # storage in order), a flag that flipped, new values; then another dtype
     weights.add_(1)
     parameter.requires_grad_(False)
-    second = assert_as_synchronous(tmp_path, writer, "second", {
-        "columns": weights.view(4, 3).t(), "rows": weights.view(3, 4)[1:],
-        "parameter": parameter})
+    second = assert_as_synchronous(
+        tmp_path,
+        writer,
+        "second",
+        {"columns": weights.view(4, 3).t(), "rows": weights.view(3, 4)[1:], "parameter": parameter},
+    )
     assert torch.equal(second["columns"], (torch.arange(12.0) + 1).view(4, 3).t())
-    assert second["columns"].untyped_storage().data_ptr() == second[
-        "rows"].untyped_storage().data_ptr()  # one storage, as in the state
+    assert (
+        second["columns"].untyped_storage().data_ptr()
+        == second["rows"].untyped_storage().data_ptr()
+    )  # one storage, as in the state
     assert not second["parameter"].requires_grad
-    third = assert_as_synchronous(tmp_path, writer, "third", {
-        "bits": weights.view(torch.int32)})
+    third = assert_as_synchronous(tmp_path, writer, "third", {"bits": weights.view(torch.int32)})
     assert torch.equal(third["bits"], (torch.arange(12.0) + 1).view(torch.int32))
     # and back to the first layout: its staged tensors hold this save's values
     weights.mul_(2)
-    fourth = assert_as_synchronous(tmp_path, writer, "fourth", {
-        "weights": weights, "rows": weights.view(3, 4)[1:], "parameter": parameter})
+    fourth = assert_as_synchronous(
+        tmp_path,
+        writer,
+        "fourth",
+        {"weights": weights, "rows": weights.view(3, 4)[1:], "parameter": parameter},
+    )
     assert torch.equal(fourth["weights"], (torch.arange(12.0) + 1) * 2)
 
 
-def test_conjugate_negative_and_sparse_tensors_are_copied_with_their_values(
-        tmp_path: Path) -> None:
+def test_conjugate_negative_and_sparse_tensors_are_copied_with_their_values(tmp_path: Path) -> None:
     numbers = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
-    rare = {"numbers": numbers, "conjugate": numbers.conj(),
-            "negative": numbers.conj().imag,  # a negative view of the same storage
-            "sparse": torch.eye(3).to_sparse()}
+    rare = {
+        "numbers": numbers,
+        "conjugate": numbers.conj(),
+        "negative": numbers.conj().imag,  # a negative view of the same storage
+        "sparse": torch.eye(3).to_sparse(),
+    }
     writer = checkpoint.Writer()
     for name in ("first", "again"):  # the second save finds the first one's copies
         writer.submit(tmp_path / f"{name}.pt", snapshot(rare))
@@ -141,8 +158,13 @@ def test_an_async_sharded_save_writes_the_synchronous_saves_bytes(tmp_path: Path
     the same but for the save's own path and id, though the parameters changed before
     the write ended."""
     (tmp_path / "saves.py").write_text(SHARDED_SAVES)
-    done = subprocess.run([sys.executable, str(tmp_path / "saves.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "saves.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     for name in ("first", "second"):
         sync, background = tmp_path / f"{name}-sync", tmp_path / f"{name}-async"
@@ -151,11 +173,14 @@ def test_an_async_sharded_save_writes_the_synchronous_saves_bytes(tmp_path: Path
         assert files == [".metadata", "__0_0.distcp", "run-0.pt"]
         for file in files[1:]:
             assert filecmp.cmp(sync / file, background / file, shallow=False), (name, file)
-        ours, theirs = (pickle.loads((folder / ".metadata").read_bytes())
-                        for folder in (sync, background))
+        ours, theirs = (
+            pickle.loads((folder / ".metadata").read_bytes()) for folder in (sync, background)
+        )
         layers = [f"{layer}.{kind}" for layer in range(3) for kind in ("weight", "bias")]
         assert {f"module.{name}" for name in layers} | {
-            f"optimizer.state.{name}.{moment}" for name in layers
-            for moment in ("exp_avg", "exp_avg_sq")} <= set(ours.state_dict_metadata)
+            f"optimizer.state.{name}.{moment}"
+            for name in layers
+            for moment in ("exp_avg", "exp_avg_sq")
+        } <= set(ours.state_dict_metadata)
         for part in ("state_dict_metadata", "storage_data", "planner_data"):
             assert getattr(ours, part) == getattr(theirs, part), (name, part)

@@ -31,8 +31,9 @@ class RecordingStorage(FileStorage):
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    def save(self, path: Path, snapshot: dict[str, Any],
-             then: Callable[[], None] | None = None) -> None:
+    def save(
+        self, path: Path, snapshot: dict[str, Any], then: Callable[[], None] | None = None
+    ) -> None:
         self.calls.append(("save", path.name))
         super().save(path, snapshot, then)
 
@@ -64,15 +65,18 @@ def test_the_engine_s_own_storage_is_plain_files() -> None:
 
 
 def test_checkpoints_go_through_the_backend_s_storage_and_resume_reads_through_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     storage, seen = RecordingStorage(), []
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path, every="1ep", keep=1))
     engine.on("setup", lambda e: seen.append(e.storage))
     engine.run(dropout_mlp(), epochs=2, backend=StoringBackend(storage))
     assert seen == [storage] and engine.storage is not storage  # the run's alone
-    assert storage.calls == [("save", "ckpt-00001-0000000004.pt"),
-                             ("save", "ckpt-00002-0000000008.pt")]
+    assert storage.calls == [
+        ("save", "ckpt-00001-0000000004.pt"),
+        ("save", "ckpt-00002-0000000008.pt"),
+    ]
     assert files(tmp_path) == ["ckpt-00002-0000000008.pt"]  # pruned by the pack's keep=1
     straight = dropout_mlp()
     runmodel.Engine().run(straight, epochs=3)
@@ -86,12 +90,18 @@ def test_checkpoints_go_through_the_backend_s_storage_and_resume_reads_through_i
 def test_a_core_engine_without_storage_says_what_to_give_it(tmp_path: Path) -> None:
     engine = CoreEngine()
     assert engine.storage is None
-    with pytest.raises(ValueError, match=r"resume= reads the checkpoint through the engine's "
-                                         r"checkpoint storage, and this engine has none"):
+    with pytest.raises(
+        ValueError,
+        match=r"resume= reads the checkpoint through the engine's "
+        r"checkpoint storage, and this engine has none",
+    ):
         engine.run(dropout_mlp(), as_mode("train"), epochs=1, resume=tmp_path)
     engine.attach(Checkpoint(tmp_path / "ckpt"))
-    with pytest.raises(ValueError, match=r"Checkpoint writes through the engine's checkpoint "
-                                         r"storage.*runmodel\.core\.Engine\(storage="):
+    with pytest.raises(
+        ValueError,
+        match=r"Checkpoint writes through the engine's checkpoint "
+        r"storage.*runmodel\.core\.Engine\(storage=",
+    ):
         engine.run(dropout_mlp(), as_mode("train"), epochs=1)
     given = CoreEngine(storage=FileStorage())
     given.attach(Checkpoint(tmp_path / "given"))

@@ -22,8 +22,11 @@ def model() -> runmodel.TorchModel:
     torch.manual_seed(0)
     x = torch.randn(8, 3)
     return runmodel.TorchModel.from_parts(
-        nn.Linear(3, 1), optimizer=lambda p: torch.optim.SGD(p, lr=0.1), loss_fn=nn.MSELoss(),
-        train_data=[(x[i:i + 2], x[i:i + 2].sum(1, keepdim=True)) for i in range(0, 8, 2)])
+        nn.Linear(3, 1),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        loss_fn=nn.MSELoss(),
+        train_data=[(x[i : i + 2], x[i : i + 2].sum(1, keepdim=True)) for i in range(0, 8, 2)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def damaged(kind: str, good: bytes, path: Path) -> None:
     if kind == "empty":
         path.write_bytes(b"")
     elif kind == "truncated":
-        path.write_bytes(good[:len(good) // 2])
+        path.write_bytes(good[: len(good) // 2])
     elif kind == "integer format":
         torch.save({"format": 2, "weights": torch.zeros(3)}, path)
     elif kind == "not a dict":
@@ -54,17 +57,23 @@ def damaged(kind: str, good: bytes, path: Path) -> None:
         torch.save({"format": 2, "engine": RunsCode()}, path)
 
 
-REASONS = {"empty": "it is empty (0 bytes): its write was cut short",
-           "truncated": "it is cut short or damaged (",
-           "integer format": "it holds no runmodel checkpoint (a 'format' of 2, but no engine",
-           "not a dict": "it holds no runmodel checkpoint",
-           "unsafe": "it holds an object whose loading would run code (posix.system)"}
+REASONS = {
+    "empty": "it is empty (0 bytes): its write was cut short",
+    "truncated": "it is cut short or damaged (",
+    "integer format": "it holds no runmodel checkpoint (a 'format' of 2, but no engine",
+    "not a dict": "it holds no runmodel checkpoint",
+    "unsafe": "it holds an object whose loading would run code (posix.system)",
+}
 
 
 @pytest.mark.parametrize("kind", list(REASONS))
 def test_a_bad_newest_checkpoint_is_skipped_saying_why(
-        kind: str, good: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    kind: str,
+    good: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -85,7 +94,8 @@ def test_a_bad_newest_checkpoint_is_skipped_saying_why(
 
 
 def test_an_unsafe_file_given_as_resume_is_one_error_without_unsafe_advice(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     damaged("unsafe", b"", tmp_path / NEWEST)
     with pytest.raises(ValueError) as caught:
@@ -99,8 +109,11 @@ def test_an_unsafe_file_given_as_resume_is_one_error_without_unsafe_advice(
 def test_attaching_a_pack_twice_names_the_key_it_has() -> None:
     engine, pack = runmodel.Engine(), Checkpoint("unused")
     engine.attach(pack)
-    with pytest.raises(ValueError, match=r"this Checkpoint pack is attached already, as "
-                                         r"'checkpoint'; make a new instance"):
+    with pytest.raises(
+        ValueError,
+        match=r"this Checkpoint pack is attached already, as "
+        r"'checkpoint'; make a new instance",
+    ):
         engine.attach(pack)
     with pytest.raises(ValueError, match=r"as 'checkpoint#2'"):
         engine.attach(twice := Checkpoint("other"), twice)

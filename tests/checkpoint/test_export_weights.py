@@ -24,7 +24,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, t
 
 
 def test_a_folder_exports_its_newest_checkpoint_s_weights(
-        trained: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    trained: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
     folder, final = trained
     used, out = export(folder, tmp_path / "model.pt")
     assert (used.name, out) == ("ckpt-00002-0000000008.pt", tmp_path / "model.pt")
@@ -38,15 +39,19 @@ def test_a_folder_exports_its_newest_checkpoint_s_weights(
 
 
 def test_exporting_onto_a_folder_names_the_folder(
-        trained: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    trained: tuple[Path, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     folder, _ = trained
     out = tmp_path / "weights"
     out.mkdir()
     with pytest.raises(IsADirectoryError) as caught:
         export(folder, out)
-    assert str(caught.value) == (f"{str(out)!r} is a folder: the export is one file; give a "
-                                 f"file path, such as {str(out / 'model.pt')!r}")
+    assert str(caught.value) == (
+        f"{str(out)!r} is a folder: the export is one file; give a "
+        f"file path, such as {str(out / 'model.pt')!r}"
+    )
     assert main(["export", str(folder), str(out)]) == 2
     err = capsys.readouterr().err
     assert f"{out}' is a folder" in err and ".tmp" not in err, err
@@ -54,6 +59,9 @@ def test_exporting_onto_a_folder_names_the_folder(
 
 
 def test_a_folder_without_checkpoints_says_what_export_takes(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint to export at .*\(a checkpoint "
-                                                r"file, a sharded checkpoint folder"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no checkpoint to export at .*\(a checkpoint "
+        r"file, a sharded checkpoint folder",
+    ):
         export(tmp_path, tmp_path / "model.pt")

@@ -30,6 +30,7 @@ Log = list[tuple[str, int, int]]
 
 def attach_filters(engine: runmodel.Engine, log: list[tuple[str, int, int]]) -> None:
     """Hooks with counting filters of each kind; each records where it fired."""
+
     def record(tag: str) -> Any:
         return lambda e: log.append((tag, e.state.epoch, e.state.step))
 
@@ -50,17 +51,20 @@ def straight(epochs: int = 4, device: str = "cpu") -> tuple[Tiny, runmodel.RunRe
     return model, result, log
 
 
-def train_with_checkpoints(directory: Path, epochs: int = 2, device: str = "cpu",
-                           **options: Any) -> tuple[Tiny, runmodel.Engine, Log]:
+def train_with_checkpoints(
+    directory: Path, epochs: int = 2, device: str = "cpu", **options: Any
+) -> tuple[Tiny, runmodel.Engine, Log]:
     """``helpers.train_with_checkpoints`` with the filters of ``attach_filters`` logging."""
     engine, log = runmodel.Engine(), []
     attach_filters(engine, log)
-    model, _ = helpers.train_with_checkpoints(directory, epochs, device=device, engine=engine,
-                                              **options)
+    model, _ = helpers.train_with_checkpoints(
+        directory, epochs, device=device, engine=engine, **options
+    )
     return model, engine, log
 
 
 # -- contents --------------------------------------------------------------------------------------
+
 
 def test_a_checkpoint_holds_counters_weights_optimizer_and_rng(tmp_path: Path) -> None:
     model, _, _ = train_with_checkpoints(tmp_path, epochs=2, keep=None)
@@ -86,6 +90,7 @@ def test_a_checkpoint_holds_counters_weights_optimizer_and_rng(tmp_path: Path) -
 
 # -- exact resume ----------------------------------------------------------------------------------
 
+
 def test_resume_from_a_directory_is_exact(tmp_path: Path, device: str) -> None:
     reference, reference_result, reference_log = straight(epochs=4, device=device)
 
@@ -107,13 +112,17 @@ def test_resume_from_a_directory_is_exact(tmp_path: Path, device: str) -> None:
     # every= and once= filters fire where they fire in one straight run
     assert first_log + log == reference_log
     # at step 10 and at epoch 2 or 3, counted from 0 like state.step and state.epoch
-    assert {("step_start once=10", 2, 10), ("epoch_start once=2", 2, 8),
-            ("runstep once=3ep", 3, 12)} <= set(log)
+    assert {
+        ("step_start once=10", 2, 10),
+        ("epoch_start once=2", 2, 8),
+        ("runstep once=3ep", 3, 12),
+    } <= set(log)
 
 
 @pytest.mark.parametrize("to_cpu", [True, False], ids=["device-to-cpu", "cpu-to-device"])
-def test_a_checkpoint_saved_on_one_device_resumes_on_another(tmp_path: Path, device: str,
-                                                             to_cpu: bool) -> None:
+def test_a_checkpoint_saved_on_one_device_resumes_on_another(
+    tmp_path: Path, device: str, to_cpu: bool
+) -> None:
     """Saved on ``device`` and resumed on the CPU, or saved on the CPU and resumed on
     ``device``: weights and optimizer state go to the resuming model's device."""
     saved_on, resumed_on = (device, "cpu") if to_cpu else ("cpu", device)
@@ -121,17 +130,20 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_another(tmp_path: Path, dev
     loaded: list[tuple[torch.Tensor, dict[str, Any]]] = []
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "resumed"))
-    engine.on("step_start", lambda e: loaded.append((params(e.model),
-                                                     e.model.optimizer.state_dict())),
-              once=4)  # the first step after the checkpoint
+    engine.on(
+        "step_start",
+        lambda e: loaded.append((params(e.model), e.model.optimizer.state_dict())),
+        once=4,
+    )  # the first step after the checkpoint
     model = dropout_mlp(resumed_on)
     result = engine.run(model, epochs=2, resume=tmp_path / "saved")
     assert (result.steps, result.epochs) == (8, 2)
     [(weights, optimizer)] = loaded
     assert weights.device.type == resumed_on
     assert torch.equal(weights.cpu(), params(saved).cpu())
-    moments = [state[key] for state in optimizer["state"].values()
-               for key in ("exp_avg", "exp_avg_sq")]
+    moments = [
+        state[key] for state in optimizer["state"].values() for key in ("exp_avg", "exp_avg_sq")
+    ]
     assert len(moments) == 8 and all(m.device.type == resumed_on for m in moments)
     assert all(p.device.type == resumed_on for p in model.module.parameters())
 
@@ -149,8 +161,9 @@ def test_resume_from_a_specific_file(tmp_path: Path) -> None:
     assert (result.steps, result.epochs) == (16, 4)
     assert_equal_params(model, reference)
     # the first run's log up to the end of epoch 0, then this run's
-    assert [entry for entry in first_log if entry[2] < 4 or entry[:2] == (
-        "epoch_end every=2", 0)] + log == reference_log
+    assert [
+        entry for entry in first_log if entry[2] < 4 or entry[:2] == ("epoch_end every=2", 0)
+    ] + log == reference_log
 
 
 def test_a_resumed_run_with_the_finished_epochs_runs_no_steps(tmp_path: Path) -> None:
@@ -178,10 +191,11 @@ def test_the_counters_are_this_runs_only(tmp_path: Path) -> None:
 
 # -- atomic writes, corrupt, foreign and hostile files ---------------------------------------------
 
+
 def corrupt(path: Path, how: str) -> None:
     data = path.read_bytes()
     if how == "truncated":
-        path.write_bytes(data[:len(data) // 2])
+        path.write_bytes(data[: len(data) // 2])
     elif how == "garbage":
         path.write_bytes(b"\x80\x02not a checkpoint at all" * 10)
     else:
@@ -189,8 +203,7 @@ def corrupt(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty"])
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path,
-                                                                  how: str) -> None:
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path, how: str) -> None:
     reference, _, _ = straight(epochs=4)
     train_with_checkpoints(tmp_path, epochs=2)
     newest = tmp_path / "ckpt-00002-0000000008.pt"
@@ -200,8 +213,11 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path,
     engine.attach(Checkpoint(tmp_path / "second"))
     starts: list[int] = []
     engine.on("step_start", lambda e: starts.append(e.state.step))
-    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*"
-                      r"ckpt-00002-0000000008\.pt"):
+    with pytest.warns(
+        UserWarning,
+        match=r"skipping unreadable checkpoint .*"
+        r"ckpt-00002-0000000008\.pt",
+    ):
         result = engine.run(model, epochs=4, resume=tmp_path)
     assert starts == list(range(4, 16))  # from the epoch-1 checkpoint
     assert result.steps == 16
@@ -214,8 +230,11 @@ def test_resuming_from_a_corrupt_file_is_an_error(tmp_path: Path) -> None:
     corrupt(newest, "truncated")
     model, engine, steps = dropout_mlp(), runmodel.Engine(), []
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"ckpt-00002-0000000008\.pt.* is not a readable "
-                                         r"checkpoint"):
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt-00002-0000000008\.pt.* is not a readable "
+        r"checkpoint",
+    ):
         engine.run(model, epochs=4, resume=newest)
     assert steps == [] and model.calls == ["model.setup", "model.teardown"]
 
@@ -224,13 +243,16 @@ def test_no_readable_checkpoint_in_a_directory_is_an_error(tmp_path: Path) -> No
     train_with_checkpoints(tmp_path, epochs=2)
     for path in tmp_path.glob("ckpt-*.pt"):
         corrupt(path, "garbage")
-    with pytest.warns(UserWarning, match="skipping unreadable"), \
-            pytest.raises(FileNotFoundError, match="no readable checkpoint"):
+    with (
+        pytest.warns(UserWarning, match="skipping unreadable"),
+        pytest.raises(FileNotFoundError, match="no readable checkpoint"),
+    ):
         runmodel.Engine().run(dropout_mlp(), epochs=4, resume=tmp_path)
 
 
-def test_a_save_that_fails_midway_keeps_the_old_file(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_save_that_fails_midway_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, engine, _ = train_with_checkpoints(tmp_path, epochs=1)
     path = tmp_path / "ckpt-00001-0000000004.pt"
     before = path.read_bytes()
@@ -270,8 +292,16 @@ class Hostile:
 
 
 def write_hostile(path: Path, marker: Path) -> None:
-    torch.save({"format": 1, "engine": {"counters": {"step": 99}, "packs": {}},
-                "rng": {}, "model": Hostile(marker), "optimizer": None}, path)
+    torch.save(
+        {
+            "format": 1,
+            "engine": {"counters": {"step": 99}, "packs": {}},
+            "rng": {},
+            "model": Hostile(marker),
+            "optimizer": None,
+        },
+        path,
+    )
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(tmp_path: Path) -> None:
@@ -290,8 +320,11 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path: Path) -> None:
     model, steps = dropout_mlp(), []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"ckpt-00009-0000000099\.pt.* is not a readable "
-                                         r"checkpoint"):
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt-00009-0000000099\.pt.* is not a readable "
+        r"checkpoint",
+    ):
         engine.run(model, epochs=2, resume=hostile)
     assert not marker.exists() and steps == []
 
@@ -334,13 +367,17 @@ def test_pack_state_that_cannot_load_back_is_refused_when_saving(tmp_path: Path)
 
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "ckpt"), PathState())
-    with pytest.raises(TypeError, match=r"pack 'paths' state_dict\(\)\['where'\]\[0\] holds "
-                                        r"PosixPath"):
+    with pytest.raises(
+        TypeError,
+        match=r"pack 'paths' state_dict\(\)\['where'\]\[0\] holds "
+        r"PosixPath",
+    ):
         engine.run(dropout_mlp(), epochs=1)
     assert not list((tmp_path / "ckpt").glob("*"))  # nothing half-written
 
 
 # -- resume= errors, finding checkpoints -----------------------------------------------------------
+
 
 def test_resume_from_a_missing_path_fails_before_setup(tmp_path: Path) -> None:
     model = dropout_mlp()
@@ -362,14 +399,18 @@ def test_resume_from_a_directory_without_checkpoints_fails(tmp_path: Path) -> No
 def test_checkpoints_in_finds_a_run_directorys_checkpoint_folder(tmp_path: Path) -> None:
     train_with_checkpoints(tmp_path / "checkpoint", epochs=2)
     assert [p.name for p in checkpoints_in(tmp_path)] == [
-        "ckpt-00002-0000000008.pt", "ckpt-00001-0000000004.pt"]
+        "ckpt-00002-0000000008.pt",
+        "ckpt-00001-0000000004.pt",
+    ]
     assert checkpoints_in(tmp_path / "empty") == []
 
 
 # -- resume="auto" ---------------------------------------------------------------------------------
 
+
 def test_resume_auto_starts_fresh_then_continues_exactly(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     reference, _, _ = straight(epochs=4)
     folder = tmp_path / "ckpt"
 
@@ -389,7 +430,8 @@ def test_resume_auto_starts_fresh_then_continues_exactly(
 
 
 def test_resume_auto_takes_the_newest_of_several_checkpoint_packs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     train_with_checkpoints(tmp_path / "a", epochs=1)
     later = runmodel.Engine()  # the same run goes on, writing its checkpoints into b
     later.attach(Checkpoint(tmp_path / "b"))
@@ -410,6 +452,7 @@ def test_resume_auto_without_a_checkpoint_pack_is_refused_before_setup() -> None
 
 # -- checkpoints that are not this run's -----------------------------------------------------------
 
+
 def test_a_checkpoint_of_another_model_is_refused_naming_the_parameters(tmp_path: Path) -> None:
     train_with_checkpoints(tmp_path, epochs=1)
     written = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
@@ -417,14 +460,20 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameters(tmp_path
     steps: list[int] = []
     engine = runmodel.Engine()
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"another model than Tiny: the first parameter that "
-                                         r"differs is 0\.weight: checkpoint \(8, 4\), Tiny "
-                                         r"\(16, 4\) \(and 2 more: 0\.bias: checkpoint \(8,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"another model than Tiny: the first parameter that "
+        r"differs is 0\.weight: checkpoint \(8, 4\), Tiny "
+        r"\(16, 4\) \(and 2 more: 0\.bias: checkpoint \(8,\)",
+    ):
         engine.run(wider, epochs=2, resume=tmp_path)
     flat = helpers.Tiny(optimizer=torch.optim.Adam)  # Linear(4, 1): other names
-    with pytest.raises(ValueError, match=r"differs is weight: checkpoint missing, Tiny \(1, 4\) "
-                                         r"\(and 5 more: bias: .*0\.weight: checkpoint \(8, 4\), "
-                                         r"Tiny missing"):
+    with pytest.raises(
+        ValueError,
+        match=r"differs is weight: checkpoint missing, Tiny \(1, 4\) "
+        r"\(and 5 more: bias: .*0\.weight: checkpoint \(8, 4\), "
+        r"Tiny missing",
+    ):
         runmodel.Engine().run(flat, epochs=2, resume=tmp_path)
     assert steps == []
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == written  # untouched
@@ -437,8 +486,10 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_versions(tmp_path:
     state["format"] = checkpoint.FORMAT + 1
     torch.save(state, newest)
     newer = checkpoint.FORMAT + 1
-    message = (rf"written in checkpoint format {newer} by a newer runmodel; this one reads "
-               rf"formats 1 to {checkpoint.FORMAT}: upgrade runmodel")
+    message = (
+        rf"written in checkpoint format {newer} by a newer runmodel; this one reads "
+        rf"formats 1 to {checkpoint.FORMAT}: upgrade runmodel"
+    )
     # from the folder too: not skipped for an older checkpoint, which would lose work
     for resume in (newest, tmp_path):
         with pytest.raises(checkpoint.FormatError, match=message):
@@ -449,14 +500,25 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_versions(tmp_path:
 def test_a_resume_at_an_epochs_last_step_sees_the_last_loss_and_metrics(tmp_path: Path) -> None:
     """A step checkpoint taken at an epoch's last step resumes into that epoch's end: its
     hooks read the loss and metrics the straight run had there."""
+
     def run(resume: Path | None, log: list[Any], epochs: int = 3) -> None:
         engine = runmodel.Engine()
         engine.attach(Checkpoint(tmp_path / "ckpt", every="4st", keep=None))
-        engine.on("runstep", lambda e: e.state.metrics.update(last_step=e.state.step,
-                                                              doubled=e.state.loss * 2))
-        engine.on("epoch_end", lambda e: log.append(
-            (e.state.epoch, e.state.loss.item(), e.state.metrics["last_step"],
-             float(e.state.metrics["doubled"]))))
+        engine.on(
+            "runstep",
+            lambda e: e.state.metrics.update(last_step=e.state.step, doubled=e.state.loss * 2),
+        )
+        engine.on(
+            "epoch_end",
+            lambda e: log.append(
+                (
+                    e.state.epoch,
+                    e.state.loss.item(),
+                    e.state.metrics["last_step"],
+                    float(e.state.metrics["doubled"]),
+                )
+            ),
+        )
         engine.run(dropout_mlp(), epochs=epochs, resume=resume)
 
     straight_log: list[Any] = []

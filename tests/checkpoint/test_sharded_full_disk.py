@@ -32,7 +32,8 @@ from helpers import with_child_net
 LIMIT_S = 240
 EPOCHS = 3  # 8 steps an epoch in each of the 2 processes
 
-CHILD = with_child_net(textwrap.dedent('''
+CHILD = with_child_net(
+    textwrap.dedent('''
     """python child.py DISK OUT EPOCHS [RESUME]: the classifier under fsdp, a Checkpoint
     each epoch in DISK/ckpt; FILL_AT=e: rank 0 fills DISK before the save at the end of
     epoch index e (LEAVE=run_states: leaving room for the processes' run states, not for
@@ -96,20 +97,36 @@ CHILD = with_child_net(textwrap.dedent('''
             file.write(f"{type(error).__name__}: {error}\\n"
                        f"{error.__cause__!r} {error.__suppress_context__}")
         sys.exit(3)
-'''))
+''')
+)
 
 
-def torchrun(root: Path, disk: Path, out: Path, *args: str, **env: str
-             ) -> subprocess.Popen[str]:
+def torchrun(root: Path, disk: Path, out: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
     environ.pop("TORCHELASTIC_RUN_ID", None)
     out.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(root / "child.py"), str(disk), str(out), str(EPOCHS), *args],
-        cwd=root, env=environ, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True)  # killed with its processes
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(root / "child.py"),
+            str(disk),
+            str(out),
+            str(EPOCHS),
+            *args,
+        ],
+        cwd=root,
+        env=environ,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # killed with its processes
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
@@ -125,12 +142,18 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
 def mount_tmpfs(folder: Path) -> None:
     folder.mkdir()
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     except (OSError, subprocess.CalledProcessError) as error:
         why = getattr(error, "stderr", None) or error
-        pytest.skip(f"a full disk is a 3 MB tmpfs, and one cannot be mounted here (it needs "
-                    f"root and the right to mount): {str(why).strip()}")
+        pytest.skip(
+            f"a full disk is a 3 MB tmpfs, and one cannot be mounted here (it needs "
+            f"root and the right to mount): {str(why).strip()}"
+        )
 
 
 class Runs:
@@ -154,17 +177,26 @@ class Runs:
         return self.root / f"out-{name}"
 
     def _run_all(self) -> None:
-        full = {kind: torchrun(self.root, disk, self.out(kind), FILL_AT="1",
-                               ASYNC="1" if kind == "async" else "0",
-                               LEAVE="run_states" if kind == "async" else "")
-                for kind, disk in self.disks.items()}
+        full = {
+            kind: torchrun(
+                self.root,
+                disk,
+                self.out(kind),
+                FILL_AT="1",
+                ASYNC="1" if kind == "async" else "0",
+                LEAVE="run_states" if kind == "async" else "",
+            )
+            for kind, disk in self.disks.items()
+        }
         for kind, process in full.items():
             self.results[kind] = finish(process)
             self.left[kind] = sorted(p.name for p in (self.disks[kind] / "ckpt").iterdir())
         (self.disks["sync"] / "ballast").unlink()  # space is back
-        self.results["resumed"] = finish(torchrun(self.root, self.disks["sync"],
-                                                  self.out("resumed"),
-                                                  str(self.disks["sync"] / "ckpt")))
+        self.results["resumed"] = finish(
+            torchrun(
+                self.root, self.disks["sync"], self.out("resumed"), str(self.disks["sync"] / "ckpt")
+            )
+        )
 
     def result(self, name: str) -> tuple[int, str]:
         self._thread.join(timeout=3 * LIMIT_S)
@@ -189,8 +221,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_full_disk_stops_every_process_with_one_disk_full_error(runs: Runs,
-                                                                  kind: str) -> None:
+def test_a_full_disk_stops_every_process_with_one_disk_full_error(runs: Runs, kind: str) -> None:
     # sync: no room left, each process's run state fails (once one failing alone left the
     # other hanging in DCP's collective); async: room for the run states, not the shards
     # (DCP's CheckpointException, around each process's OSError)
@@ -199,20 +230,25 @@ def test_a_full_disk_stops_every_process_with_one_disk_full_error(runs: Runs,
     folder = runs.disks[kind] / "ckpt" / "ckpt-00002-0000000016"
     for rank in (0, 1):
         error = (runs.out(kind) / f"error-{rank}").read_text()
-        assert error == (f"DiskFullError: writing {str(folder)!r} failed: No space left on "
-                         f"device ([Errno 28]); free some space (or raise the file-size limit) "
-                         f"and resume the run: the files written before are intact\nNone True")
+        assert error == (
+            f"DiskFullError: writing {str(folder)!r} failed: No space left on "
+            f"device ([Errno 28]); free some space (or raise the file-size limit) "
+            f"and resume the run: the files written before are intact\nNone True"
+        )
     # the failed save left nothing (its staging folder went); the one before is whole
     assert runs.left[kind] == ["ckpt-00001-0000000008"]
 
 
 def test_once_space_is_back_the_run_resumes_and_gathers_its_model_on_rank_0(
-        runs: Runs, tmp_path: Path) -> None:
+    runs: Runs, tmp_path: Path
+) -> None:
     code, err = runs.result("resumed")
     assert code == 0, err[-3000:]
     ckpt = runs.disks["sync"] / "ckpt"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00002-0000000016",
-                                                     "ckpt-00003-0000000024"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "ckpt-00002-0000000016",
+        "ckpt-00003-0000000024",
+    ]
     used, out = export(ckpt, tmp_path / "last.pt")  # the weights the run ended with
     assert used.name == "ckpt-00003-0000000024"
     final = torch.load(out, weights_only=True)

@@ -30,8 +30,12 @@ import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds for one command (2 to 30 s here: 10x and more, for a busy machine)
-ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "100",
-       "OMP_NUM_THREADS": "1"}  # two spinning threads a command, on 2 shared cores: slow
+ENV = {
+    **os.environ,
+    "PYTHONIOENCODING": "utf-8",
+    "COLUMNS": "100",
+    "OMP_NUM_THREADS": "1",
+}  # two spinning threads a command, on 2 shared cores: slow
 RUNMODEL = (sys.executable, "-m", "runmodel")
 
 #: Logits = scale * one_hot(y): right by construction, so eval's metrics are known exactly.
@@ -101,7 +105,7 @@ def configure(engine):
     engine.on("runstep", count_steps)
 '''
 
-BOOM = '''\
+BOOM = """\
 import runmodel
 
 
@@ -114,24 +118,24 @@ class Boom(runmodel.Model):
 
     def teardown(self):
         print("model.teardown ran", flush=True)
-'''
+"""
 
-NO_MODEL = '''\
+NO_MODEL = """\
 from runmodel import Model, TorchModel
 
 
 class Helper:
     pass
-'''
+"""
 
-BROKEN = '''\
+BROKEN = """\
 import runmodel
 
 class Broken(runmodel.Model):
     def run(self, runstep, steps=None
-'''
+"""
 
-ENDLESS = '''\
+ENDLESS = """\
 import time
 
 import runmodel
@@ -156,10 +160,10 @@ def configure(engine):
     engine.on("runstep", lambda e: print("ready", flush=True), once=True)
     engine.on("exception", lambda e: print("exception:", type(e.state.error).__name__,
                                            flush=True))
-'''
+"""
 
 #: A model that declares no options: it reads what it is given itself.
-FREE = '''\
+FREE = """\
 import sys
 
 import runmodel
@@ -178,10 +182,15 @@ class Free(runmodel.Model):
 
     def run(self, runstep, steps=None, *args, **kwargs):
         runstep(0)
-'''
+"""
 
-FILES = {"tiny.py": TINY, "boom.py": BOOM, "nomodel.py": NO_MODEL, "broken.py": BROKEN,
-         "free.py": FREE}
+FILES = {
+    "tiny.py": TINY,
+    "boom.py": BOOM,
+    "nomodel.py": NO_MODEL,
+    "broken.py": BROKEN,
+    "free.py": FREE,
+}
 
 
 @dataclass(frozen=True)
@@ -192,12 +201,20 @@ class Call:
 
 
 def invoke(call: Call) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*call.program, *call.args], cwd=call.cwd, env=ENV, timeout=TIMEOUT,
-                          capture_output=True, text=True, encoding="utf-8")
+    return subprocess.run(
+        [*call.program, *call.args],
+        cwd=call.cwd,
+        env=ENV,
+        timeout=TIMEOUT,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
 
 
 def calls(models: Path) -> dict[str, Call]:
     """Every command this module checks, by name; ``models`` holds FILES."""
+
     def at_root(*args: str) -> Call:
         return Call(args, ROOT)
 
@@ -206,40 +223,83 @@ def calls(models: Path) -> dict[str, Call]:
 
     script = shutil.which("runmodel")
     found = {
-        "digits": at_root("run", "examples/digits.py", "--epochs", "20", "--runs-dir",
-                          str(models / "runs-digits")),
+        "digits": at_root(
+            "run", "examples/digits.py", "--epochs", "20", "--runs-dir", str(models / "runs-digits")
+        ),
         "help": at_root("--help"),
         **{f"help-{c}": at_root(c, "--help") for c in ("run", "benchmark", "profile", "describe")},
         "version": at_root("--version"),
         **({"script-version": Call(("--version",), ROOT, program=(script,))} if script else {}),
         "eval": at_models("run", "tiny.py", "--mode", "eval", "--device", "cpu"),
         "infer": at_models("run", "tiny.py", "--mode", "infer", "--device", "cpu"),
-        "train-json": at_models("run", "tiny.py", "--epochs", "2", "--json", "--set", "lr=0.01",
-                                "--set", "setup.batch_size=32", "--device", "cpu",
-                                "--no-progress"),
-        "eval-json": at_models("run", "tiny.py", "--mode", "eval", "--json", "--set", "scale=2",
-                               "--device", "cpu"),
-        "infer-json": at_models("run", "tiny.py", "--mode", "infer", "--json",
-                                "--device", "cpu"),
-        "benchmark": at_models("benchmark", "tiny.py", "--steps", "20", "--warmup", "5",
-                               "--json", "--device", "cpu"),
-        "benchmark-infer": at_models("benchmark", "tiny.py", "--steps", "12", "--warmup", "2",
-                                     "--measure", "infer", "--device", "cpu"),
-        "benchmark-no-steps": at_models("benchmark", "tiny.py", "--steps", "5", "--warmup", "5",
-                                        "--device", "cpu"),
-        "profile": at_models("profile", "tiny.py", "--steps", "8", "--warmup", "2",
-                             "--dir", str(models / "trace"), "--device", "cpu"),
+        "train-json": at_models(
+            "run",
+            "tiny.py",
+            "--epochs",
+            "2",
+            "--json",
+            "--set",
+            "lr=0.01",
+            "--set",
+            "setup.batch_size=32",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ),
+        "eval-json": at_models(
+            "run", "tiny.py", "--mode", "eval", "--json", "--set", "scale=2", "--device", "cpu"
+        ),
+        "infer-json": at_models("run", "tiny.py", "--mode", "infer", "--json", "--device", "cpu"),
+        "benchmark": at_models(
+            "benchmark", "tiny.py", "--steps", "20", "--warmup", "5", "--json", "--device", "cpu"
+        ),
+        "benchmark-infer": at_models(
+            "benchmark",
+            "tiny.py",
+            "--steps",
+            "12",
+            "--warmup",
+            "2",
+            "--measure",
+            "infer",
+            "--device",
+            "cpu",
+        ),
+        "benchmark-no-steps": at_models(
+            "benchmark", "tiny.py", "--steps", "5", "--warmup", "5", "--device", "cpu"
+        ),
+        "profile": at_models(
+            "profile",
+            "tiny.py",
+            "--steps",
+            "8",
+            "--warmup",
+            "2",
+            "--dir",
+            str(models / "trace"),
+            "--device",
+            "cpu",
+        ),
         "describe": at_root("describe", "examples/digits.py", "--device", "cpu"),
-        "describe-hidden": at_root("describe", "examples/digits.py", "--set", "hidden=16",
-                                   "--device", "cpu"),
+        "describe-hidden": at_root(
+            "describe", "examples/digits.py", "--set", "hidden=16", "--device", "cpu"
+        ),
         "set-unknown": at_models("run", "tiny.py", "--set", "bogus=1", "--device", "cpu"),
-        "set-unknown-init": at_models("run", "tiny.py", "--set", "init.other=2",
-                                      "--device", "cpu"),
+        "set-unknown-init": at_models("run", "tiny.py", "--set", "init.other=2", "--device", "cpu"),
         "set-typo": at_root("run", "examples/digits.py", "--set", "hiden=256"),
         "set-setup-typo": at_root("describe", "examples/digits.py", "--set", "setup.l=0.1"),
         "train": at_models("run", "tiny.py", "--device", "cpu"),
-        "set-free": at_models("run", "free.py", "--set", "width=3", "--set", "init.depth=2",
-                              "--set", "setup.seed=1", "--no-progress"),
+        "set-free": at_models(
+            "run",
+            "free.py",
+            "--set",
+            "width=3",
+            "--set",
+            "init.depth=2",
+            "--set",
+            "setup.seed=1",
+            "--no-progress",
+        ),
         "set-bad-type": at_root("run", "examples/digits.py", "--set", "hidden=big"),
         "set-bad-setup-type": at_models("run", "tiny.py", "--set", "lr=fast", "--device", "cpu"),
         "set-no-value": at_models("run", "tiny.py", "--set", "novalue"),
@@ -258,8 +318,9 @@ def calls(models: Path) -> dict[str, Call]:
 
 
 class Results:
-    def __init__(self, models: Path, futures: dict[str, Future[subprocess.CompletedProcess[str]]]
-                 ) -> None:
+    def __init__(
+        self, models: Path, futures: dict[str, Future[subprocess.CompletedProcess[str]]]
+    ) -> None:
         self.models, self.futures = models, futures
 
     def __getitem__(self, name: str) -> subprocess.CompletedProcess[str]:
@@ -273,8 +334,9 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
         (models / name).write_text(text)
     pool = ThreadPoolExecutor(max_workers=min(4, (os.cpu_count() or 1) + 1))
     try:
-        yield Results(models, {name: pool.submit(invoke, call)
-                               for name, call in calls(models).items()})
+        yield Results(
+            models, {name: pool.submit(invoke, call) for name, call in calls(models).items()}
+        )
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -291,37 +353,53 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], command: str
     [line] = lines(result.stderr)
     prefix = f"runmodel {command}: error: "
     assert line.startswith(prefix), line
-    return line[len(prefix):]
+    return line[len(prefix) :]
 
 
 # -- help and version ----------------------------------------------------------------------
+
 
 def test_top_level_help(cli: Results) -> None:
     result = cli["help"]
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("usage: runmodel [-h] [--version] COMMAND ...\n")
-    for command, text in (("run", "run a model, or a config file (.toml/.json), and print "
-                                  "its result"),
-                          ("benchmark", "time a model's steps (warm-up dropped)"),
-                          ("profile", "profile a model's steps with torch.profiler"),
-                          ("describe", "show a model and the resolved phase and hook table"),
-                          ("runs", "list runs: what differs, metrics, status"),
-                          ("resume", "continue a run from its checkpoint"),
-                          ("eval", "evaluate a trained run on its eval data"),
-                          ("infer", "infer with a trained run and save its outputs")):
+    for command, text in (
+        ("run", "run a model, or a config file (.toml/.json), and print its result"),
+        ("benchmark", "time a model's steps (warm-up dropped)"),
+        ("profile", "profile a model's steps with torch.profiler"),
+        ("describe", "show a model and the resolved phase and hook table"),
+        ("runs", "list runs: what differs, metrics, status"),
+        ("resume", "continue a run from its checkpoint"),
+        ("eval", "evaluate a trained run on its eval data"),
+        ("infer", "infer with a trained run and save its outputs"),
+    ):
         assert re.search(rf"^    {command}\s+{re.escape(text)}$", out, re.MULTILINE), command
     assert "SOURCE is path/file.py, path/file.py:ClassName or package.module:ClassName;" in out
     assert result.stderr == ""
 
 
 HELP_OPTIONS = {
-    "run": {"--mode {train,eval,infer,benchmark,profile}", "--epochs EPOCHS", "--steps STEPS",
-            "--json", "--runs-dir RUNS_DIR", "--resume", "--restart", "--seed SEED",
-            "--preempt-signal SIG", "--preempt-grace SECONDS"},
+    "run": {
+        "--mode {train,eval,infer,benchmark,profile}",
+        "--epochs EPOCHS",
+        "--steps STEPS",
+        "--json",
+        "--runs-dir RUNS_DIR",
+        "--resume",
+        "--restart",
+        "--seed SEED",
+        "--preempt-signal SIG",
+        "--preempt-grace SECONDS",
+    },
     "benchmark": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json"},
-    "profile": {"--steps STEPS", "--warmup WARMUP", "--measure {train,infer}", "--json",
-                "--dir DIR"},
+    "profile": {
+        "--steps STEPS",
+        "--warmup WARMUP",
+        "--measure {train,infer}",
+        "--json",
+        "--dir DIR",
+    },
     "describe": set(),
 }
 ALL_OPTIONS = set().union(*HELP_OPTIONS.values())
@@ -333,8 +411,9 @@ def test_subcommand_help(cli: Results, command: str) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     usage = out.split("\n\n")[0]
-    assert usage.startswith(f"usage: runmodel {command} [-h] [--device DEVICE] "
-                            f"[--set KEY=VALUE] [--debug]")
+    assert usage.startswith(
+        f"usage: runmodel {command} [-h] [--device DEVICE] [--set KEY=VALUE] [--debug]"
+    )
     assert usage.rstrip().endswith("SOURCE")
     for option in ("--device DEVICE", "--set KEY=VALUE", "--debug", *HELP_OPTIONS[command]):
         assert option in out, option
@@ -360,8 +439,10 @@ def test_the_installed_console_script(cli: Results) -> None:
 
 # -- run: the digits example --------------------------------------------------------------
 
-PROGRESS = re.compile(r"train epoch (\d+)/20  step \d+  loss (\S+)  eval_loss \S+  "
-                      r"eval_accuracy (\S+)  \(\d+\.\d{2}s\)")
+PROGRESS = re.compile(
+    r"train epoch (\d+)/20  step \d+  loss (\S+)  eval_loss \S+  "
+    r"eval_accuracy (\S+)  \(\d+\.\d{2}s\)"
+)
 
 
 def test_run_digits_trains_to_95_percent(cli: Results) -> None:
@@ -388,6 +469,7 @@ def test_run_digits_trains_to_95_percent(cli: Results) -> None:
 
 # -- run: eval, infer, --json -------------------------------------------------------------
 
+
 def eval_loss(scale: float) -> float:
     """Cross-entropy of the logits ``scale * one_hot(y)``, what Tiny's eval must report."""
     return math.log(1 + 2 * math.exp(-scale))
@@ -411,8 +493,19 @@ def test_run_infer_collects_outputs(cli: Results) -> None:
     assert out[1:] == ["  outputs: 4 batches collected"]
 
 
-JSON_KEYS = {"mode", "ended", "steps", "epochs", "skipped", "seconds", "metrics", "timings",
-             "files", "outputs", "reason"}
+JSON_KEYS = {
+    "mode",
+    "ended",
+    "steps",
+    "epochs",
+    "skipped",
+    "seconds",
+    "metrics",
+    "timings",
+    "files",
+    "outputs",
+    "reason",
+}
 
 
 def test_run_json(cli: Results) -> None:
@@ -427,16 +520,31 @@ def test_run_json(cli: Results) -> None:
     # its run folder: named by the source and its first options, a checkpoint every epoch,
     # the eval_* metrics measured on the trained weights
     [folder] = (cli.models / "runs").glob("tiny-batch-size32-lr0.01_*")
-    assert data == {"mode": "train", "ended": "completed", "steps": 4, "epochs": 2,
-                    "skipped": 0, "timings": {}, "outputs": None, "reason": None,
-                    "metrics": {"eval_loss": pytest.approx(eval_loss(5), rel=0.05),
-                                "eval_accuracy": 1.0},
-                    "files": {"last_checkpoint": str(folder.relative_to(cli.models)
-                                                     / "checkpoint/ckpt-00002-0000000004.pt")}}
+    assert data == {
+        "mode": "train",
+        "ended": "completed",
+        "steps": 4,
+        "epochs": 2,
+        "skipped": 0,
+        "timings": {},
+        "outputs": None,
+        "reason": None,
+        "metrics": {"eval_loss": pytest.approx(eval_loss(5), rel=0.05), "eval_accuracy": 1.0},
+        "files": {
+            "last_checkpoint": str(
+                folder.relative_to(cli.models) / "checkpoint/ckpt-00002-0000000004.pt"
+            )
+        },
+    }
     record = json.loads((folder / "run.json").read_text())
-    assert (record["kind"], record["model"], record["init_options"], record["setup_options"],
-            record["device"], record["seed"]) == ("source", "Tiny", {},
-                                                  {"lr": 0.01, "batch_size": 32}, "cpu", 0)
+    assert (
+        record["kind"],
+        record["model"],
+        record["init_options"],
+        record["setup_options"],
+        record["device"],
+        record["seed"],
+    ) == ("source", "Tiny", {}, {"lr": 0.01, "batch_size": 32}, "cpu", 0)
     assert record["source"] == str(cli.models / "tiny.py")
 
 
@@ -445,8 +553,12 @@ def test_run_eval_json(cli: Results) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert set(data) == JSON_KEYS
-    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == ("eval", "completed",
-                                                                            4, 1)
+    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == (
+        "eval",
+        "completed",
+        4,
+        1,
+    )
     assert data["metrics"] == {"loss": pytest.approx(eval_loss(2), rel=1e-5), "accuracy": 1.0}
     assert data["outputs"] is None
 
@@ -454,12 +566,17 @@ def test_run_eval_json(cli: Results) -> None:
 def test_run_infer_json(cli: Results) -> None:
     data = json.loads(cli["infer-json"].stdout)
     assert set(data) == JSON_KEYS
-    assert (data["mode"], data["ended"], data["steps"], data["outputs"]) == ("infer",
-                                                                             "completed", 4, 4)
+    assert (data["mode"], data["ended"], data["steps"], data["outputs"]) == (
+        "infer",
+        "completed",
+        4,
+        4,
+    )
     assert data["metrics"] == {}
 
 
 # -- benchmark and profile ------------------------------------------------------------------
+
 
 def test_benchmark_json(cli: Results) -> None:
     result = cli["benchmark"]
@@ -467,8 +584,12 @@ def test_benchmark_json(cli: Results) -> None:
     data = json.loads(result.stdout)
     assert set(data) == JSON_KEYS
     # 4 batches of 16 an epoch: 20 steps end the 5th epoch on the budget
-    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == ("benchmark",
-                                                                            "budget", 20, 5)
+    assert (data["mode"], data["ended"], data["steps"], data["epochs"]) == (
+        "benchmark",
+        "budget",
+        20,
+        5,
+    )
     t = data["timings"]
     assert (t["measured_steps"], t["warmup"], t["device"]) == (15, 5, "cpu")
     assert t["steps_per_s"] > 0
@@ -484,10 +605,16 @@ def test_benchmark_infer_summary(cli: Results) -> None:
     out = lines(result.stdout)
     assert len(out) == 3, result.stdout
     assert re.fullmatch(r"benchmark: budget after 12 steps, 3 epochs in \d+\.\d{2}s", out[0])
-    assert re.fullmatch(r"  10 steps measured after 2 warm-up on cpu: \d+\.\d steps/s, "
-                        r"\d+ samples/s", out[1])
-    step = re.fullmatch(r"  step time: median (\d+\.\d{3}) ms, p90 (\d+\.\d{3}) ms, "
-                        r"mean (\d+\.\d{3}) ms", out[2])
+    assert re.fullmatch(
+        r"  10 steps measured after 2 warm-up on cpu: \d+\.\d steps/s, "
+        r"\d+ samples/s",
+        out[1],
+    )
+    step = re.fullmatch(
+        r"  step time: median (\d+\.\d{3}) ms, p90 (\d+\.\d{3}) ms, "
+        r"mean (\d+\.\d{3}) ms",
+        out[2],
+    )
     assert step is not None and float(step[1]) <= float(step[2])
 
 
@@ -507,39 +634,72 @@ def test_profile_writes_a_trace_and_times_the_hooks(cli: Results) -> None:
     assert out[1] == "  time in hooks:"
     row = f"    {'runstep':<15} {'count_steps':<30} {8:>7} calls "
     assert out[2].startswith(row), out[2]
-    assert re.fullmatch(r" *\d+\.\d{3} ms +\d+\.\d µs/call", out[2][len(row):]), out[2]
+    assert re.fullmatch(r" *\d+\.\d{3} ms +\d+\.\d µs/call", out[2][len(row) :]), out[2]
     assert out[3:] == [f"  directory: {directory}", f"  trace: {traces[0]}"]
     events = json.loads(traces[0].read_text())["traceEvents"]
     assert isinstance(events, list)
     names = {e.get("name", "") for e in events}
     ours = {n for n in names if n.startswith("runmodel/")}
-    assert {"runmodel/runstep", "runmodel/forward", "runmodel/backward",
-            "runmodel/optimizer_step", "runmodel/runstep/count_steps"} <= ours
+    assert {
+        "runmodel/runstep",
+        "runmodel/forward",
+        "runmodel/backward",
+        "runmodel/optimizer_step",
+        "runmodel/runstep/count_steps",
+    } <= ours
 
 
 # -- describe and --set ---------------------------------------------------------------------
+
 
 def test_describe_shows_model_options_and_the_hook_table(cli: Results) -> None:
     result = cli["describe"]
     assert result.returncode == 0, result.stderr
     out = lines(result.stdout)
-    assert out[:6] == ["model: Digits from examples/digits.py", "device: cpu",
-                       "module: Sequential, 9,610 parameters",
-                       "init options: hidden=128, seed=0",
-                       "setup options: lr=0.005, batch_size=64", ""]
+    assert out[:6] == [
+        "model: Digits from examples/digits.py",
+        "device: cpu",
+        "module: Sequential, 9,610 parameters",
+        "init options: hidden=128, seed=0",
+        "setup options: lr=0.005, batch_size=64",
+        "",
+    ]
     table = out[6:]
     assert re.fullmatch(r"phase +# +hook +priority +filter +pack +source", table[0])
     assert set(table[1]) == {"-", " "}
     # digits.py's configure(engine) attaches an Evaluate pack: its hooks, with where
-    assert any(re.fullmatch(r"setup +1 +evaluate\.setup +0 +modes=train +evaluate +"
-                            r"runmodel/packs/evaluate\.py:\d+", line) for line in table), table
-    assert any(re.fullmatch(r"epoch_end +1 +evaluate +0 +every=1ep modes=train +evaluate +"
-                            r"runmodel/packs/evaluate\.py:\d+", line) for line in table), table
+    assert any(
+        re.fullmatch(
+            r"setup +1 +evaluate\.setup +0 +modes=train +evaluate +"
+            r"runmodel/packs/evaluate\.py:\d+",
+            line,
+        )
+        for line in table
+    ), table
+    assert any(
+        re.fullmatch(
+            r"epoch_end +1 +evaluate +0 +every=1ep modes=train +evaluate +"
+            r"runmodel/packs/evaluate\.py:\d+",
+            line,
+        )
+        for line in table
+    ), table
     assert any(re.fullmatch(r"runstep +- +action +built-in", line) for line in table)
     assert any(re.fullmatch(r"epoch_start +- +\(no hooks\)", line) for line in table)
     assert [line.split()[0] for line in table[2:]] == [
-        "setup", "epoch_start", "step_start", "runstep", "forward", "backward",
-        "optimizer_step", "epoch_end", "eval_start", "eval_end", "exception", "teardown"]
+        "setup",
+        "epoch_start",
+        "step_start",
+        "runstep",
+        "forward",
+        "backward",
+        "optimizer_step",
+        "epoch_end",
+        "eval_start",
+        "eval_end",
+        "exception",
+        "teardown",
+    ]
 
 
 def test_set_reaches_init_options(cli: Results) -> None:
@@ -574,14 +734,20 @@ def test_set_keys_the_model_does_not_declare_are_one_line_errors(cli: Results) -
     """Issue 28: ``--set hiden=256`` stops (exit 2) naming the close name and what the
     model declares, instead of a warning and a run with the default."""
     message = assert_one_line_error(cli["set-typo"], "run")
-    assert message == ("--set 'hiden=256': Digits declares no option 'hiden' (did you mean "
-                       "'hidden'?); init options: hidden, seed; setup options: lr, batch_size")
+    assert message == (
+        "--set 'hiden=256': Digits declares no option 'hiden' (did you mean "
+        "'hidden'?); init options: hidden, seed; setup options: lr, batch_size"
+    )
     message = assert_one_line_error(cli["set-setup-typo"], "describe")
-    assert message == ("--set 'setup.l=0.1': Digits declares no setup option 'l' (did you "
-                       "mean 'lr'?); init options: hidden, seed; setup options: lr, batch_size")
+    assert message == (
+        "--set 'setup.l=0.1': Digits declares no setup option 'l' (did you "
+        "mean 'lr'?); init options: hidden, seed; setup options: lr, batch_size"
+    )
     message = assert_one_line_error(cli["set-unknown"], "run")
-    assert message == ("--set 'bogus=1': Tiny declares no option 'bogus'; init options: "
-                       "scale; setup options: lr, batch_size")
+    assert message == (
+        "--set 'bogus=1': Tiny declares no option 'bogus'; init options: "
+        "scale; setup options: lr, batch_size"
+    )
     message = assert_one_line_error(cli["set-unknown-init"], "run")
     assert message.startswith("--set 'init.other=2': Tiny declares no init option 'other'; ")
 
@@ -589,14 +755,17 @@ def test_set_keys_the_model_does_not_declare_are_one_line_errors(cli: Results) -
 def test_a_model_that_declares_no_options_gets_them_with_one_warning(cli: Results) -> None:
     result = cli["set-free"]  # --set width=3 --set init.depth=2 --set setup.seed=1
     assert result.returncode == 0, result.stderr
-    assert lines(result.stdout)[:2] == ["init options: [('depth', 2)]",
-                                        "setup options: [('seed', 1), ('width', 3)]"]
+    assert lines(result.stdout)[:2] == [
+        "init options: [('depth', 2)]",
+        "setup options: [('seed', 1), ('width', 3)]",
+    ]
     *err, said = lines(result.stderr)
     assert err == [
         "runmodel: warning: Free declares no init options (init_defaults), so these go to it "
         "unchecked: --set 'init.depth=2'",
         "runmodel: warning: Free declares no setup options (setup_defaults), so these go to "
-        "it unchecked: --set 'width=3', --set 'setup.seed=1'"]
+        "it unchecked: --set 'width=3', --set 'setup.seed=1'",
+    ]
     assert said.startswith("run directory: runs/free-depth2-seed1_"), said
     assert "UserWarning" not in result.stderr
 
@@ -604,8 +773,9 @@ def test_a_model_that_declares_no_options_gets_them_with_one_warning(cli: Result
 def test_training_shows_its_progress_by_default(cli: Results) -> None:
     result = cli["train"]
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"train: completed after 4 steps, 1 epochs in \d+\.\d{2}s",
-                        lines(result.stdout)[0])
+    assert re.fullmatch(
+        r"train: completed after 4 steps, 1 epochs in \d+\.\d{2}s", lines(result.stdout)[0]
+    )
     err = result.stderr
     assert "setup options: lr=0.1 batch_size=16" in lines(err)
     assert "Traceback" not in err
@@ -641,6 +811,7 @@ def test_set_with_a_bad_scope_is_a_usage_error(cli: Results) -> None:
 
 # -- errors ----------------------------------------------------------------------------------
 
+
 def test_a_missing_source_file_is_a_usage_error(cli: Results) -> None:
     message = assert_one_line_error(cli["missing-file"], "run")
     assert message.startswith("'missing.py': no file 'missing.py'")
@@ -673,7 +844,8 @@ def test_an_error_in_the_model_exits_1_with_the_error_and_where(cli: Results) ->
     assert err == [
         "runmodel run: error: RuntimeError: boom",
         "  runmodel: raised in model.run (train mode, epoch 0, step 0)",
-        "  (run with --debug for the traceback)"]
+        "  (run with --debug for the traceback)",
+    ]
     assert result.stdout == "model.teardown ran\n"
     # and its run folder says so
     [folder] = (cli.models / "runs").glob("boom_*")
@@ -696,10 +868,13 @@ def test_debug_shows_the_traceback(cli: Results) -> None:
     assert result.stdout == "model.teardown ran\n"
 
 
-@pytest.mark.parametrize(("name", "error"), [
-    ("negative-epochs", "argument --epochs: -3 is negative"),
-    ("bad-mode", "argument --mode: invalid choice: 'fly'"),
-])
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("negative-epochs", "argument --epochs: -3 is negative"),
+        ("bad-mode", "argument --mode: invalid choice: 'fly'"),
+    ],
+)
 def test_bad_arguments_are_argparse_errors(cli: Results, name: str, error: str) -> None:
     result = cli[name]
     assert result.returncode == 2
@@ -712,11 +887,19 @@ def test_bad_arguments_are_argparse_errors(cli: Results, name: str, error: str) 
 
 # -- Ctrl-C -----------------------------------------------------------------------------------
 
+
 def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
     (tmp_path / "endless.py").write_text(ENDLESS)
-    proc = subprocess.Popen([*RUNMODEL, "run", "endless.py"], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            encoding="utf-8", preexec_fn=helpers.default_ctrl_c)
+    proc = subprocess.Popen(
+        [*RUNMODEL, "run", "endless.py"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        preexec_fn=helpers.default_ctrl_c,
+    )
     watchdog = threading.Timer(TIMEOUT, proc.kill)  # readline() below has no timeout
     watchdog.start()
     try:
@@ -740,9 +923,11 @@ def test_ctrl_c_exits_130_after_teardown(tmp_path: Path) -> None:
     [folder] = (tmp_path / "runs").glob("endless_*")
     status = json.loads((folder / "status.json").read_text())
     assert status["status"] == "interrupted"
-    assert (f"; saved {folder.relative_to(tmp_path)}/checkpoint/ckpt-00000-"
-            f"{status['step']:010d}.pt; continue it with `runmodel resume "
-            f"{folder.relative_to(tmp_path)}`") in said[1], err
+    assert (
+        f"; saved {folder.relative_to(tmp_path)}/checkpoint/ckpt-00000-"
+        f"{status['step']:010d}.pt; continue it with `runmodel resume "
+        f"{folder.relative_to(tmp_path)}`"
+    ) in said[1], err
 
 
 def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:
@@ -752,8 +937,12 @@ def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:
         folder = tmp_path / f"run{i:04d}"
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({"model": {"args": {"h": i}}}))
-    process = subprocess.Popen([sys.executable, "-m", "runmodel", "runs", str(tmp_path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runmodel", "runs", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None and process.stdout.readline().startswith("run ")
     process.stdout.close()  # as head does after its lines
     err = process.communicate(timeout=60)[1]

@@ -55,17 +55,17 @@ MODEL = textwrap.dedent('''
     runmodel.register_model("moved", Moved)
 ''')
 
-CONFIG = textwrap.dedent(f'''
+CONFIG = textwrap.dedent(f"""
     imports = ["moved.py"]
     epochs = {EPOCHS}
 
     [model]
     type = "moved"
-''')
+""")
 
 #: A script run in ``argv[1]``, its checkpoints inside it (``checkpoint/``), or, with
 #: ``argv[2] == "outside"``, in a folder beside it.
-SCRIPT = textwrap.dedent(f'''
+SCRIPT = textwrap.dedent(f"""
     import sys
 
     import torch
@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent(f'''
     folder = run_dir + "-checkpoints" if sys.argv[2:] == ["outside"] else "checkpoint"
     runmodel.Engine(Checkpoint(folder), progress=False).run(
         Moved(), epochs={EPOCHS}, run_dir=run_dir, resume="auto")
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,11 @@ def _script(project: Path, *args: str | Path) -> None:
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: its size and modification time."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _read(folder: Path, name: str) -> dict[str, Any]:
@@ -127,15 +130,17 @@ def _inside(path: str, folder: Path) -> bool:
     return Path(path).resolve().is_relative_to(folder.resolve())
 
 
-def _uses_its_own_checkpoints(folder: Path, epochs: int, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def _uses_its_own_checkpoints(
+    folder: Path, epochs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``eval``, ``export`` and ``resume --epochs`` of ``folder`` read (and write) the
     checkpoints inside it, and only those."""
     run = _read(folder, "run.json")["id"]
     capsys.readouterr()
     assert _command("eval", folder) == 0
-    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith(
-        "runmodel eval: ")]
+    said = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("runmodel eval: ")
+    ]
     weights = said[0].split(" with ", 1)[1]
     assert _inside(weights, folder) and run_of(weights)["id"] == run, said  # type: ignore[index]
     keys = list(_read(folder, "eval.json"))  # keyed by the weights, relative to the folder
@@ -160,7 +165,8 @@ def _uses_its_own_checkpoints(folder: Path, epochs: int, tmp_path: Path,
 
 @pytest.mark.parametrize("kind", ["config", "source"])
 def test_a_run_moved_aside_moved_or_copied_uses_its_own_checkpoints(
-        kind: str, project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kind: str, project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     given = ["run.toml"] if kind == "config" else ["moved.py", "--epochs", str(EPOCHS)]
     start = ["run", *(project / given[0], *given[1:]), "--runs-dir", runs, "--no-progress"]
@@ -189,13 +195,18 @@ def test_a_run_moved_aside_moved_or_copied_uses_its_own_checkpoints(
     capsys.readouterr()
     assert _command("runs", runs, "--columns", "run,status,epochs,steps") == 0
     table = capsys.readouterr().out.splitlines()[2:]
-    assert sorted(row.split() for row in table) == sorted([
-        ["copied", "finished", "3", "12"], [first.name, "finished", "2", "8"],
-        ["moved", "finished", "4", "16"]])
+    assert sorted(row.split() for row in table) == sorted(
+        [
+            ["copied", "finished", "3", "12"],
+            [first.name, "finished", "2", "8"],
+            ["moved", "finished", "4", "16"],
+        ]
+    )
 
 
 def test_a_script_run_moved_or_copied_uses_its_own_checkpoints(
-        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = tmp_path / "runs" / "first"
     _script(project, first)
     original = _files(first)
@@ -210,7 +221,8 @@ def test_a_script_run_moved_or_copied_uses_its_own_checkpoints(
 
 
 def test_a_copy_whose_checkpoints_are_outside_it_is_refused_at_resume(
-        project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = tmp_path / "runs" / "first"
     _script(project, first, "outside")
     checkpoints = tmp_path / "runs" / "first-checkpoints"
@@ -220,9 +232,11 @@ def test_a_copy_whose_checkpoints_are_outside_it_is_refused_at_resume(
     capsys.readouterr()
     assert _command("resume", copied, "--epochs", EPOCHS + 1, "--no-progress") == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert line.startswith(f"runmodel resume: error: {copied} is a copy of the run folder "
-                           f"{first} (or was moved from there), and its Checkpoint pack saves "
-                           f"in {checkpoints}, outside it"), line
+    assert line.startswith(
+        f"runmodel resume: error: {copied} is a copy of the run folder "
+        f"{first} (or was moved from there), and its Checkpoint pack saves "
+        f"in {checkpoints}, outside it"
+    ), line
     assert (_files(first), _files(checkpoints)) == before
     assert _read(copied, "status.json")["status"] == "finished"
     # the run itself, in the folder it was started in, goes on

@@ -88,18 +88,24 @@ MODEL = textwrap.dedent('''
                     f.write(str(engine.state.step))
 ''')
 
-CONFIG = textwrap.dedent(f'''
+CONFIG = textwrap.dedent(f"""
     imports = ["tiny.py"]
     epochs = {EPOCHS}
 
     [model]
     type = "tiny"
-''')
+""")
 
 
 def _run(*args: str | Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT, env={**ENV, **env})
+    return subprocess.run(
+        [*map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**ENV, **env},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +121,14 @@ def straight(project: Path) -> Iterator[Path]:
     """The config's uninterrupted run (one process), started at once, in the
     background."""
     runs = project / "runs-straight"
-    process = subprocess.Popen([*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs),
-                                "--no-progress"], cwd=project, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs), "--no-progress"],
+        cwd=project,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     waited: dict[str, Any] = {}
 
     def folder() -> Path:
@@ -135,17 +146,29 @@ def straight(project: Path) -> Iterator[Path]:
             process.communicate()
 
 
-def _signal_when_ready(args: list[str], cwd: Path, send: signal.Signals, *,
-                       group: bool = True, close_output: bool = False, **env: str
-                       ) -> tuple[int, str]:
+def _signal_when_ready(
+    args: list[str],
+    cwd: Path,
+    send: signal.Signals,
+    *,
+    group: bool = True,
+    close_output: bool = False,
+    **env: str,
+) -> tuple[int, str]:
     """Run ``args``; once it prints "ready", send it ``send`` (to its process group, as a
     terminal or a scheduler does, or with ``group=False`` to the process alone); its exit
     status and stderr. ``close_output``: its stdout and stderr are one pipe, closed before
     the signal (``| tee`` ended by the same Ctrl-C)."""
-    proc = subprocess.Popen(args, cwd=cwd, env={**ENV, "READY_AT": str(READY_AT), **env},
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
-                            text=True, preexec_fn=default_ctrl_c, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env={**ENV, "READY_AT": str(READY_AT), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
+        text=True,
+        preexec_fn=default_ctrl_c,
+        start_new_session=True,
+    )
     watchdog = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     try:
@@ -203,36 +226,57 @@ def _same_weights(a: Path, b: Path) -> None:
 
 # -- one process --------------------------------------------------------------------------------
 
+
 def test_sigterm_preempts_a_config_run_exit_143_and_the_resume_is_exact(
-        project: Path, straight: Any) -> None:
+    project: Path, straight: Any
+) -> None:
     """SIGTERM is handled by default under the command: no option, nothing in the config
     (its folder, named by its hash, is the straight run's)."""
     runs = project / "runs-sigterm"
-    code, err = _signal_when_ready([*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs),
-                                    "--no-progress"], project, signal.SIGTERM)
+    code, err = _signal_when_ready(
+        [*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs), "--no-progress"],
+        project,
+        signal.SIGTERM,
+    )
     assert code == 128 + signal.SIGTERM == 143, err
     folder = _only(runs)
     assert folder.name == straight().name  # the same config, the same hash
     step = _stopped_mid_epoch(folder, "preempted", "SIGTERM")
     said = [line for line in err.splitlines() if line.startswith("runmodel")]
     assert said[-1] == "runmodel: preempted by SIGTERM", err
-    assert any(f"SIGTERM stopped the run after step {step}; saved " in line and
-               f"continue it with `runmodel resume {folder}`" in line for line in said), err
+    assert any(
+        f"SIGTERM stopped the run after step {step}; saved " in line
+        and f"continue it with `runmodel resume {folder}`" in line
+        for line in said
+    ), err
 
     again = _run(*RUNMODEL, "resume", folder, "--no-progress", cwd=project)
     assert again.returncode == 0, again.stderr
     assert _read(folder, "status.json")["status"] == "finished"
     _same_weights(folder, straight())
-    assert _read(folder, "metrics.json")["metrics"] == _read(straight(), "metrics.json")[
-        "metrics"]
+    assert _read(folder, "metrics.json")["metrics"] == _read(straight(), "metrics.json")["metrics"]
 
 
 def test_a_signal_asked_for_preempts_a_model_sources_run_exit_128_plus_its_number(
-        project: Path) -> None:
+    project: Path,
+) -> None:
     runs = project / "runs-usr1"
-    code, err = _signal_when_ready([*RUNMODEL, "run", "tiny.py", "--epochs", str(EPOCHS),
-                                    "--runs-dir", str(runs), "--no-progress",
-                                    "--preempt-signal", "USR1"], project, signal.SIGUSR1)
+    code, err = _signal_when_ready(
+        [
+            *RUNMODEL,
+            "run",
+            "tiny.py",
+            "--epochs",
+            str(EPOCHS),
+            "--runs-dir",
+            str(runs),
+            "--no-progress",
+            "--preempt-signal",
+            "USR1",
+        ],
+        project,
+        signal.SIGUSR1,
+    )
     assert code == 128 + signal.SIGUSR1, err
     folder = _only(runs)
     assert _read(folder, "run.json")["kind"] == "source"
@@ -245,13 +289,18 @@ def test_a_closed_output_pipe_never_changes_the_exit_code(project: Path) -> None
     says its last words; they are dropped, the exit code stays 130 (not Python's 120 for
     an output it could not flush), the checkpoint and the status are written."""
     runs = project / "runs-piped"
-    code, _ = _signal_when_ready([*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs)],
-                                 project, signal.SIGINT, close_output=True)
+    code, _ = _signal_when_ready(
+        [*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs)],
+        project,
+        signal.SIGINT,
+        close_output=True,
+    )
     assert code == 130
     _stopped_mid_epoch(_only(runs), "interrupted")
 
 
 # -- the options --------------------------------------------------------------------------------
+
 
 def test_the_launcher_hands_the_preemption_signals_and_the_grace_to_torchrun() -> None:
     from torch.distributed.run import get_args_parser
@@ -259,26 +308,42 @@ def test_the_launcher_hands_the_preemption_signals_and_the_grace_to_torchrun() -
     def torchrun_options(*given: str) -> Any:
         args = parser().parse_args(["run", "model.py", "--nproc-per-node", "2", *given])
         return get_args_parser().parse_args(
-            [*launch.torchrun_arguments(args), *launch.preemption_arguments(args), "-m",
-             "runmodel", "run", "model.py"])
+            [
+                *launch.torchrun_arguments(args),
+                *launch.preemption_arguments(args),
+                "-m",
+                "runmodel",
+                "run",
+                "model.py",
+            ]
+        )
 
     default = torchrun_options()
     assert (default.signals_to_handle, default.shutdown_timeout) == (
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT", 30)
-    asked = torchrun_options("--preempt-signal", "SIGUSR1", "--preempt-signal", "12",
-                             "--preempt-grace", "120")
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        30,
+    )
+    asked = torchrun_options(
+        "--preempt-signal", "SIGUSR1", "--preempt-signal", "12", "--preempt-grace", "120"
+    )
     assert (asked.signals_to_handle, asked.shutdown_timeout) == (
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2", 120)
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        120,
+    )
 
 
-@pytest.mark.parametrize(("given", "error"), [
-    (["--preempt-signal", "KILL"], "SIGKILL cannot be caught"),
-    (["--preempt-signal", "SIGINT"], "SIGINT (Ctrl-C) interrupts every run already"),
-    (["--preempt-signal", "SIGBOGUS"], "'SIGBOGUS' is not a signal"),
-    (["--preempt-grace", "0"], "'0': give a whole number of seconds >= 1"),
-])
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        (["--preempt-signal", "KILL"], "SIGKILL cannot be caught"),
+        (["--preempt-signal", "SIGINT"], "SIGINT (Ctrl-C) interrupts every run already"),
+        (["--preempt-signal", "SIGBOGUS"], "'SIGBOGUS' is not a signal"),
+        (["--preempt-grace", "0"], "'0': give a whole number of seconds >= 1"),
+    ],
+)
 def test_a_signal_that_cannot_preempt_is_a_usage_error(
-        given: list[str], error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    given: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as ended:
         main(["run", "model.py", *given])
     assert ended.value.code == 2
@@ -289,28 +354,34 @@ def test_preempt_signals_are_sigterm_and_those_asked_for() -> None:
     from runmodel.cli.commands import preempt_signals
 
     assert preempt_signals(argparse.Namespace()) == (signal.SIGTERM,)
-    args = parser().parse_args(["resume", "runs/x", "--preempt-signal", "USR1",
-                                "--preempt-signal", "TERM"])
+    args = parser().parse_args(
+        ["resume", "runs/x", "--preempt-signal", "USR1", "--preempt-signal", "TERM"]
+    )
     assert preempt_signals(args) == (signal.SIGTERM, signal.SIGUSR1)
 
 
-def test_sweep_heartbeat_reaches_the_sweep(project: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_heartbeat_reaches_the_sweep(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "sweep.toml"
-    config.write_text(CONFIG.replace('imports = ["tiny.py"]',
-                                     f'imports = ["{project / "tiny.py"}"]')
-                      + '\n[sweep]\nmetric = "eval_accuracy"\n'
-                        '[sweep.params]\nepochs = {choice = [1, 2]}\n')
-    assert main(["sweep", str(config), "--heartbeat", "0", "--runs-dir",
-                 str(tmp_path / "runs")]) == 2
+    config.write_text(
+        CONFIG.replace('imports = ["tiny.py"]', f'imports = ["{project / "tiny.py"}"]')
+        + '\n[sweep]\nmetric = "eval_accuracy"\n'
+        "[sweep.params]\nepochs = {choice = [1, 2]}\n"
+    )
+    assert (
+        main(["sweep", str(config), "--heartbeat", "0", "--runs-dir", str(tmp_path / "runs")]) == 2
+    )
     assert "heartbeat is a whole number >= 1" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
 # -- several processes ----------------------------------------------------------------------------
 
+
 def test_sigterm_to_the_launcher_stops_every_process_at_the_same_step_and_saves(
-        project: Path, tmp_path: Path) -> None:
+    project: Path, tmp_path: Path
+) -> None:
     """``runmodel run CONFIG --nproc-per-node 2``, SIGTERM to the launcher alone (as a
     scheduler sends it to the job's process): torchrun hands it on, the two processes stop
     at the same step (the stop agreement of issue 30), rank 0 saves it, the status says
@@ -321,9 +392,26 @@ def test_sigterm_to_the_launcher_stops_every_process_at_the_same_step_and_saves(
     stopped.mkdir()
     # 256 samples, 2 processes, batches of 8: 16 steps an epoch each; slow from step 3
     code, err = _signal_when_ready(
-        [*RUNMODEL, "run", "run.toml", "--runs-dir", str(runs), "--no-progress",
-         "--nproc-per-node", "2", "--set", "epochs=2"], project, signal.SIGTERM,
-        group=False, SAMPLES="256", READY_AT="3", PAUSE="0.2", STOPPED=str(stopped))
+        [
+            *RUNMODEL,
+            "run",
+            "run.toml",
+            "--runs-dir",
+            str(runs),
+            "--no-progress",
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "epochs=2",
+        ],
+        project,
+        signal.SIGTERM,
+        group=False,
+        SAMPLES="256",
+        READY_AT="3",
+        PAUSE="0.2",
+        STOPPED=str(stopped),
+    )
     assert code == 143, err[-4000:]
     folder = _only(runs)
     status = _read(folder, "status.json")
@@ -332,7 +420,8 @@ def test_sigterm_to_the_launcher_stops_every_process_at_the_same_step_and_saves(
     assert sorted(p.name for p in stopped.iterdir()) == ["stopped-0", "stopped-1"]
     assert {p.read_text() for p in stopped.iterdir()} == {str(step)}  # every process
     assert status["files"]["last_checkpoint"] == (
-        f"checkpoint/ckpt-{step // 16:05d}-{step:010d}.pt")
+        f"checkpoint/ckpt-{step // 16:05d}-{step:010d}.pt"
+    )
     assert (folder / status["files"]["last_checkpoint"]).is_file()
 
     again = _run(*RUNMODEL, "resume", folder, "--no-progress", cwd=project, SAMPLES="256")

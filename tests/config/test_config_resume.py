@@ -23,7 +23,7 @@ import torch
 from runmodel.config.runconfig import load_config
 
 TIMEOUT = 240
-MODEL = textwrap.dedent('''
+MODEL = textwrap.dedent("""
     import os, signal
     import torch
     from torch import nn
@@ -64,8 +64,8 @@ MODEL = textwrap.dedent('''
         elif kind == "ctrl-c":   # a real SIGINT, as a terminal's Ctrl-C sends
             engine.on("step_start", lambda e: os.kill(os.getpid(), signal.SIGINT),
                       once=int(at))
-''')
-CONFIG = textwrap.dedent('''
+""")
+CONFIG = textwrap.dedent("""
     imports = ["net.py"]
     epochs = 4
     [model]
@@ -73,7 +73,7 @@ CONFIG = textwrap.dedent('''
     [[packs]]
     type = "checkpoint"
     args = { every = "1st", keep = 2 }
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def runmodel_cli(*args: str, cwd: Path, kill: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KILL": kill, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "runmodel", *args, "--no-progress"], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "runmodel", *args, "--no-progress"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -105,7 +111,8 @@ def straight(project: Path) -> dict[str, torch.Tensor]:
 # here the command line's path: mid-epoch, and during a save)
 @pytest.mark.parametrize("kill", ["step:9", "save:14"])
 def test_a_killed_config_run_resumed_with_runmodel_resume_ends_bit_identical(
-        project: Path, straight: dict[str, torch.Tensor], kill: str) -> None:
+    project: Path, straight: dict[str, torch.Tensor], kill: str
+) -> None:
     # 6 batches an epoch: step 9 is mid-epoch 1, save 14 in epoch 2
     runs = f"runs-{kill.replace(':', '')}"
     run_dir = project / runs / load_config(project / "run.toml").run_name()
@@ -120,10 +127,12 @@ def test_a_killed_config_run_resumed_with_runmodel_resume_ends_bit_identical(
 
 
 def test_ctrl_c_saves_marks_the_run_interrupted_and_resume_finishes_it(
-        project: Path, straight: dict[str, torch.Tensor]) -> None:
+    project: Path, straight: dict[str, torch.Tensor]
+) -> None:
     run_dir = project / "runs-ctrl-c" / load_config(project / "run.toml").run_name()
-    stopped = runmodel_cli("run", "run.toml", "--runs-dir", "runs-ctrl-c", cwd=project,
-                           kill="ctrl-c:8")  # at step 8, the 3rd step of epoch 1
+    stopped = runmodel_cli(
+        "run", "run.toml", "--runs-dir", "runs-ctrl-c", cwd=project, kill="ctrl-c:8"
+    )  # at step 8, the 3rd step of epoch 1
     assert stopped.returncode == 130, stopped.stderr
     assert "stopping after this step, then saving" in stopped.stderr
     relative = run_dir.relative_to(project)

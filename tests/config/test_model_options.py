@@ -19,7 +19,7 @@ from runmodel.config.runconfig import load_config
 from runmodel.models import TorchModel
 from runmodel.runs import prepare
 
-MODEL = '''\
+MODEL = """\
 import torch
 from torch import nn
 
@@ -43,7 +43,7 @@ class Small(runmodel.TorchModel):
 
 
 runmodel.register_model({name!r}, Small)
-'''
+"""
 
 
 @pytest.fixture
@@ -51,8 +51,10 @@ def config(tmp_path: Path) -> Path:
     name = f"small-{uuid.uuid4().hex[:8]}"
     (tmp_path / "small.py").write_text(MODEL.format(name=name))
     path = tmp_path / "config.toml"
-    path.write_text(f'imports = ["small.py"]\nepochs = 1\ndevice = "cpu"\n[model]\n'
-                    f'type = "{name}"\nargs = {{ hidden = 16 }}\n[[packs]]\ntype = "progress"\n')
+    path.write_text(
+        f'imports = ["small.py"]\nepochs = 1\ndevice = "cpu"\n[model]\n'
+        f'type = "{name}"\nargs = {{ hidden = 16 }}\n[[packs]]\ntype = "progress"\n'
+    )
     return path
 
 
@@ -61,11 +63,11 @@ def test_a_misspelt_model_option_warns_once_and_names_no_folder(config: Path) ->
     plain = load_config(config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prepared = prepare(load_config(config, ["model.args.hiden=64"]), root,
-                           base=config.parent)
+        prepared = prepare(load_config(config, ["model.args.hiden=64"]), root, base=config.parent)
     [warning] = [str(w.message) for w in caught]
-    assert warning == ("Small: unknown init option 'hiden' ignored; did you mean 'hidden'? "
-                       "(known: hidden, seed)")
+    assert warning == (
+        "Small: unknown init option 'hiden' ignored; did you mean 'hidden'? (known: hidden, seed)"
+    )
     # the folder and the hash are the plain config's: the option changed nothing
     assert prepared.directory == root / plain.run_name()
     assert "hiden" not in prepared.directory.name
@@ -78,7 +80,8 @@ def test_a_misspelt_model_option_warns_once_and_names_no_folder(config: Path) ->
 
 @pytest.mark.parametrize("command", ["run", "describe"])
 def test_on_the_command_line_a_model_option_the_model_does_not_declare_is_a_usage_error(
-        config: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    config: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
     """Issue 28: ``--set model.args.hiden=64`` stops before anything is written, naming
     the close name and what the model declares (in Python, the option is warned about
     and ignored, as above)."""
@@ -89,16 +92,18 @@ def test_on_the_command_line_a_model_option_the_model_does_not_declare_is_a_usag
     assert main([command, str(config), *extra, *given]) == 2
     captured = capsys.readouterr()
     [line] = captured.err.splitlines()
-    assert line == (f"runmodel {command}: error: --set 'model.args.hiden=64': Small "
-                    f"(model {name!r}) declares no init option 'hiden' (did you mean "
-                    f"'hidden'?); its init options: hidden, seed")
+    assert line == (
+        f"runmodel {command}: error: --set 'model.args.hiden=64': Small "
+        f"(model {name!r}) declares no init option 'hiden' (did you mean "
+        f"'hidden'?); its init options: hidden, seed"
+    )
     assert captured.out == ""
     assert not root.exists()
 
 
 #: A model registered by a factory function: it declares no options, so any it is given
 #: goes through.
-FACTORY = '''\
+FACTORY = """\
 import torch
 from torch import nn
 
@@ -117,39 +122,65 @@ class Small(runmodel.TorchModel):
 
 
 runmodel.register_model({name!r}, lambda name, device, **args: Small(device, **args))
-'''
+"""
 
 
 def test_a_model_that_declares_no_options_takes_them_with_one_warning(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = f"factory-{uuid.uuid4().hex[:8]}"
     (tmp_path / "factory.py").write_text(FACTORY.format(name=name))
     config = tmp_path / "config.toml"
-    config.write_text(f'imports = ["factory.py"]\nepochs = 1\ndevice = "cpu"\n[model]\n'
-                      f'type = "{name}"\n')
+    config.write_text(
+        f'imports = ["factory.py"]\nepochs = 1\ndevice = "cpu"\n[model]\ntype = "{name}"\n'
+    )
     root = tmp_path / "runs"
-    assert main(["run", str(config), "--runs-dir", str(root), "--set", "model.args.width=3",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--runs-dir",
+                str(root),
+                "--set",
+                "model.args.width=3",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     [warning, where] = capsys.readouterr().err.splitlines()
-    assert warning == (f"runmodel: warning: model {name!r} declares no init options "
-                       f"(init_defaults), so these go to it unchecked: --set "
-                       f"'model.args.width=3'")
+    assert warning == (
+        f"runmodel: warning: model {name!r} declares no init options "
+        f"(init_defaults), so these go to it unchecked: --set "
+        f"'model.args.width=3'"
+    )
     [run_dir] = root.iterdir()
     assert where == f"run directory: {run_dir}"
     assert json.loads((run_dir / "config.json").read_text())["model"]["args"] == {"width": 3}
 
 
-@pytest.mark.parametrize(("key", "close"), [("epoch=2", "epochs"), ("sed=1", "seed"),
-                                            ("modle.args.hidden=3", "model"),
-                                            ("pack.0.type=x", "packs")])
+@pytest.mark.parametrize(
+    ("key", "close"),
+    [
+        ("epoch=2", "epochs"),
+        ("sed=1", "seed"),
+        ("modle.args.hidden=3", "model"),
+        ("pack.0.type=x", "packs"),
+    ],
+)
 def test_a_set_key_naming_no_config_field_is_a_usage_error(
-        config: Path, capsys: pytest.CaptureFixture[str], key: str, close: str) -> None:
+    config: Path, capsys: pytest.CaptureFixture[str], key: str, close: str
+) -> None:
     root = config.parent / "runs"
     assert main(["run", str(config), "--runs-dir", str(root), "--set", key]) == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert re.fullmatch(rf"runmodel run: error: --set '{re.escape(key)}': unknown key "
-                        rf"'{key.split('.')[0].split('=')[0]}' \(did you mean '{close}'\?\); "
-                        rf"valid keys: .*", line), line
+    assert re.fullmatch(
+        rf"runmodel run: error: --set '{re.escape(key)}': unknown key "
+        rf"'{key.split('.')[0].split('=')[0]}' \(did you mean '{close}'\?\); "
+        rf"valid keys: .*",
+        line,
+    ), line
     assert not root.exists()
 
 
@@ -160,5 +191,6 @@ def test_a_script_models_unknown_option_warns_with_a_did_you_mean() -> None:
     with pytest.warns(UserWarning) as caught:
         model = Net(init_options={"hiden": 3})
     assert [str(w.message) for w in caught] == [
-        "Net: unknown init option 'hiden' ignored; did you mean 'hidden'? (known: hidden)"]
+        "Net: unknown init option 'hiden' ignored; did you mean 'hidden'? (known: hidden)"
+    ]
     assert model.init_options == {"hidden": 8}

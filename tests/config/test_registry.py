@@ -38,11 +38,13 @@ def place(fn: Callable[..., Any]) -> str:
 
 # -- small real things the registries make -------------------------------------------------
 
+
 class WithOptions(runmodel.Model):
     init_defaults = {"hidden": 128, "act": "relu"}
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         pass
 
 
@@ -53,8 +55,9 @@ class Made(runmodel.Model):
         super().__init__(device)
         self.name, self.args = name, args
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         pass
 
 
@@ -141,6 +144,7 @@ def test_a_duplicate_by_decorator_names_both_places(name: str) -> None:
         return None
 
     with pytest.raises(ValueError) as info:
+
         @runmodel.register_loss(name)
         def second(*args: Any) -> None:
             return None
@@ -159,16 +163,21 @@ def test_a_duplicate_class_names_both_places(name: str) -> None:
         pass
 
     runmodel.register_model(name, One)
-    with pytest.raises(ValueError, match=r"One \(.*test_registry\.py:\d+\).*Two \("
-                                         r".*test_registry\.py:\d+\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"One \(.*test_registry\.py:\d+\).*Two \("
+        r".*test_registry\.py:\d+\)",
+    ):
         runmodel.register_model(name, Two)
 
 
 def test_the_same_code_run_again_replaces_silently(name: str) -> None:
     made = []
     for i in range(2):
+
         def factory(*args: Any, i: int = i) -> int:
             return i
+
         made.append(runmodel.register_loss(name, factory))
     assert made[0] is not made[1]
     assert registry.registries["loss"].get(name) is made[1]
@@ -181,7 +190,7 @@ def test_the_very_same_factory_twice_is_still_a_duplicate(name: str) -> None:
         runmodel.register_loss(name, model_factory)
 
 
-SOURCE = '''
+SOURCE = """
 import runmodel
 
 
@@ -201,7 +210,7 @@ runmodel.register_model({fn!r}, build)
 @runmodel.register_loss({loss!r})
 def loss(output, target):
     return (output - target).abs().sum()
-'''
+"""
 
 
 def test_a_file_loaded_twice_replaces_its_registrations(tmp_path: Path, name: str) -> None:
@@ -242,16 +251,18 @@ def test_different_sourceless_factories_with_one_name_are_duplicates(name: str) 
         runmodel.register_loss(name, second["factory"])
 
 
-@pytest.mark.parametrize(("kind", "builtin", "where"), [
-    ("optimizer", "adam", "torch/optim/adam.py"),
-    ("optimizer", "sgd", "torch/optim/sgd.py"),
-    ("loss", "cross_entropy", "torch/nn/modules/loss.py"),
-    ("backend", "plain", "runmodel/backends/base.py"),
-    ("interface", "supervised", "runmodel/models/interface.py"),
-    ("pack", "checkpoint", "runmodel/packs/checkpoint.py"),
-])
-def test_taking_a_builtins_name_fails_at_registration(kind: str, builtin: str,
-                                                      where: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "builtin", "where"),
+    [
+        ("optimizer", "adam", "torch/optim/adam.py"),
+        ("optimizer", "sgd", "torch/optim/sgd.py"),
+        ("loss", "cross_entropy", "torch/nn/modules/loss.py"),
+        ("backend", "plain", "runmodel/backends/base.py"),
+        ("interface", "supervised", "runmodel/models/interface.py"),
+        ("pack", "checkpoint", "runmodel/packs/checkpoint.py"),
+    ],
+)
+def test_taking_a_builtins_name_fails_at_registration(kind: str, builtin: str, where: str) -> None:
     before = registry.registries[kind].get(builtin)
     with pytest.raises(ValueError, match=f"{kind} '{builtin}' is registered already") as info:
         REGISTERS[kind](builtin, model_factory)
@@ -280,6 +291,7 @@ def test_a_factory_must_be_callable(kind: str, bad: Any, name: str) -> None:
 
 # -- making --------------------------------------------------------------------------------
 
+
 def test_a_model_class_gets_device_and_its_args_as_init_options(name: str) -> None:
     runmodel.register_model(name, WithOptions)
     model = runmodel.make_model(Spec(name, {"hidden": 64}), name="ignored", device="cpu")
@@ -296,29 +308,40 @@ def test_a_torch_model_class_is_built_on_its_device(name: str) -> None:
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "SPEC"), ("mine", "mine")])
-def test_a_factory_function_gets_name_device_and_args(name: str, given: str | None,
-                                                      expected: str) -> None:
+def test_a_factory_function_gets_name_device_and_args(
+    name: str, given: str | None, expected: str
+) -> None:
     runmodel.register_model(name, model_factory)
-    model = runmodel.make_model({"type": name, "args": {"hidden": 8, "act": "tanh"}},
-                                name=given, device="meta")
+    model = runmodel.make_model(
+        {"type": name, "args": {"hidden": 8, "act": "tanh"}}, name=given, device="meta"
+    )
     assert isinstance(model, Made)
     assert model.name == (name if expected == "SPEC" else expected)
     assert model.device == "meta"
     assert model.args == {"hidden": 8, "act": "tanh"}
 
 
-@pytest.mark.parametrize(("make", "register", "expected"), [
-    (lambda spec: runmodel.make_model(spec), runmodel.register_model, "a runmodel.Model"),
-    (lambda spec: runmodel.make_interface(spec), runmodel.register_interface,
-     "a runmodel.Interface"),
-    (lambda spec: runmodel.make_backend(spec), runmodel.register_backend, "a runmodel.Backend"),
-    (lambda spec: runmodel.make_pack(spec), runmodel.register_pack, "a runmodel.Pack"),
-    (lambda spec: runmodel.make_optimizer(spec, nn.Linear(2, 2).parameters()),
-     runmodel.register_optimizer, "a torch.optim.Optimizer"),
-])
+@pytest.mark.parametrize(
+    ("make", "register", "expected"),
+    [
+        (lambda spec: runmodel.make_model(spec), runmodel.register_model, "a runmodel.Model"),
+        (
+            lambda spec: runmodel.make_interface(spec),
+            runmodel.register_interface,
+            "a runmodel.Interface",
+        ),
+        (lambda spec: runmodel.make_backend(spec), runmodel.register_backend, "a runmodel.Backend"),
+        (lambda spec: runmodel.make_pack(spec), runmodel.register_pack, "a runmodel.Pack"),
+        (
+            lambda spec: runmodel.make_optimizer(spec, nn.Linear(2, 2).parameters()),
+            runmodel.register_optimizer,
+            "a torch.optim.Optimizer",
+        ),
+    ],
+)
 def test_a_factory_returning_the_wrong_kind_is_a_type_error(
-        make: Callable[[str], Any], register: Callable[..., Any], expected: str,
-        name: str) -> None:
+    make: Callable[[str], Any], register: Callable[..., Any], expected: str, name: str
+) -> None:
     def wrong(*args: Any, **kwargs: Any) -> list[int]:
         return [1, 2, 3]
 
@@ -332,22 +355,54 @@ def test_a_factory_returning_the_wrong_kind_is_a_type_error(
     assert f"not {expected}" in message
 
 
-@pytest.mark.parametrize(("make", "register", "right", "cls"), [
-    (lambda spec: runmodel.make_model(spec), runmodel.register_model,
-     lambda *a, **k: WithOptions(), WithOptions),
-    (lambda spec: runmodel.make_interface(spec), runmodel.register_interface,
-     lambda: runmodel.Supervised(), runmodel.Supervised),
-    (lambda spec: runmodel.make_backend(spec), runmodel.register_backend, lambda: Plain(), Plain),
-    (lambda spec: runmodel.make_pack(spec), runmodel.register_pack, lambda: EmptyPack(),
-     EmptyPack),
-    (lambda spec: runmodel.make_optimizer(spec, [nn.Parameter(torch.zeros(1))]),
-     runmodel.register_optimizer, lambda p: torch.optim.SGD(p, lr=1.0), torch.optim.SGD),
-    (lambda spec: runmodel.make_loss(spec), runmodel.register_loss, lambda: nn.MSELoss(),
-     nn.MSELoss),
-])
+@pytest.mark.parametrize(
+    ("make", "register", "right", "cls"),
+    [
+        (
+            lambda spec: runmodel.make_model(spec),
+            runmodel.register_model,
+            lambda *a, **k: WithOptions(),
+            WithOptions,
+        ),
+        (
+            lambda spec: runmodel.make_interface(spec),
+            runmodel.register_interface,
+            lambda: runmodel.Supervised(),
+            runmodel.Supervised,
+        ),
+        (
+            lambda spec: runmodel.make_backend(spec),
+            runmodel.register_backend,
+            lambda: Plain(),
+            Plain,
+        ),
+        (
+            lambda spec: runmodel.make_pack(spec),
+            runmodel.register_pack,
+            lambda: EmptyPack(),
+            EmptyPack,
+        ),
+        (
+            lambda spec: runmodel.make_optimizer(spec, [nn.Parameter(torch.zeros(1))]),
+            runmodel.register_optimizer,
+            lambda p: torch.optim.SGD(p, lr=1.0),
+            torch.optim.SGD,
+        ),
+        (
+            lambda spec: runmodel.make_loss(spec),
+            runmodel.register_loss,
+            lambda: nn.MSELoss(),
+            nn.MSELoss,
+        ),
+    ],
+)
 def test_a_factory_returning_the_right_kind_is_returned(
-        make: Callable[[str], Any], register: Callable[..., Any], right: Callable[..., Any],
-        cls: type, name: str) -> None:
+    make: Callable[[str], Any],
+    register: Callable[..., Any],
+    right: Callable[..., Any],
+    cls: type,
+    name: str,
+) -> None:
     register(name, right)
     assert type(make(name)) is cls
 
@@ -358,17 +413,21 @@ def test_a_loss_must_be_callable(name: str) -> None:
         runmodel.make_loss(name)
 
 
-@pytest.mark.parametrize(("kind", "make", "wrong", "close"), [
-    ("optimizer", lambda n: runmodel.make_optimizer(n, []), "sdg", "sgd"),
-    ("loss", lambda n: runmodel.make_loss(n), "cross_entropi", "cross_entropy"),
-    ("backend", lambda n: runmodel.make_backend(n), "amb", "amp"),
-    ("pack", lambda n: runmodel.make_pack(n), "checkpoints", "checkpoint"),
-    ("interface", lambda n: runmodel.make_interface(n), "supervise", "supervised"),
-    ("model", lambda n: runmodel.make_model(n), "zzqqxx-nowhere", None),
-    ("optimizer", lambda n: runmodel.make_optimizer({"type": n}, []), "zzqqxx-nowhere", None),
-])
-def test_an_unknown_name_is_a_key_error_with_a_hint(kind: str, make: Callable[[str], Any],
-                                                    wrong: str, close: str | None) -> None:
+@pytest.mark.parametrize(
+    ("kind", "make", "wrong", "close"),
+    [
+        ("optimizer", lambda n: runmodel.make_optimizer(n, []), "sdg", "sgd"),
+        ("loss", lambda n: runmodel.make_loss(n), "cross_entropi", "cross_entropy"),
+        ("backend", lambda n: runmodel.make_backend(n), "amb", "amp"),
+        ("pack", lambda n: runmodel.make_pack(n), "checkpoints", "checkpoint"),
+        ("interface", lambda n: runmodel.make_interface(n), "supervise", "supervised"),
+        ("model", lambda n: runmodel.make_model(n), "zzqqxx-nowhere", None),
+        ("optimizer", lambda n: runmodel.make_optimizer({"type": n}, []), "zzqqxx-nowhere", None),
+    ],
+)
+def test_an_unknown_name_is_a_key_error_with_a_hint(
+    kind: str, make: Callable[[str], Any], wrong: str, close: str | None
+) -> None:
     with pytest.raises(KeyError) as info:
         make(wrong)
     message = info.value.args[0]
@@ -380,16 +439,26 @@ def test_an_unknown_name_is_a_key_error_with_a_hint(kind: str, make: Callable[[s
     assert message.endswith("Registered: " + ", ".join(registry.registries[kind].names()))
 
 
-@pytest.mark.parametrize(("make", "spec", "where"), [
-    (lambda s: runmodel.make_optimizer(s, nn.Linear(2, 2).parameters()),
-     Spec("sgd", {"lr": 0.1, "lrr": 0.1}), "optimizer 'sgd'"),
-    (lambda s: runmodel.make_loss(s), Spec("mse", {"bogus": 1}), "loss 'mse'"),
-    (lambda s: runmodel.make_backend(s), Spec("amp", {"dtipe": "float16"}), "backend 'amp'"),
-    (lambda s: runmodel.make_pack(s, directory="d"), Spec("checkpoint", {"evry": "1ep"}),
-     "pack 'checkpoint'"),
-])
-def test_bad_args_are_a_type_error_naming_type_and_args(make: Callable[[Spec], Any],
-                                                        spec: Spec, where: str) -> None:
+@pytest.mark.parametrize(
+    ("make", "spec", "where"),
+    [
+        (
+            lambda s: runmodel.make_optimizer(s, nn.Linear(2, 2).parameters()),
+            Spec("sgd", {"lr": 0.1, "lrr": 0.1}),
+            "optimizer 'sgd'",
+        ),
+        (lambda s: runmodel.make_loss(s), Spec("mse", {"bogus": 1}), "loss 'mse'"),
+        (lambda s: runmodel.make_backend(s), Spec("amp", {"dtipe": "float16"}), "backend 'amp'"),
+        (
+            lambda s: runmodel.make_pack(s, directory="d"),
+            Spec("checkpoint", {"evry": "1ep"}),
+            "pack 'checkpoint'",
+        ),
+    ],
+)
+def test_bad_args_are_a_type_error_naming_type_and_args(
+    make: Callable[[Spec], Any], spec: Spec, where: str
+) -> None:
     with pytest.raises(TypeError) as info:
         make(spec)
     message = str(info.value)
@@ -403,8 +472,11 @@ def test_bad_args_for_a_factory_function_name_type_and_args(name: str) -> None:
         return Made(name, device, {"hidden": hidden})
 
     runmodel.register_model(name, strict)
-    with pytest.raises(TypeError, match=rf"model '{name}' \(.*strict.*\) could not be made "
-                                        r"with args \{'hiddn': 3\}"):
+    with pytest.raises(
+        TypeError,
+        match=rf"model '{name}' \(.*strict.*\) could not be made "
+        r"with args \{'hiddn': 3\}",
+    ):
         runmodel.make_model(Spec(name, {"hiddn": 3}))
 
 
@@ -418,17 +490,31 @@ def test_bad_args_for_a_model_class_name_the_args(name: str) -> None:
 def test_builtins_are_registered_by_name() -> None:
     names = {kind: set(reg.names()) for kind, reg in registry.registries.items()}
     assert {"sgd", "adam", "adamw", "rmsprop", "adagrad"} <= names["optimizer"]
-    assert {"cross_entropy", "mse", "l1", "smooth_l1", "nll", "bce", "bce_with_logits",
-            "huber"} <= names["loss"]
+    assert {
+        "cross_entropy",
+        "mse",
+        "l1",
+        "smooth_l1",
+        "nll",
+        "bce",
+        "bce_with_logits",
+        "huber",
+    } <= names["loss"]
     assert {"plain", "amp", "compile"} <= names["backend"]
     assert "supervised" in names["interface"]
     assert {"checkpoint", "tensorboard"} <= names["pack"]
 
 
-@pytest.mark.parametrize(("name", "cls"), [
-    ("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),
-    ("rmsprop", torch.optim.RMSprop), ("adagrad", torch.optim.Adagrad),
-])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("sgd", torch.optim.SGD),
+        ("adam", torch.optim.Adam),
+        ("adamw", torch.optim.AdamW),
+        ("rmsprop", torch.optim.RMSprop),
+        ("adagrad", torch.optim.Adagrad),
+    ],
+)
 def test_builtin_optimizers_are_torchs(name: str, cls: type) -> None:
     module = nn.Linear(3, 2)
     optimizer = runmodel.make_optimizer(Spec(name, {"lr": 0.25}), module.parameters())
@@ -446,14 +532,22 @@ def test_make_optimizer_takes_a_spec_or_a_dict(spec: Any) -> None:
     before = params(module)
     module(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    assert torch.allclose(params(module), before - 0.1 * torch.cat(
-        [p.grad.flatten() for p in module.parameters()]))
+    assert torch.allclose(
+        params(module), before - 0.1 * torch.cat([p.grad.flatten() for p in module.parameters()])
+    )
 
 
-@pytest.mark.parametrize(("name", "cls"), [
-    ("cross_entropy", nn.CrossEntropyLoss), ("mse", nn.MSELoss), ("l1", nn.L1Loss),
-    ("nll", nn.NLLLoss), ("bce_with_logits", nn.BCEWithLogitsLoss), ("huber", nn.HuberLoss),
-])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("cross_entropy", nn.CrossEntropyLoss),
+        ("mse", nn.MSELoss),
+        ("l1", nn.L1Loss),
+        ("nll", nn.NLLLoss),
+        ("bce_with_logits", nn.BCEWithLogitsLoss),
+        ("huber", nn.HuberLoss),
+    ],
+)
 def test_builtin_losses_are_torchs(name: str, cls: type) -> None:
     assert type(runmodel.make_loss(name)) is cls
 
@@ -477,9 +571,11 @@ def test_builtin_backends_and_interface() -> None:
 
 # -- packs and their context -----------------------------------------------------------
 
+
 def test_context_fills_a_pack_parameter_the_spec_leaves_out(tmp_path: Path) -> None:
-    pack = runmodel.make_pack(Spec("checkpoint", {"every": "2ep", "keep": 3}),
-                              directory=tmp_path / "ckpt")
+    pack = runmodel.make_pack(
+        Spec("checkpoint", {"every": "2ep", "keep": 3}), directory=tmp_path / "ckpt"
+    )
     assert type(pack) is Checkpoint
     assert pack.directory == tmp_path / "ckpt"
     assert pack.every.text == "2ep" and pack.keep == 3
@@ -488,8 +584,9 @@ def test_context_fills_a_pack_parameter_the_spec_leaves_out(tmp_path: Path) -> N
 
 
 def test_context_never_overrides_the_spec(tmp_path: Path) -> None:
-    pack = runmodel.make_pack({"type": "checkpoint", "args": {"directory": str(tmp_path / "a")}},
-                              directory=tmp_path / "b")
+    pack = runmodel.make_pack(
+        {"type": "checkpoint", "args": {"directory": str(tmp_path / "a")}}, directory=tmp_path / "b"
+    )
     assert pack.directory == tmp_path / "a"
 
 
@@ -518,6 +615,7 @@ def test_a_pack_spec_missing_a_required_argument_is_a_type_error() -> None:
 
 # -- Spec.of -------------------------------------------------------------------------------
 
+
 def test_spec_of_a_spec_is_itself() -> None:
     spec = Spec("adam", {"lr": 0.1})
     assert Spec.of(spec, "optimizer") is spec
@@ -527,12 +625,15 @@ def test_spec_of_a_bare_name() -> None:
     assert Spec.of("adam", "optimizer") == Spec("adam", {})
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ({"type": "adam"}, Spec("adam")),
-    ({"type": "adam", "args": {"lr": 0.1}}, Spec("adam", {"lr": 0.1})),
-    ({"args": {"lr": 0.1}, "type": "adam"}, Spec("adam", {"lr": 0.1})),
-    ({"type": "adam", "args": None}, Spec("adam")),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"type": "adam"}, Spec("adam")),
+        ({"type": "adam", "args": {"lr": 0.1}}, Spec("adam", {"lr": 0.1})),
+        ({"args": {"lr": 0.1}, "type": "adam"}, Spec("adam", {"lr": 0.1})),
+        ({"type": "adam", "args": None}, Spec("adam")),
+    ],
+)
 def test_spec_of_a_table(value: dict[str, Any], expected: Spec) -> None:
     original = copy.deepcopy(value)
     spec = Spec.of(value, "optimizer")
@@ -559,8 +660,7 @@ def test_falsy_non_dict_args_are_a_type_error(args: Any) -> None:
         Spec.of({"type": "adam", "args": args}, "optimizer")
 
 
-@pytest.mark.parametrize("value", [5, None, ["adam"], {"args": {}}, {"type": 5}, 1.5,
-                                   ("adam", {})])
+@pytest.mark.parametrize("value", [5, None, ["adam"], {"args": {}}, {"type": 5}, 1.5, ("adam", {})])
 def test_spec_of_anything_else_is_a_type_error(value: Any) -> None:
     with pytest.raises(TypeError, match=r"backend: give a registered name or "):
         Spec.of(value, "backend")

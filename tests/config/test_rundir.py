@@ -103,11 +103,25 @@ class Project:
     def root(self) -> Path:
         return self.dir / "runs"
 
-    def config(self, file: str = "config.toml", *, lr: float = 0.1, epochs: int = 3,
-               seed: int = 0, packs: tuple[str, ...] = ("checkpoint", "tensorboard"),
-               fail_at: int | None = None) -> Path:
-        lines = ['imports = ["tiny.py"]', f"epochs = {epochs}", f"seed = {seed}",
-                 'device = "cpu"', "", "[model]", f'type = "{self.name}"']
+    def config(
+        self,
+        file: str = "config.toml",
+        *,
+        lr: float = 0.1,
+        epochs: int = 3,
+        seed: int = 0,
+        packs: tuple[str, ...] = ("checkpoint", "tensorboard"),
+        fail_at: int | None = None,
+    ) -> Path:
+        lines = [
+            'imports = ["tiny.py"]',
+            f"epochs = {epochs}",
+            f"seed = {seed}",
+            'device = "cpu"',
+            "",
+            "[model]",
+            f'type = "{self.name}"',
+        ]
         if fail_at is not None:
             lines.append(f"args = {{ fail_at = {fail_at} }}")
         lines += ["", "[optimizer]", 'type = "sgd"', f"args = {{ lr = {lr} }}"]
@@ -132,8 +146,11 @@ def project(tmp_path: Path) -> Project:
 
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``directory``: its bytes and modification time."""
-    return {str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -151,20 +168,34 @@ def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def cli_process(*args: str, cwd: Path, env: dict[str, str] | None = None
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*RUNMODEL, *args], cwd=cwd, env=env or ENV, capture_output=True,
-                          text=True, encoding="utf-8", timeout=TIMEOUT)
+def cli_process(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RUNMODEL, *args],
+        cwd=cwd,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+    )
 
 
 # The digits example: 3 epochs through the real command, in the background from the start.
+
 
 @pytest.fixture(scope="module", autouse=True)
 def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     cwd = tmp_path_factory.mktemp("digits")
     out, err = open(cwd / "stdout", "w+"), open(cwd / "stderr", "w+")  # noqa: SIM115
-    proc = subprocess.Popen([*RUNMODEL, "run", str(DIGITS), "--runs-dir", str(cwd / "runs"),
-                             "--epochs", "3"], cwd=cwd, env=ENV, stdout=out, stderr=err)
+    proc = subprocess.Popen(
+        [*RUNMODEL, "run", str(DIGITS), "--runs-dir", str(cwd / "runs"), "--epochs", "3"],
+        cwd=cwd,
+        env=ENV,
+        stdout=out,
+        stderr=err,
+    )
     try:
         yield {"proc": proc, "cwd": cwd, "stdout": out, "stderr": err}
     finally:
@@ -177,12 +208,14 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
 
 # -- what a run directory holds ------------------------------------------------------------
 
+
 def test_execute_fills_the_run_directory(project: Project) -> None:
     config = project.load()
     engine = runmodel.Engine()
     losses: list[str] = []
-    engine.on("epoch_end", lambda e: losses.append(f"{e.state.metrics['loss']:.6g}"),
-              reads="loss")  # the epoch's mean loss, which the run log shows
+    engine.on(
+        "epoch_end", lambda e: losses.append(f"{e.state.metrics['loss']:.6g}"), reads="loss"
+    )  # the epoch's mean loss, which the run log shows
     prepared = prepare(config, project.root, base=project.dir, engine=engine)
     directory = prepared.directory
     assert directory == project.root / config.run_name() == run_dir_for(config, project.root)
@@ -200,9 +233,20 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert RunConfig.from_dict(read_json(directory / "config.json")) == config
 
     status = read_json(directory / "status.json")
-    assert sorted(status) == ["ended", "epochs", "extensions", "files", "host", "pid",
-                              "resumed_from", "run", "run_started", "started", "status",
-                              "steps"]
+    assert sorted(status) == [
+        "ended",
+        "epochs",
+        "extensions",
+        "files",
+        "host",
+        "pid",
+        "resumed_from",
+        "run",
+        "run_started",
+        "started",
+        "status",
+        "steps",
+    ]
     # the run's id and start, as every checkpoint records them; its best and last, named
     # inside the folder
     last = torch.load(directory / status["files"]["last_checkpoint"], weights_only=True)
@@ -228,8 +272,16 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     accuracy = (logits.argmax(1) == y).double().mean().item()
     loss = nn.functional.cross_entropy(logits, y).item()
     metrics = read_json(directory / "metrics.json")
-    assert sorted(metrics) == ["ended", "epochs", "files", "metrics", "reason", "seconds",
-                               "steps", "timings"]
+    assert sorted(metrics) == [
+        "ended",
+        "epochs",
+        "files",
+        "metrics",
+        "reason",
+        "seconds",
+        "steps",
+        "timings",
+    ]
     assert (metrics["ended"], metrics["steps"], metrics["epochs"]) == ("completed", 12, 3)
     # loss: the last epoch's mean training loss (Progress and RunLog read it)
     assert sorted(metrics["metrics"]) == ["eval_accuracy", "eval_loss", "loss"]
@@ -246,12 +298,16 @@ def test_execute_fills_the_run_directory(project: Project) -> None:
     assert len(log) == 5
     assert re.fullmatch(stamp + "start train: 0 epochs, 0 steps done", log[0])
     for epoch, line in enumerate(log[1:4]):
-        assert re.fullmatch(stamp + re.escape(f"epoch {epoch + 1} step {4 * (epoch + 1)} loss "
-                                              f"{losses[epoch]}"), line)
+        assert re.fullmatch(
+            stamp + re.escape(f"epoch {epoch + 1} step {4 * (epoch + 1)} loss {losses[epoch]}"),
+            line,
+        )
     assert re.fullmatch(stamp + "end: 3 epochs, 12 steps done", log[4])
 
-    assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000008.pt",
-                                                            "ckpt-00003-0000000012.pt"]
+    assert sorted(os.listdir(directory / "checkpoint")) == [
+        "ckpt-00002-0000000008.pt",
+        "ckpt-00003-0000000012.pt",
+    ]
     [events] = os.listdir(directory / "tensorboard")
     assert events.startswith("events.out.tfevents.")
 
@@ -261,16 +317,18 @@ def test_a_config_without_packs_still_checkpoints_and_logs(project: Project) -> 
     assert result.steps == 12
     assert sorted(os.listdir(directory)) == sorted([*RUN_FOLDER, "config.json"])
     # the defaults: every epoch, the newest 2
-    assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000008.pt",
-                                                            "ckpt-00003-0000000012.pt"]
+    assert sorted(os.listdir(directory / "checkpoint")) == [
+        "ckpt-00002-0000000008.pt",
+        "ckpt-00003-0000000012.pt",
+    ]
     [events] = os.listdir(directory / "tensorboard")
     assert events.startswith("events.out.tfevents.")
 
 
 # -- one directory per config ------------------------------------------------------------------
 
-def test_the_same_config_is_the_same_directory_and_is_never_overwritten(
-        project: Project) -> None:
+
+def test_the_same_config_is_the_same_directory_and_is_never_overwritten(project: Project) -> None:
     path = project.config()
     config = load_config(path)
     _, directory = execute(config, project.root, base=project.dir)
@@ -281,8 +339,11 @@ def test_the_same_config_is_the_same_directory_and_is_never_overwritten(
         assert again == config and run_dir_for(again, project.root) == directory
 
     before = snapshot(directory)
-    with pytest.raises(RunExists, match=r"holds a run of this config already \(status: "
-                                        r"finished\).*runmodel resume .*--restart") as info:
+    with pytest.raises(
+        RunExists,
+        match=r"holds a run of this config already \(status: "
+        r"finished\).*runmodel resume .*--restart",
+    ) as info:
         execute(load_config(as_json), project.root, base=project.dir)
     assert isinstance(info.value, FileExistsError)
     assert snapshot(directory) == before
@@ -290,9 +351,14 @@ def test_the_same_config_is_the_same_directory_and_is_never_overwritten(
 
 
 def test_different_configs_get_different_directories(project: Project) -> None:
-    variants = [project.load(), project.load(lr=0.01), project.load(epochs=4),
-                project.load(seed=1), project.load(packs=("checkpoint",)),
-                project.load(fail_at=99)]
+    variants = [
+        project.load(),
+        project.load(lr=0.01),
+        project.load(epochs=4),
+        project.load(seed=1),
+        project.load(packs=("checkpoint",)),
+        project.load(fail_at=99),
+    ]
     names = [c.run_name() for c in variants]
     assert len(set(names)) == len(names)
     assert len({c.digest() for c in variants}) == len(variants)
@@ -320,8 +386,9 @@ def test_restart_moves_the_old_run_aside(project: Project) -> None:
     assert_same_weights(directory, old)  # the same config trains the same weights
 
 
-def test_two_restarts_in_one_second_keep_both_old_runs(project: Project,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_restarts_in_one_second_keep_both_old_runs(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
     frozen = types.SimpleNamespace(strftime=lambda *args: "20250101-120000", time=time.time)
     monkeypatch.setattr(runmodel.runs.config_run, "time", frozen)  # both restarts in one second
     config = project.load(packs=())
@@ -333,6 +400,7 @@ def test_two_restarts_in_one_second_keep_both_old_runs(project: Project,
 
 # -- status after errors, interrupt, resume -----------------------------------------------------
 
+
 def test_a_failing_run_is_marked_failed_and_the_error_propagates(project: Project) -> None:
     config = project.load(fail_at=5)
     directory = run_dir_for(config, project.root)
@@ -343,9 +411,15 @@ def test_a_failing_run_is_marked_failed_and_the_error_propagates(project: Projec
     assert status["status"] == "failed"
     assert status["error"] == "RuntimeError: boom at call 5"
     assert status["started"] <= status["ended"]
-    assert sorted(os.listdir(directory)) == [".runmodel-reserve", "checkpoint", "config.json",
-                                             "run.json", "run.log", "status.json",
-                                             "tensorboard"]
+    assert sorted(os.listdir(directory)) == [
+        ".runmodel-reserve",
+        "checkpoint",
+        "config.json",
+        "run.json",
+        "run.log",
+        "status.json",
+        "tensorboard",
+    ]
     assert os.listdir(directory / "checkpoint") == ["ckpt-00001-0000000004.pt"]
     last = (directory / "run.log").read_text().splitlines()[-1]
     assert last.endswith(" end: 1 epoch, 5 steps done: RuntimeError: boom at call 5")
@@ -366,8 +440,12 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(project: Project)
     status = read_status(directory)
     assert status["status"] == "interrupted" and status["error"] == "KeyboardInterrupt: "
     assert not (directory / "metrics.json").exists() and not (directory / "model.pt").exists()
-    assert (directory / "run.log").read_text().splitlines()[-1].endswith(
-        " end: 1 epoch, 6 steps done: KeyboardInterrupt: ")
+    assert (
+        (directory / "run.log")
+        .read_text()
+        .splitlines()[-1]
+        .endswith(" end: 1 epoch, 6 steps done: KeyboardInterrupt: ")
+    )
 
     with pytest.raises(RunExists, match=r"status: interrupted"):
         execute(config, project.root, base=project.dir)
@@ -397,9 +475,12 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
     for path in (directory / "checkpoint").iterdir():  # as if it died before the first one
         path.unlink()
     before = snapshot(directory)
-    with pytest.raises(FileNotFoundError, match=r"has no checkpoint to resume from: the run "
-                       r"\(status finished\) ended before it wrote its first one; start it "
-                       r"again with --restart") as caught:
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"has no checkpoint to resume from: the run "
+        r"\(status finished\) ended before it wrote its first one; start it "
+        r"again with --restart",
+    ) as caught:
         execute(config, project.root, base=project.dir, resume=True)
     assert "checkpoint pack" not in str(caught.value)  # the config has one: no advice to add it
     assert snapshot(directory) == before
@@ -408,15 +489,20 @@ def test_resume_needs_a_run_and_a_checkpoint(project: Project) -> None:
 
 
 def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
-        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = project.config(epochs=4)
     config = load_config(cfg)
     root = project.dir / "killed"
     directory = root / config.run_name()
     with open(project.dir / "killed.out", "w") as out:
-        proc = subprocess.Popen([*RUNMODEL, "run", str(cfg), "--runs-dir", str(root)],
-                                cwd=project.dir, env={**ENV, "TINY_SLEEP": "0.1"}, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*RUNMODEL, "run", str(cfg), "--runs-dir", str(root)],
+            cwd=project.dir,
+            env={**ENV, "TINY_SLEEP": "0.1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + TIMEOUT
             while not list((directory / "checkpoint").glob("ckpt-*.pt")):
@@ -445,8 +531,9 @@ def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
 
     resumed = cli_process("resume", str(directory), cwd=project.dir)
     assert resumed.returncode == 0, resumed.stderr
-    assert resumed.stderr.splitlines()[0] == (f"run directory: {directory} (resuming from "
-                                              f"{directory / 'checkpoint'})")
+    assert resumed.stderr.splitlines()[0] == (
+        f"run directory: {directory} (resuming from {directory / 'checkpoint'})"
+    )
     assert resumed.stdout.startswith("train: completed after 16 steps, 4 epochs in ")
     assert read_status(directory)["status"] == "finished"
     metrics = read_json(directory / "metrics.json")
@@ -459,17 +546,19 @@ def test_a_killed_run_is_interrupted_and_runmodel_resume_finishes_it(
 
 # -- the command line on configs ------------------------------------------------------------------
 
+
 def one_error_line(capsys: pytest.CaptureFixture[str], command: str = "run") -> str:
     captured = capsys.readouterr()
     assert captured.out == "" and "Traceback" not in captured.err
     [line] = captured.err.splitlines()
     prefix = f"runmodel {command}: error: "
     assert line.startswith(prefix), line
-    return line[len(prefix):]
+    return line[len(prefix) :]
 
 
 def test_cli_run_a_config_rerun_restart_set_and_runs(
-        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = project.config()
     runs = project.dir / "cli-runs"
     directory = runs / load_config(cfg).run_name()
@@ -477,9 +566,9 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     assert first.returncode == 0, first.stderr
     # a config run shows its progress: off a terminal, a line per epoch
     assert first.stderr.splitlines()[0] == f"run directory: {directory}"
-    assert [re.sub(r"loss \S+  \(\S+s\)", "loss L (Ts)", line)
-            for line in first.stderr.splitlines()[1:]] == [
-        f"train epoch {e}/3  step {4 * e}  loss L (Ts)" for e in range(1, 4)]  # from 1
+    assert [
+        re.sub(r"loss \S+  \(\S+s\)", "loss L (Ts)", line) for line in first.stderr.splitlines()[1:]
+    ] == [f"train epoch {e}/3  step {4 * e}  loss L (Ts)" for e in range(1, 4)]  # from 1
     assert first.stdout.startswith("train: completed after 12 steps, 3 epochs in ")
     assert read_status(directory)["status"] == "finished"
     before = snapshot(directory)
@@ -488,8 +577,9 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     assert again.returncode == 2 and again.stdout == ""
     assert "Traceback" not in again.stderr
     [line] = again.stderr.splitlines()
-    assert line.startswith(f"runmodel run: error: {directory} holds a run of this config "
-                           f"already (status: finished)")
+    assert line.startswith(
+        f"runmodel run: error: {directory} holds a run of this config already (status: finished)"
+    )
     assert f"runmodel resume {directory}" in line and "--restart" in line
     assert snapshot(directory) == before
 
@@ -501,31 +591,59 @@ def test_cli_run_a_config_rerun_restart_set_and_runs(
     [old] = [p for p in runs.iterdir() if ".old-" in p.name]
     assert old.name.startswith(f"{directory.name}.old-") and snapshot(old) == before
 
-    assert main(["run", str(cfg), "--runs-dir", str(runs), "--set",
-                 "optimizer.args.lr=0.01", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(cfg),
+                "--runs-dir",
+                str(runs),
+                "--set",
+                "optimizer.args.lr=0.01",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     other = runs / load_config(cfg, ["optimizer.args.lr=0.01"]).run_name()
     assert capsys.readouterr().err.splitlines() == [f"run directory: {other}"]
     assert other != directory and other.name.startswith(f"{project.name}_sgd-lr0.01_")
-    assert read_json(other / "config.json")["optimizer"] == {"type": "sgd",
-                                                             "args": {"lr": 0.01}}
+    assert read_json(other / "config.json")["optimizer"] == {"type": "sgd", "args": {"lr": 0.01}}
 
     assert main(["runs", str(runs)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["run", "status", "optimizer.args.lr", "steps", "eval_accuracy",
-                                "eval_loss", "loss"]
+    assert table[0].split() == [
+        "run",
+        "status",
+        "optimizer.args.lr",
+        "steps",
+        "eval_accuracy",
+        "eval_loss",
+        "loss",
+    ]
     assert set(table[1]) == {"-", " "}
     rows = [row.split() for row in table[2:]]
     expected = []
     for run, lr in ((old, "0.1"), (directory, "0.1"), (other, "0.01")):  # by start time
         m = read_json(run / "metrics.json")["metrics"]
-        expected.append([run.name, "finished", lr, "12", f"{m['eval_accuracy']:.4f}",
-                         f"{m['eval_loss']:.4f}", f"{m['loss']:.4f}"])
+        expected.append(
+            [
+                run.name,
+                "finished",
+                lr,
+                "12",
+                f"{m['eval_accuracy']:.4f}",
+                f"{m['eval_loss']:.4f}",
+                f"{m['loss']:.4f}",
+            ]
+        )
     assert rows == expected
 
 
 @pytest.mark.parametrize("where", ["missing", "empty"])
-def test_cli_runs_without_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               where: str) -> None:
+def test_cli_runs_without_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
     if where == "empty":
         (tmp_path / where).mkdir()
     assert main(["runs", str(tmp_path / where)]) == 0
@@ -533,20 +651,44 @@ def test_cli_runs_without_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 BAD_CONFIGS = {
-    "malformed-toml": ("bad.toml", 'epochs = 3\nseed = = 0\n[model]\ntype = "x"\n',
-                       [], r"{path}: malformed TOML: .*\(at line 2, column \d+\)"),
-    "malformed-json": ("bad.json", '{\n  "model": "x",\n  "epochs": 3,\n}\n', [],
-                       r"{path}:4:1: malformed JSON: Expecting property name"),
-    "unknown-key": ("bad.toml", 'epoch = 3\n[model]\ntype = "x"\n', [],
-                    r"{path}: unknown key 'epoch' \(did you mean 'epochs'\?\); valid keys: "),
-    "unknown-set-key": ("ok.toml", '[model]\ntype = "x"\n', ["--set", "optimiser.args.lr=0.1"],
-                        r"--set 'optimiser.args.lr=0.1': unknown key 'optimiser' \(did you "
-                        r"mean 'optimizer'\?\)"),
-    "spec-subkey": ("ok.toml", '[model]\ntype = "x"\n', ["--set", "model.arg.hidden=2"],
-                    r"--set 'model.arg.hidden=2': a spec has 'type' and 'args', not 'arg' "
-                    r"\(did you mean 'args'\?\)$"),
-    "wrong-type": ("ok.toml", 'epochs = 3\n[model]\ntype = "x"\n', ["--set", "epochs=three"],
-                   r"--set 'epochs=three': epochs is int \(3\); 'three' is str$"),
+    "malformed-toml": (
+        "bad.toml",
+        'epochs = 3\nseed = = 0\n[model]\ntype = "x"\n',
+        [],
+        r"{path}: malformed TOML: .*\(at line 2, column \d+\)",
+    ),
+    "malformed-json": (
+        "bad.json",
+        '{\n  "model": "x",\n  "epochs": 3,\n}\n',
+        [],
+        r"{path}:4:1: malformed JSON: Expecting property name",
+    ),
+    "unknown-key": (
+        "bad.toml",
+        'epoch = 3\n[model]\ntype = "x"\n',
+        [],
+        r"{path}: unknown key 'epoch' \(did you mean 'epochs'\?\); valid keys: ",
+    ),
+    "unknown-set-key": (
+        "ok.toml",
+        '[model]\ntype = "x"\n',
+        ["--set", "optimiser.args.lr=0.1"],
+        r"--set 'optimiser.args.lr=0.1': unknown key 'optimiser' \(did you "
+        r"mean 'optimizer'\?\)",
+    ),
+    "spec-subkey": (
+        "ok.toml",
+        '[model]\ntype = "x"\n',
+        ["--set", "model.arg.hidden=2"],
+        r"--set 'model.arg.hidden=2': a spec has 'type' and 'args', not 'arg' "
+        r"\(did you mean 'args'\?\)$",
+    ),
+    "wrong-type": (
+        "ok.toml",
+        'epochs = 3\n[model]\ntype = "x"\n',
+        ["--set", "epochs=three"],
+        r"--set 'epochs=three': epochs is int \(3\); 'three' is str$",
+    ),
     "missing-model": ("ok.toml", "epochs = 3\n", [], r"{path}: 'model' is required \("),
     "missing-file": ("absent.toml", None, [], r"cannot read config '{path}'"),
 }
@@ -554,7 +696,8 @@ BAD_CONFIGS = {
 
 @pytest.mark.parametrize("case", BAD_CONFIGS)
 def test_cli_bad_configs_are_one_line_usage_errors(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
     file, text, extra, message = BAD_CONFIGS[case]
     path = tmp_path / file
     if text is not None:
@@ -566,21 +709,21 @@ def test_cli_bad_configs_are_one_line_usage_errors(
 
 
 def test_cli_an_unknown_model_name_is_a_usage_error(
-        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = project.config()
-    cfg.write_text(cfg.read_text().replace(f'type = "{project.name}"',
-                                           f'type = "{project.name}x"'))
+    cfg.write_text(cfg.read_text().replace(f'type = "{project.name}"', f'type = "{project.name}x"'))
     assert main(["run", str(cfg), "--runs-dir", str(project.root)]) == 2
     error = one_error_line(capsys)
     assert f"no model registered as '{project.name}x'. Did you mean '{project.name}'?" in error
     assert not project.root.exists()
 
 
-def test_cli_resume_of_a_folder_that_is_no_run(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_resume_of_a_folder_that_is_no_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["resume", str(tmp_path)]) == 2
-    assert "is not a run directory (no readable config.json)" in one_error_line(capsys,
-                                                                                 "resume")
+    assert "is not a run directory (no readable config.json)" in one_error_line(capsys, "resume")
 
 
 def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -> None:
@@ -597,7 +740,8 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     # the model file's configure(engine) applies to config runs: its Evaluate pack's
     # metrics show in the progress lines
     assert [line.split("  ")[0] for line in err.splitlines()[1:]] == [
-        f"train epoch {e}/3" for e in range(1, 4)]
+        f"train epoch {e}/3" for e in range(1, 4)
+    ]
     assert all("eval_accuracy" in line for line in err.splitlines()[1:])
     assert out.startswith("train: completed after 69 steps, 3 epochs in ")
     assert os.listdir(runs) == [directory.name]
@@ -606,13 +750,18 @@ def test_the_digits_example_config_runs_end_to_end(digits_run: dict[str, Any]) -
     metrics = read_json(directory / "metrics.json")
     assert (metrics["steps"], metrics["epochs"], metrics["ended"]) == (69, 3, "completed")
     assert metrics["metrics"]["eval_accuracy"] > 0.85
-    assert sorted(os.listdir(directory / "checkpoint")) == ["ckpt-00002-0000000046.pt",
-                                                            "ckpt-00003-0000000069.pt"]
-    assert any(p.startswith("events.out.tfevents.") for p in os.listdir(directory /
-                                                                        "tensorboard"))
+    assert sorted(os.listdir(directory / "checkpoint")) == [
+        "ckpt-00002-0000000046.pt",
+        "ckpt-00003-0000000069.pt",
+    ]
+    assert any(p.startswith("events.out.tfevents.") for p in os.listdir(directory / "tensorboard"))
     saved = weights(directory)
     assert {k: tuple(v.shape) for k, v in saved.items()} == {
-        "1.weight": (128, 64), "1.bias": (128,), "3.weight": (10, 128), "3.bias": (10,)}
+        "1.weight": (128, 64),
+        "1.bias": (128,),
+        "3.weight": (10, 128),
+        "3.bias": (10,),
+    }
     last = torch.load(directory / "checkpoint" / "ckpt-00003-0000000069.pt", weights_only=True)
     assert all(torch.equal(saved[k], last["model"]["module"][k]) for k in saved)
 
@@ -631,8 +780,11 @@ def test_a_bad_optimizer_is_found_before_anything_is_written(project: Project) -
     path.write_text(path.read_text().replace('type = "sgd"', 'type = "sgdd"'))
     with pytest.raises(KeyError, match="Did you mean 'sgd'"):
         prepare(load_config(path), project.root, base=project.dir)
-    path.write_text(path.read_text().replace('type = "sgdd"', 'type = "sgd"').replace(
-        "lr = 0.1", "lr = 0.1, nesterovv = true"))
+    path.write_text(
+        path.read_text()
+        .replace('type = "sgdd"', 'type = "sgd"')
+        .replace("lr = 0.1", "lr = 0.1, nesterovv = true")
+    )
     with pytest.raises(TypeError, match="nesterovv"):
         prepare(load_config(path), project.root, base=project.dir)
     assert not project.root.exists()

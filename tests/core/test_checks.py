@@ -13,8 +13,9 @@ from runmodel.core.checks import closest, did_you_mean, is_whole_number, whole_n
 @pytest.mark.parametrize("value", [-1, 1.0, 2.5, True, False, "3", None])
 def test_only_ints_at_least_the_least_are_whole_numbers(value: object) -> None:
     assert not is_whole_number(value, least=0) or value == 0
-    with pytest.raises(ValueError, match=re.escape(f"Pack(k=) must be a whole number >= 0; "
-                                                   f"got {value!r}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"Pack(k=) must be a whole number >= 0; got {value!r}")
+    ):
         whole_number(value, "Pack(k=)")
 
 
@@ -22,10 +23,18 @@ def test_a_whole_number_is_returned_and_the_message_says_what_it_counts() -> Non
     assert whole_number(3, "k=", least=1) == 3
     assert whole_number(None, "k=", none=True) is None
     with pytest.raises(ValueError) as info:
-        whole_number(0, "EarlyStopping(every=)", least=1, none=True, unit="epochs",
-                     meaning="as Evaluate's every=")
-    assert str(info.value) == ("EarlyStopping(every=) must be a whole number of epochs >= 1 or "
-                               "None (as Evaluate's every=); got 0")
+        whole_number(
+            0,
+            "EarlyStopping(every=)",
+            least=1,
+            none=True,
+            unit="epochs",
+            meaning="as Evaluate's every=",
+        )
+    assert str(info.value) == (
+        "EarlyStopping(every=) must be a whole number of epochs >= 1 or "
+        "None (as Evaluate's every=); got 0"
+    )
 
 
 def test_did_you_mean_names_the_closest_choice_or_nothing() -> None:

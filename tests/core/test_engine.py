@@ -19,8 +19,16 @@ def test_implicit_epoch_phase_order(engine: runmodel.Engine) -> None:
     record_all(engine, log)
     model = Counting(batches=2, use_epochs=False)
     result = engine.run(model)
-    assert log == ["setup@0.0", "epoch_start@0.0", "step_start@0.0", "runstep@0.0",
-                   "step_start@0.1", "runstep@0.1", "epoch_end@0.2", "teardown@1.2"]
+    assert log == [
+        "setup@0.0",
+        "epoch_start@0.0",
+        "step_start@0.0",
+        "runstep@0.0",
+        "step_start@0.1",
+        "runstep@0.1",
+        "epoch_end@0.2",
+        "teardown@1.2",
+    ]
     assert (result.ended, result.steps, result.epochs) == ("completed", 2, 1)
     assert model.calls == ["model.setup", "model.run", "model.teardown"]
 
@@ -31,12 +39,22 @@ def test_explicit_epochs_phase_order(engine: runmodel.Engine) -> None:
     model = Counting(batches=2)
     engine.on("teardown", lambda e: model.calls.append("teardown hook"))
     result = engine.run(model, epochs=2)
-    assert log == ["setup@0.0",
-                   "epoch_start@0.0", "step_start@0.0", "runstep@0.0", "step_start@0.1",
-                   "runstep@0.1", "epoch_end@0.2",
-                   "epoch_start@1.2", "step_start@1.2", "runstep@1.2", "step_start@1.3",
-                   "runstep@1.3", "epoch_end@1.4",
-                   "teardown@2.4"]
+    assert log == [
+        "setup@0.0",
+        "epoch_start@0.0",
+        "step_start@0.0",
+        "runstep@0.0",
+        "step_start@0.1",
+        "runstep@0.1",
+        "epoch_end@0.2",
+        "epoch_start@1.2",
+        "step_start@1.2",
+        "runstep@1.2",
+        "step_start@1.3",
+        "runstep@1.3",
+        "epoch_end@1.4",
+        "teardown@2.4",
+    ]
     assert model.seen == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert model.calls == ["model.setup", "model.run", "teardown hook", "model.teardown"]
     assert (result.ended, result.steps, result.epochs) == ("completed", 4, 2)
@@ -53,10 +71,12 @@ def test_runstep_returns_output_and_carries_run_facts(engine: runmodel.Engine) -
     got: dict[str, Any] = {}
 
     class Probe(Counting):
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
-            got.update(out=runstep("x"), mode=runstep.mode, steps=runstep.steps,
-                       engine=runstep.engine)
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
+            got.update(
+                out=runstep("x"), mode=runstep.mode, steps=runstep.steps, engine=runstep.engine
+            )
 
     engine.run(Probe(), mode="eval", steps=5)
     assert got == {"out": "x", "mode": "eval", "steps": 5, "engine": engine}
@@ -75,8 +95,7 @@ class Forever(runmodel.Model):
     def step(self, batch: Any) -> None:
         self.steps_run += 1
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-            **k: Any) -> None:
+    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any) -> None:
         i = 0
         while True:
             try:
@@ -143,8 +162,9 @@ def test_zero_steps_runs_nothing_but_setup_and_teardown(engine: runmodel.Engine)
 
 
 def test_empty_data_with_unbounded_epochs_is_an_error(engine: runmodel.Engine) -> None:
-    with pytest.raises(RuntimeError,
-                       match=r"epoch 0 drew no batch: Counting.run\(\) made no runstep call"):
+    with pytest.raises(
+        RuntimeError, match=r"epoch 0 drew no batch: Counting.run\(\) made no runstep call"
+    ):
         engine.run(Counting(batches=0), steps=10)
 
 
@@ -181,8 +201,16 @@ def test_stop_at_epoch_start_pairs_the_epoch_end(engine: runmodel.Engine) -> Non
     engine.on("epoch_start", lambda e: e.stop(), when=lambda e: e.state.epoch == 1)
     record_all(engine, log)
     result = engine.run(Counting(batches=1), epochs=5)
-    assert log == ["setup@0.0", "epoch_start@0.0", "step_start@0.0", "runstep@0.0",
-                   "epoch_end@0.1", "epoch_start@1.1", "epoch_end@1.1", "teardown@1.1"]
+    assert log == [
+        "setup@0.0",
+        "epoch_start@0.0",
+        "step_start@0.0",
+        "runstep@0.0",
+        "epoch_end@0.1",
+        "epoch_start@1.1",
+        "epoch_end@1.1",
+        "teardown@1.1",
+    ]
     assert (result.ended, result.epochs) == ("stopped", 1)
 
 
@@ -193,8 +221,11 @@ def test_stop_with_implicit_epoch(engine: runmodel.Engine) -> None:
 
 
 def test_end_epoch_drops_the_rest_of_the_epoch(engine: runmodel.Engine) -> None:
-    engine.on("runstep", lambda e: e.end_epoch(),
-              when=lambda e: e.state.epoch == 0 and e.state.epoch_step == 1)
+    engine.on(
+        "runstep",
+        lambda e: e.end_epoch(),
+        when=lambda e: e.state.epoch == 0 and e.state.epoch_step == 1,
+    )
     model = Counting(batches=4)
     result = engine.run(model, epochs=2)
     assert model.seen == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)]
@@ -264,19 +295,20 @@ def test_error_in_a_hook_names_phase_and_hook(engine: runmodel.Engine) -> None:
     assert torn == ["hook"] and model.calls[-1] == "model.teardown"
 
 
-@pytest.mark.parametrize(("where", "expected"), [("setup", "model.setup"),
-                                                  ("run", "model.run"),
-                                                  ("step", "phase 'runstep' (built-in action)")])
-def test_error_in_the_model_names_where(engine: runmodel.Engine, where: str,
-                                        expected: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [("setup", "model.setup"), ("run", "model.run"), ("step", "phase 'runstep' (built-in action)")],
+)
+def test_error_in_the_model_names_where(engine: runmodel.Engine, where: str, expected: str) -> None:
     class Broken(Counting):
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             super().setup(setup_options)
             if where == "setup":
                 raise OSError("no data")
 
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
             if where == "run":
                 raise OSError("no data")
             super().run(runstep, steps)
@@ -342,14 +374,18 @@ def test_engine_is_reusable_after_an_error(engine: runmodel.Engine) -> None:
     assert (result.ended, result.steps) == ("completed", 2)
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"mode": "training"}, ValueError, "valid modes: train, eval"),
-    ({"steps": -1}, ValueError, "steps= must be a whole number"),
-    ({"epochs": 1.5}, ValueError, "epochs= must be a whole number"),
-    ({"setup_options": ["lr"]}, TypeError, "setup_options must be a dict"),
-])
-def test_bad_run_arguments(engine: runmodel.Engine, kwargs: dict[str, Any],
-                           error: type[Exception], match: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mode": "training"}, ValueError, "valid modes: train, eval"),
+        ({"steps": -1}, ValueError, "steps= must be a whole number"),
+        ({"epochs": 1.5}, ValueError, "epochs= must be a whole number"),
+        ({"setup_options": ["lr"]}, TypeError, "setup_options must be a dict"),
+    ],
+)
+def test_bad_run_arguments(
+    engine: runmodel.Engine, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
     with pytest.raises(error, match=match):
         engine.run(Counting(), **kwargs)
 
@@ -362,8 +398,9 @@ def test_nested_run_is_an_error(engine: runmodel.Engine) -> None:
 
 def test_epochs_after_implicit_steps_is_an_error(engine: runmodel.Engine) -> None:
     class Late(Counting):
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
             runstep(0)
             for _ in runstep.epochs():
                 pass
@@ -416,8 +453,9 @@ def test_memory_stays_flat_over_200k_steps_with_10_hooks(engine: runmodel.Engine
         def step(self, batch: Any) -> Any:
             return batch
 
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
             for b in range(200_000):
                 runstep(b)
 
@@ -463,6 +501,7 @@ def test_error_notes_tell_hooks_sharing_code_apart(engine: runmodel.Engine) -> N
         def hook(engine: runmodel.Engine) -> None:
             if fail:
                 raise ValueError("from the second")
+
         return hook
 
     engine.on("epoch_start", make(False), name="quiet")

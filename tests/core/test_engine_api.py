@@ -21,8 +21,9 @@ class Steps(runmodel.Model):
         time.sleep(0.001)
         return batch
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         for _ in runstep.epochs():
             for b in range(4):
                 runstep(b)
@@ -47,6 +48,7 @@ def test_instrument_wraps_hooks_and_phases_and_comes_off() -> None:
         def wrapped(*args: Any) -> Any:
             seen.append((phase, None if hook is None else hook.name))
             return fn(*args)
+
         return wrapped
 
     remove = engine.instrument(wrap)
@@ -86,7 +88,9 @@ class Net(runmodel.TorchModel):
     def setup(self, setup_options: Any = None) -> None:
         g = torch.Generator().manual_seed(1)
         x = torch.randn(32, 4, generator=g)
-        self.train_data = [(x[i:i + 8], x[i:i + 8].sum(1, keepdim=True)) for i in range(0, 32, 8)]
+        self.train_data = [
+            (x[i : i + 8], x[i : i + 8].sum(1, keepdim=True)) for i in range(0, 32, 8)
+        ]
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-2)
         self.loss_fn = nn.MSELoss()
 

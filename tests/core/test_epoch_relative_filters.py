@@ -30,12 +30,14 @@ def test_every_n_steps_of_the_epoch_counts_anew_in_each_epoch() -> None:
 
 
 def test_it_reads_the_counters_so_a_resumed_run_fires_where_the_straight_run_did(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     def run(directory: Path, **options: object) -> list[tuple[int, int]]:
         engine = runmodel.Engine(Checkpoint(directory, every="4st", keep=None))
         seen: list[tuple[int, int]] = []
-        engine.on("step_start", lambda e: seen.append((e.state.epoch, e.state.epoch_step)),
-                  every="3est")
+        engine.on(
+            "step_start", lambda e: seen.append((e.state.epoch, e.state.epoch_step)), every="3est"
+        )
         engine.run(Tiny(batches=7), **options)  # type: ignore[arg-type]
         return seen
 
@@ -48,31 +50,58 @@ def test_it_reads_the_counters_so_a_resumed_run_fires_where_the_straight_run_did
 
 def test_only_step_phases_count_steps_of_the_epoch_and_it_is_no_position() -> None:
     engine = runmodel.Engine()
-    with pytest.raises(ValueError, match=r"every='3est' on phase 'epoch_end': 'est' counts "
-                                         r"the steps of each epoch, which only a step phase"):
+    with pytest.raises(
+        ValueError,
+        match=r"every='3est' on phase 'epoch_end': 'est' counts "
+        r"the steps of each epoch, which only a step phase",
+    ):
         engine.on("epoch_end", lambda e: None, every="3est")
-    with pytest.raises(ValueError, match=r"once='3est': 'est' counts the steps of each epoch "
-                                         r"anew, so it names a moment of every epoch"):
+    with pytest.raises(
+        ValueError,
+        match=r"once='3est': 'est' counts the steps of each epoch "
+        r"anew, so it names a moment of every epoch",
+    ):
         engine.on("runstep", lambda e: None, once="3est")
     with pytest.raises(ValueError, match=r"every='2est' on phase 'eval_start'"):
+
         class Pack(runmodel.Pack):  # refused when the class is made
             @runmodel.hook(every="2est")
             def eval_start(self, engine: runmodel.Engine) -> None: ...
+
     engine.on("optimizer_step", lambda e: None, every="2est")
     assert "every=2est" in engine.describe()
 
 
 # -- once= positions at a resume ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cut", [{"epochs": 2}, {"steps": 6}])  # at an epoch's end, mid-epoch
-@pytest.mark.parametrize(("phase", "once"), [
-    ("epoch_start", 0), ("epoch_start", 1), ("epoch_start", 2), ("epoch_start", "1ep"),
-    ("epoch_end", 0), ("epoch_end", 1), ("epoch_end", 2), ("epoch_start", "4st"),
-    ("epoch_end", "5st"), ("epoch_end", "9st"), ("epoch_start", "0st"), ("epoch_start", "8st"),
-    ("epoch_start", "6st"), ("setup", True), ("runstep", 5),
-    ("runstep", 9), ("step_start", "2ep"), ("step_start", "1ep")])
+@pytest.mark.parametrize(
+    ("phase", "once"),
+    [
+        ("epoch_start", 0),
+        ("epoch_start", 1),
+        ("epoch_start", 2),
+        ("epoch_start", "1ep"),
+        ("epoch_end", 0),
+        ("epoch_end", 1),
+        ("epoch_end", 2),
+        ("epoch_start", "4st"),
+        ("epoch_end", "5st"),
+        ("epoch_end", "9st"),
+        ("epoch_start", "0st"),
+        ("epoch_start", "8st"),
+        ("epoch_start", "6st"),
+        ("setup", True),
+        ("runstep", 5),
+        ("runstep", 9),
+        ("step_start", "2ep"),
+        ("step_start", "1ep"),
+    ],
+)
 def test_a_once_hook_is_past_at_a_resume_exactly_when_the_resumed_run_skips_it(
-        tmp_path: Path, cut: dict[str, int], phase: str, once: object) -> None:
+    tmp_path: Path, cut: dict[str, int], phase: str, once: object
+) -> None:
     """``moment_past`` (what a resumed train run names on stderr) agrees with the filter:
     of the hooks a straight run of 3 epochs of 4 steps fires, those past at a resume
     (after epoch 2, or at step 6) are the ones the resumed run does not fire."""
@@ -89,8 +118,11 @@ def test_a_once_hook_is_past_at_a_resume_exactly_when_the_resumed_run_skips_it(
     run(runmodel.Engine(Checkpoint(tmp_path)), **cut)
     resumed = runmodel.Engine(Checkpoint(tmp_path))
     past: list[bool] = []  # asked where a resumed run asks: its first epoch_start
-    resumed.on("epoch_start", lambda e: past.append(moment_past(
-        phase, parse_duration(once, "once"), e.state)), priority=1e9)  # type: ignore[arg-type]
+    resumed.on(
+        "epoch_start",
+        lambda e: past.append(moment_past(phase, parse_duration(once, "once"), e.state)),
+        priority=1e9,
+    )  # type: ignore[arg-type]
     fired = run(resumed, epochs=3, resume=tmp_path)
     assert resumed.state.step == 12 and past[:1] == [fired == []]
 

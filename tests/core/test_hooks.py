@@ -26,8 +26,12 @@ ACTION_PHASES = [p for p, spec in PHASES.items() if spec.has_action]
 class Loop(runmodel.Model):
     """``epochs`` x ``batches`` steps; each step logs ``"action"`` and may call ``on_step``."""
 
-    def __init__(self, batches: int = 4, log: list[Any] | None = None,
-                 on_step: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        batches: int = 4,
+        log: list[Any] | None = None,
+        on_step: Callable[[], Any] | None = None,
+    ) -> None:
         super().__init__()
         self.batches = batches
         self.log: list[Any] = [] if log is None else log
@@ -40,8 +44,9 @@ class Loop(runmodel.Model):
             self.on_step()
         return ("out", batch)
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         for epoch in runstep.epochs():
             for b in range(self.batches):
                 self.returned.append(runstep((epoch, b)))
@@ -50,24 +55,28 @@ class Loop(runmodel.Model):
 def recorder(log: list[Any], label: Any) -> Callable[[runmodel.Engine], None]:
     def hook(engine: runmodel.Engine) -> None:
         log.append(label)
+
     return hook
 
 
 def step_recorder(log: list[Any]) -> Callable[[runmodel.Engine], None]:
     def hook(engine: runmodel.Engine) -> None:
         log.append(engine.state.step)
+
     return hook
 
 
 def epoch_recorder(log: list[Any]) -> Callable[[runmodel.Engine], None]:
     def hook(engine: runmodel.Engine) -> None:
         log.append(engine.state.epoch)
+
     return hook
 
 
 def at_recorder(log: list[Any]) -> Callable[[runmodel.Engine], None]:
     def hook(engine: runmodel.Engine) -> None:
         log.append((engine.state.epoch, engine.state.step))
+
     return hook
 
 
@@ -89,8 +98,9 @@ def described_overrides(engine: runmodel.Engine, phase: str = "runstep") -> list
     return [c[2].removeprefix("override ") for c in rows(engine, phase) if c[1][0] == "o"]
 
 
-def register(engine: runmodel.Engine, log: list[str], name: str, phase: str = "runstep",
-             **options: Any) -> runmodel.HookHandle:
+def register(
+    engine: runmodel.Engine, log: list[str], name: str, phase: str = "runstep", **options: Any
+) -> runmodel.HookHandle:
     return engine.on(phase, recorder(log, name), name=name, **options)
 
 
@@ -315,8 +325,15 @@ def test_describe_table(engine: runmodel.Engine) -> None:
     engine.override("runstep", lambda e, d: d(e), name="wrap", priority=1.5)
 
     lines = engine.describe().splitlines()
-    assert re.split(r"\s{2,}", lines[0]) == ["phase", "#", "hook", "priority", "filter",
-                                            "pack", "source"]
+    assert re.split(r"\s{2,}", lines[0]) == [
+        "phase",
+        "#",
+        "hook",
+        "priority",
+        "filter",
+        "pack",
+        "source",
+    ]
     assert set(lines[1]) == {"-", " "}
     assert all(len(line) <= len(lines[1]) for line in lines)
     table = {(c[0], c[1]): c for c in (re.split(r"\s{2,}", line) for line in lines[2:])}
@@ -346,13 +363,21 @@ def registrations(draw: st.DrawFn) -> dict[str, Any]:
     rank = draw(st.permutations(range(n)))  # constraints only point forward in it: no cycle
     position = {h: k for k, h in enumerate(rank)}
     pairs = [(a, b) for a in range(n) for b in range(n) if position[a] < position[b]]
-    edges = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=min(len(pairs), 16))
-                 if draw(st.booleans()) else st.just([]))
+    edges = draw(
+        st.lists(st.sampled_from(pairs), unique=True, max_size=min(len(pairs), 16))
+        if draw(st.booleans())
+        else st.just([])
+    )
     # each edge a -> b is said either by a (before=b) or by b (after=a)
     said_by_first = draw(st.lists(st.booleans(), min_size=len(edges), max_size=len(edges)))
     order = draw(st.permutations(range(n)))
-    return {"n": n, "priorities": priorities, "edges": edges, "by_first": said_by_first,
-            "order": order}
+    return {
+        "n": n,
+        "priorities": priorities,
+        "edges": edges,
+        "by_first": said_by_first,
+        "order": order,
+    }
 
 
 def build(spec: dict[str, Any], log: list[str]) -> runmodel.Engine:
@@ -369,9 +394,14 @@ def build(spec: dict[str, Any], log: list[str]) -> runmodel.Engine:
 
     engine = runmodel.Engine()
     for i in spec["order"]:
-        engine.on("runstep", recorder(log, f"h{i}"), name=f"h{i}",
-                  priority=spec["priorities"][i], before=option(before[i]),
-                  after=option(after[i]))
+        engine.on(
+            "runstep",
+            recorder(log, f"h{i}"),
+            name=f"h{i}",
+            priority=spec["priorities"][i],
+            before=option(before[i]),
+            after=option(after[i]),
+        )
     return engine
 
 
@@ -409,9 +439,15 @@ def test_resolved_order_property(spec: dict[str, Any]) -> None:
 # -- 3. filters -----------------------------------------------------------------------------
 
 
-def fired(phase: str, record: Callable[[list[Any]], Callable[[runmodel.Engine], None]],
-          *, batches: int = 4, epochs: int = 3, mode: str = "train",
-          **options: Any) -> list[Any]:
+def fired(
+    phase: str,
+    record: Callable[[list[Any]], Callable[[runmodel.Engine], None]],
+    *,
+    batches: int = 4,
+    epochs: int = 3,
+    mode: str = "train",
+    **options: Any,
+) -> list[Any]:
     engine, log = runmodel.Engine(), []
     engine.on(phase, record(log), **options)
     engine.run(Loop(batches=batches), mode=mode, epochs=epochs)
@@ -423,8 +459,10 @@ def test_no_filter_fires_every_event() -> None:
     assert fired("epoch_end", epoch_recorder) == [0, 1, 2]
 
 
-@pytest.mark.parametrize(("every", "expected"), [(1, list(range(12))), (5, [4, 9]),
-                                                 (3, [2, 5, 8, 11]), (12, [11]), (13, [])])
+@pytest.mark.parametrize(
+    ("every", "expected"),
+    [(1, list(range(12))), (5, [4, 9]), (3, [2, 5, 8, 11]), (12, [11]), (13, [])],
+)
 def test_every_int_counts_steps(every: int, expected: list[int]) -> None:
     assert fired("runstep", step_recorder, every=every) == expected
 
@@ -469,19 +507,22 @@ def test_once_true_fires_on_the_first_event_of_each_run() -> None:
 
 
 # positions are the run's own counters, from 0: "at epoch 2" is state.epoch == 2
-@pytest.mark.parametrize(("phase", "once", "expected"), [
-    ("runstep", 0, [(0, 0)]),
-    ("runstep", 3, [(0, 3)]),
-    ("runstep", "6st", [(1, 6)]),
-    ("runstep", "2ep", [(2, 8)]),  # the first step of epoch 2
-    ("runstep", 100, []),
-    ("epoch_start", 0, [(0, 0)]),
-    ("epoch_end", 2, [(2, 12)]),
-    ("epoch_end", "1ep", [(1, 8)]),
-    ("epoch_end", "3ep", []),  # epochs 0, 1 and 2 run
-    ("epoch_end", "5st", [(1, 8)]),  # the epoch in which step 5 ran
-    ("epoch_start", "2ep", [(2, 8)]),
-])
+@pytest.mark.parametrize(
+    ("phase", "once", "expected"),
+    [
+        ("runstep", 0, [(0, 0)]),
+        ("runstep", 3, [(0, 3)]),
+        ("runstep", "6st", [(1, 6)]),
+        ("runstep", "2ep", [(2, 8)]),  # the first step of epoch 2
+        ("runstep", 100, []),
+        ("epoch_start", 0, [(0, 0)]),
+        ("epoch_end", 2, [(2, 12)]),
+        ("epoch_end", "1ep", [(1, 8)]),
+        ("epoch_end", "3ep", []),  # epochs 0, 1 and 2 run
+        ("epoch_end", "5st", [(1, 8)]),  # the epoch in which step 5 ran
+        ("epoch_start", "2ep", [(2, 8)]),
+    ],
+)
 def test_once_at_a_point(phase: str, once: int | str, expected: list[Any]) -> None:
     assert fired(phase, at_recorder, once=once) == expected
 
@@ -508,16 +549,24 @@ def test_when_gets_the_engine_and_gates_each_event() -> None:
 def test_every_and_when_combine() -> None:
     log = fired("runstep", at_recorder, every=2, when=lambda e: e.state.epoch != 1)
     assert log == [(0, 1), (0, 3), (2, 9), (2, 11)]
-    log = fired("epoch_end", epoch_recorder, epochs=6, every="2ep",
-                when=lambda e: e.state.epoch > 2)
+    log = fired(
+        "epoch_end", epoch_recorder, epochs=6, every="2ep", when=lambda e: e.state.epoch > 2
+    )
     assert log == [3, 5]
 
 
-@pytest.mark.parametrize(("modes", "mode", "fires"), [
-    ({"eval"}, "train", False), ({"eval"}, "eval", True), ("train", "train", True),
-    ("train", "infer", False), (["train", "eval"], "eval", True),
-    (("benchmark",), "profile", False), (frozenset(MODES), "infer", True),
-])
+@pytest.mark.parametrize(
+    ("modes", "mode", "fires"),
+    [
+        ({"eval"}, "train", False),
+        ({"eval"}, "eval", True),
+        ("train", "train", True),
+        ("train", "infer", False),
+        (["train", "eval"], "eval", True),
+        (("benchmark",), "profile", False),
+        (frozenset(MODES), "infer", True),
+    ],
+)
 def test_modes(modes: Any, mode: str, fires: bool) -> None:
     log = fired("runstep", step_recorder, epochs=1, mode=mode, modes=modes)
     assert log == ([0, 1, 2, 3] if fires else [])
@@ -534,10 +583,18 @@ def test_modes_filter_in_a_train_run_does_not_touch_other_hooks(engine: runmodel
     assert log == ["eval_only", "always"]
 
 
-@pytest.mark.parametrize(("env", "rank", "fires"), [
-    ("1", 0, False), ("1", 1, True), ("1", [0, 1], True), ("1", (0, 2), False),
-    (None, 0, True), (None, 1, False), ("3", 3, True),
-])
+@pytest.mark.parametrize(
+    ("env", "rank", "fires"),
+    [
+        ("1", 0, False),
+        ("1", 1, True),
+        ("1", [0, 1], True),
+        ("1", (0, 2), False),
+        (None, 0, True),
+        (None, 1, False),
+        ("3", 3, True),
+    ],
+)
 def test_rank(monkeypatch: pytest.MonkeyPatch, env: str | None, rank: Any, fires: bool) -> None:
     if env is None:
         monkeypatch.delenv("RANK", raising=False)
@@ -571,10 +628,12 @@ class FakeClock:
         self.now += self.tick
 
 
-@pytest.mark.parametrize(("every", "tick"), [("30s", 10), ("0.5min", 10), ("10min", 200),
-                                             ("1h", 1200), ("30 sec", 10)])
-def test_every_wall_clock_duration(monkeypatch: pytest.MonkeyPatch, every: str,
-                                   tick: float) -> None:
+@pytest.mark.parametrize(
+    ("every", "tick"), [("30s", 10), ("0.5min", 10), ("10min", 200), ("1h", 1200), ("30 sec", 10)]
+)
+def test_every_wall_clock_duration(
+    monkeypatch: pytest.MonkeyPatch, every: str, tick: float
+) -> None:
     clock = FakeClock(tick)
     monkeypatch.setattr(runmodel.core.filters, "time", clock)
     engine, log = runmodel.Engine(), []
@@ -611,7 +670,8 @@ def test_hook_added_mid_run_fires_from_the_next_event(engine: runmodel.Engine) -
 
 
 def test_every_hook_added_from_step_start_counts_like_a_straight_run(
-        engine: runmodel.Engine) -> None:
+    engine: runmodel.Engine,
+) -> None:
     log: list[int] = []
 
     def add(e: runmodel.Engine) -> None:
@@ -659,21 +719,27 @@ def nop_override(engine: runmodel.Engine, default: Callable[[runmodel.Engine], A
 
 
 def assert_nothing_registered(engine: runmodel.Engine) -> None:
-    assert all(not described_hooks(engine, p) and not described_overrides(engine, p)
-               for p in PHASES)
+    assert all(
+        not described_hooks(engine, p) and not described_overrides(engine, p) for p in PHASES
+    )
 
 
 def test_unknown_phase_suggests_and_lists_valid(engine: runmodel.Engine) -> None:
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "unknown phase 'epch_start'. Did you mean 'epoch_start'? Valid phases: "
-            + ", ".join(PHASES))):
+            + ", ".join(PHASES)
+        ),
+    ):
         engine.on("epch_start", nop)
     assert_nothing_registered(engine)
 
 
 def test_unknown_phase_without_close_match(engine: runmodel.Engine) -> None:
-    with pytest.raises(ValueError,
-                       match=re.escape("unknown phase 'zzzz'. Valid phases: setup, ")) as info:
+    with pytest.raises(
+        ValueError, match=re.escape("unknown phase 'zzzz'. Valid phases: setup, ")
+    ) as info:
         engine.on("zzzz", nop)
     assert "Did you mean" not in str(info.value)
 
@@ -701,8 +767,10 @@ def test_bad_options_in_decorator_form_raise_at_the_on_call(engine: runmodel.Eng
 
 
 def test_unknown_override_phase_lists_only_phases_with_actions(engine: runmodel.Engine) -> None:
-    with pytest.raises(ValueError, match=re.escape(
-            "Did you mean 'backward'? Valid phases: " + ", ".join(ACTION_PHASES))):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("Did you mean 'backward'? Valid phases: " + ", ".join(ACTION_PHASES)),
+    ):
         engine.override("backwards", nop_override)
 
 
@@ -718,8 +786,11 @@ def test_hook_signature_too_few(engine: runmodel.Engine) -> None:
     def no_args() -> None:
         pass
 
-    with pytest.raises(TypeError, match=r"a hook .*no_args has signature \(\).*, but it is "
-                                        r"called as fn\(engine\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"a hook .*no_args has signature \(\).*, but it is "
+        r"called as fn\(engine\)",
+    ):
         engine.on("runstep", no_args)
 
 
@@ -727,8 +798,11 @@ def test_hook_signature_too_many(engine: runmodel.Engine) -> None:
     def two(engine: runmodel.Engine, extra: Any) -> None:
         pass
 
-    with pytest.raises(TypeError, match=r"a hook .*two has signature \(engine.*extra.*\).*, "
-                                        r"but it is called as fn\(engine\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"a hook .*two has signature \(engine.*extra.*\).*, "
+        r"but it is called as fn\(engine\)",
+    ):
         engine.on("runstep", two)
     assert_nothing_registered(engine)
 
@@ -749,8 +823,11 @@ def test_hook_signatures_that_fit(engine: runmodel.Engine) -> None:
 
 
 def test_override_signature(engine: runmodel.Engine) -> None:
-    with pytest.raises(TypeError, match=r"an override .*nop has signature \(engine.*\).*, but it "
-                                        r"is called as fn\(engine, default\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"an override .*nop has signature \(engine.*\).*, but it "
+        r"is called as fn\(engine, default\)",
+    ):
         engine.override("runstep", nop)
 
 
@@ -766,8 +843,10 @@ def test_hook_signature_checked_when_decorating(engine: runmodel.Engine) -> None
 
 @pytest.mark.parametrize("priority", ["1", True, False, None, [1]])
 def test_priority_must_be_a_number(engine: runmodel.Engine, priority: Any) -> None:
-    with pytest.raises(TypeError, match=re.escape(
-            f"priority= must be a number (higher runs first), got {priority!r}")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(f"priority= must be a number (higher runs first), got {priority!r}"),
+    ):
         engine.on("runstep", nop, priority=priority)
 
 
@@ -780,8 +859,10 @@ def test_every_with_once(engine: runmodel.Engine, once: Any) -> None:
 @pytest.mark.parametrize("value", ["3 weeks", "ep", "two ep", "2", "", "-2ep", "2ep3"])
 @pytest.mark.parametrize("option", ["every", "once"])
 def test_unparseable_duration(engine: runmodel.Engine, option: str, value: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(f"{option}={value!r} is not a duration")
-                       + ".*one of ep, st, s, min, h"):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{option}={value!r} is not a duration") + ".*one of ep, st, s, min, h",
+    ):
         engine.on("runstep", nop, **{option: value})
 
 
@@ -818,23 +899,32 @@ def test_every_with_once_zero(engine: runmodel.Engine) -> None:
 
 @pytest.mark.parametrize("phase", [p for p in PHASES if p not in ACTION_PHASES])
 def test_override_on_a_phase_without_action(engine: runmodel.Engine, phase: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"phase {phase!r} has no action to override; phases with an action: "
-            + ", ".join(ACTION_PHASES) + f". Use engine.on({phase!r}) for a hook")):
+            + ", ".join(ACTION_PHASES)
+            + f". Use engine.on({phase!r}) for a hook"
+        ),
+    ):
         engine.override(phase, nop_override)
 
 
 @pytest.mark.parametrize("modes", [{"trian"}, "Train", ["train", "test"], set()])
 def test_unknown_mode(engine: runmodel.Engine, modes: Any) -> None:
-    with pytest.raises(ValueError, match=re.escape("unknown mode(s)") + ".*"
-                       + re.escape("valid: " + ", ".join(MODES))):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("unknown mode(s)") + ".*" + re.escape("valid: " + ", ".join(MODES)),
+    ):
         engine.on("runstep", nop, modes=modes)
 
 
 @pytest.mark.parametrize("rank", [-1, True, "0", [], [0, -2], [0, None]])
 def test_bad_rank(engine: runmodel.Engine, rank: Any) -> None:
-    with pytest.raises(ValueError, match=re.escape(f"rank={rank!r}: give a process rank "
-                                                   "(an int >= 0) or a list of them")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"rank={rank!r}: give a process rank (an int >= 0) or a list of them"),
+    ):
         engine.on("runstep", nop, rank=rank)
 
 
@@ -858,10 +948,12 @@ def test_when_not_callable_or_wrong_signature(engine: runmodel.Engine) -> None:
         engine.on("runstep", nop, when=lambda: True)
 
 
-@pytest.mark.parametrize(("option", "value"), [("before", 5), ("after", 5), ("modes", 5),
-                                               ("rank", 1.5)])
-def test_non_iterable_option_names_the_option(engine: runmodel.Engine, option: str,
-                                              value: Any) -> None:
+@pytest.mark.parametrize(
+    ("option", "value"), [("before", 5), ("after", 5), ("modes", 5), ("rank", 1.5)]
+)
+def test_non_iterable_option_names_the_option(
+    engine: runmodel.Engine, option: str, value: Any
+) -> None:
     with pytest.raises((TypeError, ValueError), match=f"{option}="):
         engine.on("runstep", nop, **{option: value})
 
@@ -870,8 +962,14 @@ def test_failed_registration_leaves_the_engine_as_it_was(engine: runmodel.Engine
     log: list[str] = []
     register(engine, log, "kept")
     before = engine.describe()
-    bad: list[dict[str, Any]] = [dict(every=0), dict(priority="x"), dict(modes={"nope"}),
-                                 dict(rank=-1), dict(every=1, once=True), dict(before=[""])]
+    bad: list[dict[str, Any]] = [
+        dict(every=0),
+        dict(priority="x"),
+        dict(modes={"nope"}),
+        dict(rank=-1),
+        dict(every=1, once=True),
+        dict(before=[""]),
+    ]
     for options in bad:
         with pytest.raises((TypeError, ValueError)):
             engine.on("runstep", nop, **options)
@@ -973,8 +1071,9 @@ def test_describe_shows_then_drops_a_detached_hook(engine: runmodel.Engine) -> N
     assert described_hooks(engine, "epoch_start") == []
     assert described_hooks(engine, "epoch_end") == ["stays"]
     assert "goes" not in engine.describe()
-    assert "(no hooks)" in next(line for line in engine.describe().splitlines()
-                                if line.startswith("epoch_start"))
+    assert "(no hooks)" in next(
+        line for line in engine.describe().splitlines() if line.startswith("epoch_start")
+    )
 
 
 def test_hook_that_detaches_itself_fires_once(engine: runmodel.Engine) -> None:
@@ -1015,6 +1114,7 @@ def tracer(log: list[str], tag: str) -> Callable[..., Any]:
         result = default(engine)
         log.append(f"<{tag}")
         return result
+
     return wrap
 
 
@@ -1090,12 +1190,16 @@ def test_override_filters_pick_the_steps_it_wraps(engine: runmodel.Engine) -> No
     engine.override("runstep", tracer(log, "third"), every=3, name="third")
     engine.override("runstep", tracer(log, "eval"), modes="eval", name="eval")
     engine.run(Loop(batches=6, log=log), epochs=1)
-    assert log == ["action",             # 0
-                   ("skip", 1),          # 1
-                   "third>", "action", "<third",  # 2
-                   ("skip", 3),          # 3
-                   "action",             # 4
-                   ("skip", 5)]          # 5: "third" never reached, "odd" did not call default
+    assert log == [
+        "action",  # 0
+        ("skip", 1),  # 1
+        "third>",
+        "action",
+        "<third",  # 2
+        ("skip", 3),  # 3
+        "action",  # 4
+        ("skip", 5),
+    ]  # 5: "third" never reached, "odd" did not call default
 
 
 def test_override_detach_restores_the_action(engine: runmodel.Engine) -> None:
@@ -1123,6 +1227,7 @@ def test_backward_overrides_compose_in_a_torch_train_step(engine: runmodel.Engin
             log.append(f"{tag}>")
             default(e)
             log.append(f"<{tag} grad={model.module.weight.grad is not None}")
+
         return wrap
 
     engine.override("backward", grads_present("a"), name="a")

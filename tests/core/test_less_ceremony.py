@@ -33,6 +33,7 @@ def _progress_packs(engine: runmodel.Engine) -> list[Any]:
 
 # -- Engine(*packs) ---------------------------------------------------------------------------
 
+
 def test_engine_attaches_the_packs_it_is_given(tmp_path: Path) -> None:
     checkpoint, evaluate = Checkpoint(tmp_path), Evaluate()
     engine = runmodel.Engine(checkpoint, evaluate)
@@ -42,6 +43,7 @@ def test_engine_attaches_the_packs_it_is_given(tmp_path: Path) -> None:
 
 
 # -- a runstep override's return value ------------------------------------------------------
+
 
 def _gan_like_model() -> runmodel.TorchModel:
     torch.manual_seed(0)
@@ -94,12 +96,16 @@ def test_returning_something_else_says_what_to_return() -> None:
 
 # -- from_parts without optimizer and loss ------------------------------------------------------
 
+
 def test_train_without_optimizer_or_override_stops_before_a_step() -> None:
     engine = runmodel.Engine()
     starts: list[int] = []
     engine.on("step_start", lambda e: starts.append(e.state.step))
-    with pytest.raises(ValueError, match=r"optimizer and \.loss_fn.*from_parts: optimizer=.*"
-                                         r"engine\.override\('runstep'"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer and \.loss_fn.*from_parts: optimizer=.*"
+        r"engine\.override\('runstep'",
+    ):
         engine.run(_gan_like_model(), epochs=1)
     assert starts == []
 
@@ -113,8 +119,10 @@ def test_an_eval_only_override_does_not_excuse_a_missing_optimizer() -> None:
 
 # -- the progress bar by default --------------------------------------------------------------
 
-def _bars_during_a_run(engine: runmodel.Engine, stderr: io.StringIO,
-                       monkeypatch: pytest.MonkeyPatch) -> list[int]:
+
+def _bars_during_a_run(
+    engine: runmodel.Engine, stderr: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
     """How many Progress packs were attached at each step of a 2-epoch run."""
     counts: list[int] = []
     engine.on("runstep", lambda e: counts.append(len(_progress_packs(e))))
@@ -131,10 +139,10 @@ def test_a_terminal_gets_one_bar_for_the_run(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_no_bar_added_when_not_interactive_or_turned_off_or_one_is_attached(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert set(_bars_during_a_run(runmodel.Engine(), io.StringIO(), monkeypatch)) == {0}
-    assert set(_bars_during_a_run(runmodel.Engine(progress=False), Terminal(),
-                                  monkeypatch)) == {0}
+    assert set(_bars_during_a_run(runmodel.Engine(progress=False), Terminal(), monkeypatch)) == {0}
     own = Progress(file=io.StringIO())
     engine = runmodel.Engine(own)
     assert set(_bars_during_a_run(engine, Terminal(), monkeypatch)) == {1}
@@ -157,8 +165,9 @@ def test_ignite_progress_bar_is_the_only_bar(monkeypatch: pytest.MonkeyPatch) ->
     assert set(_bars_during_a_run(engine, Terminal(), monkeypatch)) == {0}
 
 
-def test_the_added_bar_is_not_saved_in_checkpoints(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_added_bar_is_not_saved_in_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = runmodel.Engine(Checkpoint(tmp_path))
     _bars_during_a_run(engine, Terminal(), monkeypatch)
     from runmodel.checkpoint import checkpoints_in, load
@@ -169,18 +178,24 @@ def test_the_added_bar_is_not_saved_in_checkpoints(tmp_path: Path,
 
 # -- Unfreeze ---------------------------------------------------------------------------------
 
+
 def test_unfreeze_schedule_that_would_freeze_again_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"'all' at epoch 0, then lists \['conv'\] at epoch 3.*"
-                                         r"only unfreezes"):
+    with pytest.raises(
+        ValueError,
+        match=r"'all' at epoch 0, then lists \['conv'\] at epoch 3.*"
+        r"only unfreezes",
+    ):
         Unfreeze({0: "all", 3: ["conv"]})
 
 
 # -- profile ----------------------------------------------------------------------------------
 
+
 def test_profile_lists_pack_hooks_that_did_not_fire(tmp_path: Path) -> None:
     engine = runmodel.Engine(Evaluate(), Checkpoint(tmp_path / "ck"))
-    result = engine.run(Tiny(classes=3), runmodel.Profile(warmup=1, directory=tmp_path / "p"),
-                        steps=3)
+    result = engine.run(
+        Tiny(classes=3), runmodel.Profile(warmup=1, directory=tmp_path / "p"), steps=3
+    )
     calls = {(r["phase"], r["hook"]): r["calls"] for r in result.timings["hooks"]}
     assert calls[("epoch_end", "checkpoint.save")] == 0
     assert calls[("setup", "evaluate.setup")] == 0

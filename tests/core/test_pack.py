@@ -66,8 +66,14 @@ def test_methods_named_after_phases_are_hooks(engine: runmodel.Engine) -> None:
     pack = Recorder(log)
     engine.attach(pack)
     engine.run(Counting(batches=3), epochs=4)
-    assert log == ["rec:epoch_start", "rec:epoch_start", "rec:epoch_end@1", "rec:epoch_start",
-                   "rec:epoch_start", "rec:epoch_end@3"]
+    assert log == [
+        "rec:epoch_start",
+        "rec:epoch_start",
+        "rec:epoch_end@1",
+        "rec:epoch_start",
+        "rec:epoch_start",
+        "rec:epoch_end@3",
+    ]
     assert pack.steps == 12
     table = engine.describe()
     assert "Recorder.every_other_epoch" in table and "every=2" in table
@@ -105,8 +111,12 @@ def test_pack_state_round_trip() -> None:
     saved = first.state_dict()
     run = saved.pop("run")  # which run, and the length it was started with
     assert run == {**first.run_record, "max_epochs": 2, "max_steps": None}
-    assert saved == {"counters": {"step": 6, "epoch": 2, "epoch_step": 3, "skipped": 0},
-                     "loss": None, "metrics": {}, "packs": {"Recorder": {"steps": 6}}}
+    assert saved == {
+        "counters": {"step": 6, "epoch": 2, "epoch_step": 3, "skipped": 0},
+        "loss": None,
+        "metrics": {},
+        "packs": {"Recorder": {"steps": 6}},
+    }
 
     second = runmodel.Engine()
     restored = Recorder([])
@@ -172,28 +182,33 @@ def test_one_method_on_two_phases(engine: runmodel.Engine) -> None:
 
 def test_bad_pack_method_options_fail_at_class_definition() -> None:
     with pytest.raises(ValueError, match="Did you mean 'epoch_end'"):
+
         class Typo(runmodel.Pack):
             @runmodel.hook("epoch_ned")
             def log(self, engine: runmodel.Engine) -> None: ...
 
     with pytest.raises(ValueError, match="every= and once= exclude each other"):
+
         class Both(runmodel.Pack):
             @runmodel.hook(every=2, once=True)
             def epoch_end(self, engine: runmodel.Engine) -> None: ...
 
     with pytest.raises(TypeError, match=r"called as fn\(self, engine, default\)"):
+
         class NoDefault(runmodel.Pack):
             @runmodel.override("backward")
             def scaled(self, engine: runmodel.Engine) -> None: ...
 
     with pytest.raises(ValueError, match="has no action to override"):
+
         class NoAction(runmodel.Pack):
             @runmodel.override("epoch_end")
             def wrap(self, engine: runmodel.Engine, default: Any) -> None: ...
 
 
 def test_undecorated_phase_method_with_wrong_signature_fails_at_attach(
-        engine: runmodel.Engine) -> None:
+    engine: runmodel.Engine,
+) -> None:
     class Wrong(runmodel.Pack):
         def runstep(self) -> None: ...
 
@@ -257,7 +272,8 @@ def test_a_refusing_check_ends_the_run_before_any_hook(engine: runmodel.Engine) 
 
 
 def test_checks_run_in_attach_order_after_model_setup_and_the_run_goes_on(
-        engine: runmodel.Engine) -> None:
+    engine: runmodel.Engine,
+) -> None:
     log: list[str] = []
 
     class Checks(runmodel.Pack):

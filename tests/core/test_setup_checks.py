@@ -30,8 +30,9 @@ def counted(engine: runmodel.Engine) -> list[int]:
     return began
 
 
-def refused(engine: runmodel.Engine, error: type[BaseException], model: Any = None,
-            **run: Any) -> str:
+def refused(
+    engine: runmodel.Engine, error: type[BaseException], model: Any = None, **run: Any
+) -> str:
     """Run ``model`` (a classifier by default) for 2 epochs; it must end with ``error``
     before its first step, unchained. Its message."""
     began = counted(engine)
@@ -46,30 +47,51 @@ def refused(engine: runmodel.Engine, error: type[BaseException], model: Any = No
 # -- metric names -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("make", "who"), [
-    (lambda: EarlyStopping("eval_acuracy", patience=2, mode="max"), "EarlyStopping"),
-    (lambda: Checkpoint(tempfile.mkdtemp(), best=("eval_acuracy", "max")), "Checkpoint"),
-    (lambda: LRSchedule(lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
-                        interval="epoch", metric="eval_acuracy"), "LRSchedule"),
-])
+@pytest.mark.parametrize(
+    ("make", "who"),
+    [
+        (lambda: EarlyStopping("eval_acuracy", patience=2, mode="max"), "EarlyStopping"),
+        (lambda: Checkpoint(tempfile.mkdtemp(), best=("eval_acuracy", "max")), "Checkpoint"),
+        (
+            lambda: LRSchedule(
+                lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
+                interval="epoch",
+                metric="eval_acuracy",
+            ),
+            "LRSchedule",
+        ),
+    ],
+)
 def test_a_pack_reading_a_misspelt_metric_stops_the_run_with_a_did_you_mean(
-        make: Callable[[], runmodel.Pack], who: str) -> None:
+    make: Callable[[], runmodel.Pack], who: str
+) -> None:
     engine = runmodel.Engine()
     engine.attach(Evaluate(), make())
     message = refused(engine, ValueError)
     assert message.startswith(
         f"{who} reads the metric 'eval_acuracy', which nothing in this run writes. Did you "
-        f"mean 'eval_accuracy' (written by Evaluate)? Declared: eval_accuracy, eval_loss, ")
+        f"mean 'eval_accuracy' (written by Evaluate)? Declared: eval_accuracy, eval_loss, "
+    )
 
 
-@pytest.mark.parametrize(("make", "who"), [
-    (lambda: EarlyStopping("val_score", patience=2, mode="max"), "EarlyStopping"),
-    (lambda: Checkpoint(tempfile.mkdtemp(), best=("val_score", "max")), "Checkpoint"),
-    (lambda: LRSchedule(lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
-                        interval="epoch", metric="val_score"), "LRSchedule"),
-])
+@pytest.mark.parametrize(
+    ("make", "who"),
+    [
+        (lambda: EarlyStopping("val_score", patience=2, mode="max"), "EarlyStopping"),
+        (lambda: Checkpoint(tempfile.mkdtemp(), best=("val_score", "max")), "Checkpoint"),
+        (
+            lambda: LRSchedule(
+                lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
+                interval="epoch",
+                metric="val_score",
+            ),
+            "LRSchedule",
+        ),
+    ],
+)
 def test_a_pack_reading_a_metric_nothing_writes_stops_the_run_at_setup(
-        make: Callable[[], runmodel.Pack], who: str) -> None:
+    make: Callable[[], runmodel.Pack], who: str
+) -> None:
     """Far from every declared name, and no hook of the user's that could write it
     undeclared: found before the first step, not after a whole epoch."""
     engine = runmodel.Engine()
@@ -77,7 +99,8 @@ def test_a_pack_reading_a_metric_nothing_writes_stops_the_run_at_setup(
     message = refused(engine, ValueError)
     assert message.startswith(
         f"{who} reads the metric 'val_score', which nothing in this run writes. Declared: "
-        f"eval_accuracy, eval_loss, ")
+        f"eval_accuracy, eval_loss, "
+    )
 
 
 def test_a_hook_declares_what_it_reads_and_writes() -> None:
@@ -85,8 +108,10 @@ def test_a_hook_declares_what_it_reads_and_writes() -> None:
     engine.on("epoch_end", lambda e: e.state.metrics.update(val_loss=1.0), writes="val_loss")
     engine.on("epoch_end", lambda e: None, reads=["val_los"], name="watch", priority=-10)
     message = refused(engine, ValueError)
-    assert message.startswith("hook 'watch' reads the metric 'val_los', which nothing in this "
-                              "run writes. Did you mean 'val_loss' (written by hook '<lambda>')?")
+    assert message.startswith(
+        "hook 'watch' reads the metric 'val_los', which nothing in this "
+        "run writes. Did you mean 'val_loss' (written by hook '<lambda>')?"
+    )
 
 
 def test_an_undeclared_writer_close_to_a_declared_name_is_told_to_declare() -> None:
@@ -97,9 +122,11 @@ def test_an_undeclared_writer_close_to_a_declared_name_is_told_to_declare() -> N
     engine.on("epoch_end", lambda e: e.state.metrics.update(val_loss=1.0))
     message = refused(engine, ValueError)
     assert "Did you mean 'eval_loss' (written by Evaluate)?" in message
-    assert message.endswith("If a hook of yours writes 'val_loss', declare it: "
-                            "engine.on(phase, fn, writes=['val_loss']), or in a pack, "
-                            "writes = ['val_loss']")
+    assert message.endswith(
+        "If a hook of yours writes 'val_loss', declare it: "
+        "engine.on(phase, fn, writes=['val_loss']), or in a pack, "
+        "writes = ['val_loss']"
+    )
 
     declared = runmodel.Engine()
     declared.attach(Evaluate(), EarlyStopping("val_loss", patience=5))
@@ -141,7 +168,8 @@ def test_pack_declarations_are_compared() -> None:
     engine.attach(LossEMA(), Watch("loss_eam"))
     assert refused(engine, ValueError).startswith(
         "Watch reads the metric 'loss_eam', which nothing in this run writes. Did you mean "
-        "'loss_ema' (written by LossEMA)?")
+        "'loss_ema' (written by LossEMA)?"
+    )
 
     engine = runmodel.Engine()
     watch = Watch("loss_ema")
@@ -178,16 +206,22 @@ def test_eval_mode_declares_the_metrics_it_computes() -> None:
     engine = runmodel.Engine()
     engine.on("epoch_end", lambda e: None, reads="acuracy", modes="eval", name="report")
     began = counted(engine)
-    with pytest.raises(ValueError, match=r"^hook 'report' reads the metric 'acuracy', .* Did "
-                                         r"you mean 'accuracy' \(written by the step\)\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"^hook 'report' reads the metric 'acuracy', .* Did "
+        r"you mean 'accuracy' \(written by the step\)\?",
+    ):
         engine.run(Tiny(classes=3), "eval")
     assert began == [0]
 
 
 def test_declarations_are_checked_when_written() -> None:
     engine = runmodel.Engine()
-    with pytest.raises(TypeError, match=r"writes= takes a metric name \(a key of "
-                                        r"state.metrics, such as 'eval_loss'\) or a list"):
+    with pytest.raises(
+        TypeError,
+        match=r"writes= takes a metric name \(a key of "
+        r"state.metrics, such as 'eval_loss'\) or a list",
+    ):
         engine.on("epoch_end", lambda e: None, writes=3)  # type: ignore[arg-type]
 
     class Bad(runmodel.Pack):
@@ -199,9 +233,17 @@ def test_declarations_are_checked_when_written() -> None:
     assert refused(engine, TypeError).startswith("Bad.writes= takes a metric name")
 
 
-@pytest.mark.parametrize(("a", "b", "distance"), [
-    ("eval_accuracy", "eval_acuracy", 1), ("eval_loss", "eval_lsos", 1), ("loss", "lr", 3),
-    ("", "abc", 3), ("val_loss", "eval_loss", 1), ("same", "same", 0)])
+@pytest.mark.parametrize(
+    ("a", "b", "distance"),
+    [
+        ("eval_accuracy", "eval_acuracy", 1),
+        ("eval_loss", "eval_lsos", 1),
+        ("loss", "lr", 3),
+        ("", "abc", 3),
+        ("val_loss", "eval_loss", 1),
+        ("same", "same", 0),
+    ],
+)
 def test_edit_distance(a: str, b: str, distance: int) -> None:
     assert edit_distance(a, b) == edit_distance(b, a) == distance
 
@@ -223,8 +265,9 @@ def read_only_folder() -> Iterator[Path]:
         os.chmod(top, 0o755)  # nobody may pass through it
         folder = Path(top) / "read-only"
         folder.mkdir(mode=0o555)
-        folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
-                     | stat.S_IXOTH)
+        folder.chmod(
+            stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+        )
         root = os.geteuid() == 0
         if root:
             os.seteuid(65534)
@@ -238,15 +281,18 @@ def read_only_folder() -> Iterator[Path]:
 @pytest.mark.parametrize("under", [True, False], ids=["under-a-file", "a-file"])
 @pytest.mark.parametrize("pack", sorted(PACKS))
 def test_a_file_on_the_folders_path_stops_the_run_naming_folder_and_pack(
-        pack: str, under: bool, tmp_path: Path) -> None:
+    pack: str, under: bool, tmp_path: Path
+) -> None:
     (tmp_path / "taken").write_text("a file where a folder would go")
     folder = tmp_path / "taken" / "deeper" if under else tmp_path / "taken"
     engine = runmodel.Engine()
     engine.attach(PACKS[pack](folder))
     message = refused(engine, OSError)
-    assert message.startswith(f"{pack} cannot write to its folder '{folder}': "
-                              f"'{tmp_path / 'taken'}' is a file, not a folder; give {pack} a "
-                              f"folder it can create and write to")
+    assert message.startswith(
+        f"{pack} cannot write to its folder '{folder}': "
+        f"'{tmp_path / 'taken'}' is a file, not a folder; give {pack} a "
+        f"folder it can create and write to"
+    )
 
 
 @pytest.mark.parametrize("pack", sorted(PACKS))
@@ -255,8 +301,9 @@ def test_a_read_only_folder_stops_the_run_naming_folder_and_pack(pack: str) -> N
         engine = runmodel.Engine()
         engine.attach(PACKS[pack](folder / "out"))
         message = refused(engine, PermissionError)
-    assert message.startswith(f"{pack} cannot write to its folder '{folder / 'out'}': no "
-                              f"permission to write there")
+    assert message.startswith(
+        f"{pack} cannot write to its folder '{folder / 'out'}': no permission to write there"
+    )
 
 
 def test_the_folder_is_made_at_setup_and_left_empty(tmp_path: Path) -> None:
@@ -270,7 +317,10 @@ def test_the_folder_is_made_at_setup_and_left_empty(tmp_path: Path) -> None:
 
 def test_profile_mode_checks_its_folder_too(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("")
-    message = refused(runmodel.Engine(), FileExistsError, Tiny(),
-                      mode=Profile(directory=tmp_path / "taken"))
-    assert message.startswith(f"Profile cannot write to its folder '{tmp_path / 'taken'}': "
-                              f"'{tmp_path / 'taken'}' is a file, not a folder")
+    message = refused(
+        runmodel.Engine(), FileExistsError, Tiny(), mode=Profile(directory=tmp_path / "taken")
+    )
+    assert message.startswith(
+        f"Profile cannot write to its folder '{tmp_path / 'taken'}': "
+        f"'{tmp_path / 'taken'}' is a file, not a folder"
+    )

@@ -43,4 +43,3 @@ def test_with_a_label_each_hook_runs_inside_it_and_phases_are_left_alone() -> No
     assert labels == ["runmodel/epoch_end/once"]
     assert times.rows(hooks=False) == []
     assert [r["hook"] for r in times.rows(hooks=True, called_only=False)][-1] == "never"
-

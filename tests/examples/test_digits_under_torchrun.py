@@ -15,9 +15,23 @@ def torchrun_digits(folder: Path, epochs: int) -> subprocess.CompletedProcess[st
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TORCHELASTIC_RUN_ID", None)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "examples" / "torchrun_digits.py"), "--epochs", str(epochs)],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "examples" / "torchrun_digits.py"),
+            "--epochs",
+            str(epochs),
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -36,6 +50,8 @@ def test_torchrun_digits_trains_in_two_processes_and_rank_0_reports(tmp_path: Pa
 
     # run again, as the docstring's second command: it continues (resume="auto")
     again = torchrun_digits(tmp_path, 4)
-    assert again.stderr.count("runmodel: resuming from runs/torchrun-digits/ckpt-00003-"
-                              "0000000036.pt") == 1, again.stderr
+    assert (
+        again.stderr.count("runmodel: resuming from runs/torchrun-digits/ckpt-00003-0000000036.pt")
+        == 1
+    ), again.stderr
     assert again.stdout.startswith("completed after 4 epochs, 48 steps in each of 2 "), again.stdout

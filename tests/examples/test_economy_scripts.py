@@ -21,8 +21,13 @@ SCRIPTS, code_lines = _count.SCRIPTS, _count.code_lines
 
 #: Each script's bound: below the shorter of PyTorch Lightning's and pytorch-ignite's
 #: versions (the GAN at most 35), and 140 lines over the five.
-BOUNDS = {"e1_digits.py": 38, "e2_unfreeze.py": 45, "e3_gan.py": 35, "e4_throughput.py": 18,
-          "e5_resume.py": 41}
+BOUNDS = {
+    "e1_digits.py": 38,
+    "e2_unfreeze.py": 45,
+    "e3_gan.py": 35,
+    "e4_throughput.py": 18,
+    "e5_resume.py": 41,
+}
 
 
 def _claimed() -> dict[str, int]:
@@ -44,8 +49,10 @@ def test_line_counts_are_the_files_and_within_the_targets() -> None:
 
 def test_line_counter_skips_blank_comment_and_docstring_lines(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
-    script.write_text('"""Module\ndoc."""\n\nimport os  # counted\n# not counted\n\n'
-                      'def f(\n    x,\n):\n    """Doc."""\n    return (x\n            + 1)\n')
+    script.write_text(
+        '"""Module\ndoc."""\n\nimport os  # counted\n# not counted\n\n'
+        'def f(\n    x,\n):\n    """Doc."""\n    return (x\n            + 1)\n'
+    )
     assert code_lines(script) == 6
 
 
@@ -54,8 +61,14 @@ def test_gan_script_runs(tmp_path: Path) -> None:
     whose returned dict is the step's result, a progress display by default (none here:
     the output is not a terminal). ~12 s; the others run alike (benchmarks/README.md)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(ECONOMY / "e3_gan.py")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(ECONOMY / "e3_gan.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.fullmatch(r"d_loss \d\.\d{4}  g_loss \d\.\d{4}\n", done.stdout)
     assert "train epoch" not in done.stderr

@@ -44,8 +44,9 @@ def start(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
         command.insert(0, sys.executable)
     elif command[0] == "runmodel":
         command[0:1] = [sys.executable, "-m", "runmodel"]
-    process = subprocess.Popen(command, cwd=cwd, env=ENV, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command, cwd=cwd, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     STARTED.append(process)
     return process
 
@@ -75,9 +76,13 @@ def code_lines(path: Path) -> int:
 
     text = path.read_text()
     doc = ast.parse(text).body[0]
-    return sum(1 for i, line in enumerate(text.splitlines(), 1)
-               if line.strip() and not line.strip().startswith("#")
-               and not doc.lineno <= i <= doc.end_lineno)
+    return sum(
+        1
+        for i, line in enumerate(text.splitlines(), 1)
+        if line.strip()
+        and not line.strip().startswith("#")
+        and not doc.lineno <= i <= doc.end_lineno
+    )
 
 
 def test_the_everyday_packs_script_trains_digits_in_25_lines(tmp_path: Path) -> None:
@@ -91,7 +96,9 @@ def test_the_everyday_packs_script_trains_digits_in_25_lines(tmp_path: Path) -> 
     assert accuracy > 85
     folder = tmp_path / "runs" / "digits-packs"
     assert sorted(p.name for p in (folder / "checkpoints").glob("ckpt-*.pt")) == [
-        "ckpt-00003-0000000069.pt", "ckpt-00004-0000000092.pt"]
+        "ckpt-00003-0000000069.pt",
+        "ckpt-00004-0000000092.pt",
+    ]
     assert len(list((folder / "checkpoints").glob("best-eval_accuracy=*.pt"))) == 1
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -103,8 +110,9 @@ def percent(pattern: str, text: str) -> float:
 
 
 def test_finetune_unfreezes_layer_by_layer_and_frozen_layers_stay_put(tmp_path: Path) -> None:
-    out = run(EXAMPLES / "finetune_unfreeze.py", "--pretrain-epochs", "3", "--epochs", "3",
-              cwd=tmp_path)
+    out = run(
+        EXAMPLES / "finetune_unfreeze.py", "--pretrain-epochs", "3", "--epochs", "3", cwd=tmp_path
+    )
     assert percent("accuracy on 0-4", out) > 60  # pretraining learned 0-4 (chance: 20%)
     assert percent("before fine-tuning: accuracy on 5-9", out) < 5  # never saw them
     assert percent("after fine-tuning: accuracy on 5-9", out) > 50
@@ -124,8 +132,7 @@ def test_finetune_unfreezes_layer_by_layer_and_frozen_layers_stay_put(tmp_path: 
 def test_gan_with_two_optimizers_moves_the_generator_to_the_ring(tmp_path: Path) -> None:
     out = run(EXAMPLES / "gan.py", "--epochs", "4", "--steps-per-epoch", "50", cwd=tmp_path)
     assert len(re.findall(r"^epoch +\d+  d_loss [\d.]+  g_loss [\d.]+$", out, re.M)) == 4
-    found = re.search(r"^200 steps: distance to the nearest centre ([\d.]+) -> ([\d.]+)", out,
-                      re.M)
+    found = re.search(r"^200 steps: distance to the nearest centre ([\d.]+) -> ([\d.]+)", out, re.M)
     assert found, out
     before, after = map(float, found.groups())
     assert before > 1.5 and after < 0.6 * before  # from near the origin toward the ring
@@ -144,12 +151,15 @@ def test_one_pack_reused_by_two_scripts(tmp_path: Path) -> None:
 
     shared = EXAMPLES / "packs_shared"
     line = start(shared / "line_fit.py", "--epochs", "200", cwd=tmp_path)
-    blobs = start(shared / "blobs_tensorboard.py", "--epochs", "3", "--every", "4",
-                  cwd=tmp_path)
+    blobs = start(shared / "blobs_tensorboard.py", "--epochs", "3", "--every", "4", cwd=tmp_path)
     out = finish(line)[0]
     # GradNorm stopped the regression once converged, before the 200 epochs
-    found = re.search(r"^stopped after (\d+) epochs: grad_norm: the epoch's mean gradient "
-                      r"norm ([\d.e+-]+) fell below 0.01$", out, re.M)
+    found = re.search(
+        r"^stopped after (\d+) epochs: grad_norm: the epoch's mean gradient "
+        r"norm ([\d.e+-]+) fell below 0.01$",
+        out,
+        re.M,
+    )
     assert found, out
     assert int(found.group(1)) < 200 and float(found.group(2)) < 0.01
     assert re.search(r"y = 2\.99\dx -0\.99\d|y = 3\.00\dx -1\.00\d", out), out
@@ -168,10 +178,22 @@ def test_one_pack_reused_by_two_scripts(tmp_path: Path) -> None:
 
 def test_benchmark_and_profile_from_the_command_line(tmp_path: Path) -> None:
     model = EXAMPLES / "bench_model.py"
-    bench = start("runmodel", "benchmark", model, "--steps", "30", "--warmup", "5", "--json",
-                  cwd=tmp_path)
-    profile = start("runmodel", "profile", model, "--steps", "8", "--warmup", "2",
-                    "--dir", "runs/profile-mlp", "--json", cwd=tmp_path)
+    bench = start(
+        "runmodel", "benchmark", model, "--steps", "30", "--warmup", "5", "--json", cwd=tmp_path
+    )
+    profile = start(
+        "runmodel",
+        "profile",
+        model,
+        "--steps",
+        "8",
+        "--warmup",
+        "2",
+        "--dir",
+        "runs/profile-mlp",
+        "--json",
+        cwd=tmp_path,
+    )
     result = json.loads(finish(bench)[0])
     assert result["mode"] == "benchmark" and result["steps"] == 30
     timings = result["timings"]
@@ -181,12 +203,16 @@ def test_benchmark_and_profile_from_the_command_line(tmp_path: Path) -> None:
     result = json.loads(finish(profile)[0])
     trace = tmp_path / result["files"]["trace"]
     assert trace.parent == tmp_path / "runs" / "profile-mlp" and trace.name.endswith(
-        ".pt.trace.json")
+        ".pt.trace.json"
+    )
     names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
-    assert {"runmodel/forward", "runmodel/backward", "runmodel/optimizer_step",
-            "runmodel/optimizer_step/grad_clip.clip"} <= names
+    assert {
+        "runmodel/forward",
+        "runmodel/backward",
+        "runmodel/optimizer_step",
+        "runmodel/optimizer_step/grad_clip.clip",
+    } <= names
     assert "grad_clip.clip" in {hook["hook"] for hook in result["timings"]["hooks"]}
-
 
 
 def test_resume_after_sigkill_ends_with_the_weights_of_a_straight_run(tmp_path: Path) -> None:
@@ -216,8 +242,18 @@ def test_resume_after_sigkill_ends_with_the_weights_of_a_straight_run(tmp_path: 
 def test_config_run_with_set_lands_in_the_run_directory_its_config_names(tmp_path: Path) -> None:
     config = EXAMPLES / "configs" / "digits_packs.toml"
     overrides = ["optimizer.args.lr=0.002", "epochs=2"]
-    out, err = finish(start("runmodel", "run", config, *(f"--set={o}" for o in overrides),
-                            "--runs-dir", "experiments", "--no-progress", cwd=tmp_path))
+    out, err = finish(
+        start(
+            "runmodel",
+            "run",
+            config,
+            *(f"--set={o}" for o in overrides),
+            "--runs-dir",
+            "experiments",
+            "--no-progress",
+            cwd=tmp_path,
+        )
+    )
     name = runmodel.load_config(config, overrides).run_name()
     assert name.startswith("digits-hidden64_adam-lr0.002_")  # the overridden value in it
     assert err.startswith(f"run directory: {Path('experiments') / name}\n")
@@ -235,8 +271,12 @@ def test_config_run_with_set_lands_in_the_run_directory_its_config_names(tmp_pat
 
 def test_ignite_handlers_stop_and_checkpoint_a_runmodel_run(tmp_path: Path) -> None:
     out = run(EXAMPLES / "ignite_handlers.py", "--patience", "2", cwd=tmp_path)
-    rows = re.findall(r"^epoch +(\d+)  running_loss ([\d.]+)  train_acc ([\d.]+)  "
-                      r"val_loss ([\d.]+)  val_acc ([\d.]+)$", out, re.M)
+    rows = re.findall(
+        r"^epoch +(\d+)  running_loss ([\d.]+)  train_acc ([\d.]+)  "
+        r"val_loss ([\d.]+)  val_acc ([\d.]+)$",
+        out,
+        re.M,
+    )
     epochs = [int(r[0]) for r in rows]
     val_loss = [float(r[3]) for r in rows]
     assert epochs == list(range(1, len(rows) + 1)) and len(rows) < 30
@@ -257,8 +297,11 @@ def test_ignite_handlers_stop_and_checkpoint_a_runmodel_run(tmp_path: Path) -> N
 def test_the_examples_readme_lists_every_example() -> None:
     readme = (EXAMPLES / "README.md").read_text()
     linked = set(re.findall(r"\]\(([^)]+)\)", readme))
-    files = {str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*")
-             if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts}
+    files = {
+        str(p.relative_to(EXAMPLES))
+        for p in EXAMPLES.rglob("*")
+        if p.suffix in (".py", ".toml") and "__pycache__" not in p.parts
+    }
     assert files - linked == set()
     # torchrun_digits.py is another change's; listed here ahead of it
     assert {link for link in linked if not (EXAMPLES / link).exists()} <= {"torchrun_digits.py"}

@@ -41,10 +41,12 @@ else:  # a sharded checkpoint's staging folder, as each process of the save hold
 
 
 def start_writer(path: Path, kind: str = "file") -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), kind],
-                            stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                sys.path)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), kind],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
     return proc
 
@@ -77,9 +79,11 @@ def tiny_run(folder: Path, resume: Path | None = None, steps: int = 2) -> runmod
     torch.manual_seed(0)
     x = torch.randn(8, 3)
     model = runmodel.TorchModel.from_parts(
-        torch.nn.Linear(3, 1), optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        torch.nn.Linear(3, 1),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1),
         loss_fn=torch.nn.MSELoss(),
-        train_data=[(x[i:i + 2], x[i:i + 2].sum(1, keepdim=True)) for i in range(0, 8, 2)])
+        train_data=[(x[i : i + 2], x[i : i + 2].sum(1, keepdim=True)) for i in range(0, 8, 2)],
+    )
     engine = runmodel.Engine()
     engine.attach(Checkpoint(folder, every="1st", keep=2))
     engine.run(model, steps=steps, resume=resume)
@@ -96,8 +100,10 @@ def test_a_killed_save_leaves_nothing_after_the_next_save_or_resume(tmp_path: Pa
     killed(start_writer(tmp_path / "ckpt-00000-0000000009.pt"))
     tiny_run(tmp_path, resume=tmp_path, steps=3)  # one save more
     assert temporaries(tmp_path) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000-0000000002.pt",
-                                                          "ckpt-00000-0000000003.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000-0000000002.pt",
+        "ckpt-00000-0000000003.pt",
+    ]
 
 
 def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:

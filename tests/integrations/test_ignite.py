@@ -50,13 +50,19 @@ def test_a_plain_run_fires_the_same_events_with_the_same_state() -> None:
     a, b = run_ignite(None, 3), run_runmodel(None, 3)
     assert a.error is None and b.error is None
     assert b.trace == a.trace
-    assert b.trace[:4] == [("STARTED", 0, 0, 4, 3), ("EPOCH_STARTED", 1, 0, 4, 3),
-                           ("ITERATION_STARTED", 1, 1, 4, 3),
-                           ("ITERATION_COMPLETED", 1, 1, 4, 3, a.trace[3][5])]
+    assert b.trace[:4] == [
+        ("STARTED", 0, 0, 4, 3),
+        ("EPOCH_STARTED", 1, 0, 4, 3),
+        ("ITERATION_STARTED", 1, 1, 4, 3),
+        ("ITERATION_COMPLETED", 1, 1, 4, 3, a.trace[3][5]),
+    ]
     assert b.trace[-2:] == [("EPOCH_COMPLETED", 3, 12, 4, 3), ("COMPLETED", 3, 12, 4, 3)]
     assert torch.equal(a.module.weight, b.module.weight)
     assert b.result is not None and (b.result.ended, b.result.steps, b.result.epochs) == (
-        "completed", 12, 3)
+        "completed",
+        12,
+        3,
+    )
     assert b.engine.should_terminate is False and b.engine.last_event_name == Events.COMPLETED
 
 
@@ -78,10 +84,14 @@ def test_state_batch_and_output_at_each_step_are_the_steps() -> None:
     seen: list[Any] = []
 
     def attach(engine: Engine, *_: Any) -> None:
-        engine.add_event_handler(Events.ITERATION_STARTED,
-                                 lambda e: seen.append(("start", e.state.batch, e.state.output)))
-        engine.add_event_handler(Events.ITERATION_COMPLETED,
-                                 lambda e: seen.append(("done", e.state.batch, e.state.output)))
+        engine.add_event_handler(
+            Events.ITERATION_STARTED,
+            lambda e: seen.append(("start", e.state.batch, e.state.output)),
+        )
+        engine.add_event_handler(
+            Events.ITERATION_COMPLETED,
+            lambda e: seen.append(("done", e.state.batch, e.state.output)),
+        )
 
     b = run_runmodel(attach, 1, batches=batches)
     assert [s[0] for s in seen] == ["start", "done"] * 4
@@ -96,26 +106,42 @@ def test_state_batch_and_output_at_each_step_are_the_steps() -> None:
 
 # -- terminate() and terminate_epoch() -------------------------------------------------------
 
+
 def terminate_at(event: Any, **kwargs: Any) -> Any:
     def attach(engine: Engine, *_: Any) -> None:
         engine.add_event_handler(event, lambda e: e.terminate(**kwargs))
+
     return attach
 
 
-@pytest.mark.parametrize(("event", "kwargs", "steps", "epochs"), [
-    (Events.STARTED, {}, 0, 0),
-    (Events.EPOCH_STARTED(once=2), {}, 4, 1),
-    (Events.ITERATION_STARTED(once=7), {}, 6, 1),      # the 7th batch is dropped
-    (Events.ITERATION_COMPLETED(once=7), {}, 7, 1),
-    (Events.ITERATION_COMPLETED(once=8), {}, 8, 2),    # the last step of epoch 2
-    (Events.EPOCH_COMPLETED(once=2), {}, 8, 2),
-    (Events.ITERATION_COMPLETED(once=7), {"skip_completed": True}, 7, 1),
-], ids=["STARTED", "EPOCH_STARTED", "ITERATION_STARTED", "ITERATION_COMPLETED",
-        "ITERATION_COMPLETED-last-of-epoch", "EPOCH_COMPLETED", "skip_completed"])
-def test_terminate_ends_the_run_where_ignite_ends_its_own(event: Any, kwargs: dict[str, Any],
-                                                          steps: int, epochs: int) -> None:
-    a, b = run_ignite(terminate_at(event, **kwargs), 3), run_runmodel(terminate_at(event,
-                                                                                   **kwargs), 3)
+@pytest.mark.parametrize(
+    ("event", "kwargs", "steps", "epochs"),
+    [
+        (Events.STARTED, {}, 0, 0),
+        (Events.EPOCH_STARTED(once=2), {}, 4, 1),
+        (Events.ITERATION_STARTED(once=7), {}, 6, 1),  # the 7th batch is dropped
+        (Events.ITERATION_COMPLETED(once=7), {}, 7, 1),
+        (Events.ITERATION_COMPLETED(once=8), {}, 8, 2),  # the last step of epoch 2
+        (Events.EPOCH_COMPLETED(once=2), {}, 8, 2),
+        (Events.ITERATION_COMPLETED(once=7), {"skip_completed": True}, 7, 1),
+    ],
+    ids=[
+        "STARTED",
+        "EPOCH_STARTED",
+        "ITERATION_STARTED",
+        "ITERATION_COMPLETED",
+        "ITERATION_COMPLETED-last-of-epoch",
+        "EPOCH_COMPLETED",
+        "skip_completed",
+    ],
+)
+def test_terminate_ends_the_run_where_ignite_ends_its_own(
+    event: Any, kwargs: dict[str, Any], steps: int, epochs: int
+) -> None:
+    a, b = (
+        run_ignite(terminate_at(event, **kwargs), 3),
+        run_runmodel(terminate_at(event, **kwargs), 3),
+    )
     assert a.error is None and b.error is None
     assert b.trace == a.trace
     assert ("TERMINATE", *a.trace[-1][1:]) in b.trace
@@ -131,16 +157,29 @@ def test_terminate_from_outside_ignites_events_stops_at_the_next_event() -> None
     ITERATION_COMPLETED; so does a runmodel hook calling it at that step (after the mirror's
     own hook): the next batch is dropped before ITERATION_STARTED, and no epoch starts."""
     a = run_ignite(terminate_at(Events.ITERATION_COMPLETED(once=6)), 3)
-    b = run_runmodel(None, 3, hooks=lambda engine: engine.on(
-        "runstep", lambda engine: engine.ignite.terminate(), when=lambda e: e.state.step == 5))
+    b = run_runmodel(
+        None,
+        3,
+        hooks=lambda engine: engine.on(
+            "runstep", lambda engine: engine.ignite.terminate(), when=lambda e: e.state.step == 5
+        ),
+    )
     assert b.trace == a.trace
     assert b.result is not None and (b.result.ended, b.result.steps, b.result.skipped) == (
-        "stopped", 6, 1)
+        "stopped",
+        6,
+        1,
+    )
     # at an epoch's end (a runmodel epoch_end hook, as a handler of another engine would):
     # no EPOCH_STARTED follows
     a = run_ignite(terminate_at(Events.EPOCH_COMPLETED(once=1)), 3)
-    b = run_runmodel(None, 3, hooks=lambda engine: engine.on(
-        "epoch_end", lambda engine: engine.ignite.terminate(), once=0))
+    b = run_runmodel(
+        None,
+        3,
+        hooks=lambda engine: engine.on(
+            "epoch_end", lambda engine: engine.ignite.terminate(), once=0
+        ),
+    )
     assert b.trace == a.trace
     assert b.result is not None and (b.result.steps, b.result.epochs) == (4, 1)
 
@@ -148,26 +187,39 @@ def test_terminate_from_outside_ignites_events_stops_at_the_next_event() -> None
 def terminate_epoch_at(event: Any, skip: bool = False) -> Any:
     def attach(engine: Engine, *_: Any) -> None:
         engine.add_event_handler(event, lambda e: e.terminate_epoch(skip_epoch_completed=skip))
+
     return attach
 
 
-@pytest.mark.parametrize(("event", "skip", "steps"), [
-    (Events.ITERATION_COMPLETED(once=6), False, 10),
-    (Events.ITERATION_COMPLETED(once=6), True, 10),
-    (Events.ITERATION_STARTED(once=3), False, 10),    # the 3rd batch is dropped
-    # ignite's once=3 reads state.iteration, which a batch dropped before ITERATION_STARTED
-    # does not advance: it fires again in each later epoch, which then ends at once
-    (Events.GET_BATCH_COMPLETED(once=3), False, 3),
-    (Events.GET_BATCH_STARTED(once=3), False, 3),
-], ids=["ITERATION_COMPLETED", "skip_epoch_completed", "ITERATION_STARTED",
-        "GET_BATCH_COMPLETED", "GET_BATCH_STARTED"])
+@pytest.mark.parametrize(
+    ("event", "skip", "steps"),
+    [
+        (Events.ITERATION_COMPLETED(once=6), False, 10),
+        (Events.ITERATION_COMPLETED(once=6), True, 10),
+        (Events.ITERATION_STARTED(once=3), False, 10),  # the 3rd batch is dropped
+        # ignite's once=3 reads state.iteration, which a batch dropped before ITERATION_STARTED
+        # does not advance: it fires again in each later epoch, which then ends at once
+        (Events.GET_BATCH_COMPLETED(once=3), False, 3),
+        (Events.GET_BATCH_STARTED(once=3), False, 3),
+    ],
+    ids=[
+        "ITERATION_COMPLETED",
+        "skip_epoch_completed",
+        "ITERATION_STARTED",
+        "GET_BATCH_COMPLETED",
+        "GET_BATCH_STARTED",
+    ],
+)
 def test_terminate_epoch_ends_the_epoch_as_in_ignite(event: Any, skip: bool, steps: int) -> None:
     a = run_ignite(terminate_epoch_at(event, skip), 3, events=CORE)
     b = run_runmodel(terminate_epoch_at(event, skip), 3, events=CORE)
     assert b.trace == a.trace
     assert any(row[0] == "TERMINATE_SINGLE_EPOCH" for row in b.trace)  # with iter_counter=
     assert b.result is not None and (b.result.ended, b.result.steps, b.result.epochs) == (
-        "completed", steps, 3)
+        "completed",
+        steps,
+        3,
+    )
     assert torch.equal(a.module.weight, b.module.weight)
 
 
@@ -181,13 +233,19 @@ def test_terminate_epoch_at_epoch_started_is_an_error_in_both() -> None:
 
 def test_runmodels_stop_ends_the_mirror_as_terminate_would() -> None:
     a = run_ignite(terminate_at(Events.ITERATION_COMPLETED(once=7)), 3)
-    b = run_runmodel(None, 3, hooks=lambda engine: engine.on(
-        "runstep", lambda engine: engine.stop("enough"), when=lambda e: e.state.step == 6))
+    b = run_runmodel(
+        None,
+        3,
+        hooks=lambda engine: engine.on(
+            "runstep", lambda engine: engine.stop("enough"), when=lambda e: e.state.step == 6
+        ),
+    )
     assert b.trace == a.trace
     assert b.engine.should_terminate is True  # set by the mirror, as max_iters does in ignite
 
 
 # -- filters, the budget -------------------------------------------------------------------
+
 
 def test_ignites_event_filters_work_on_the_mirror() -> None:
     def attach(engine: Engine, *_: Any) -> list[Any]:
@@ -202,9 +260,12 @@ def test_ignites_event_filters_work_on_the_mirror() -> None:
         engine.add_event_handler(Events.EPOCH_COMPLETED(every=2), hit("epoch-every2"))
         engine.add_event_handler(Events.ITERATION_COMPLETED(before=4, after=1), hit("1<i<4"))
         engine.add_event_handler(
-            Events.ITERATION_COMPLETED(event_filter=lambda engine, i: i % 5 == 1), hit("i%5==1"))
-        engine.add_event_handler(Events.EPOCH_STARTED | Events.COMPLETED,
-                                 lambda e: hits.append((e.last_event_name.name, e.state.epoch)))
+            Events.ITERATION_COMPLETED(event_filter=lambda engine, i: i % 5 == 1), hit("i%5==1")
+        )
+        engine.add_event_handler(
+            Events.EPOCH_STARTED | Events.COMPLETED,
+            lambda e: hits.append((e.last_event_name.name, e.state.epoch)),
+        )
         return hits
 
     a, b = run_ignite(attach, 3), run_runmodel(attach, 3)
@@ -216,26 +277,41 @@ def test_ignites_event_filters_work_on_the_mirror() -> None:
 def test_handlers_added_and_removed_during_the_run_take_effect_as_in_ignite() -> None:
     """The mirror skips ignite's fire for step events nobody handles; a handler added by
     another (or removed through its handle, as Metric.detach does) counts from then on."""
+
     def attach(engine: Engine, *_: Any) -> list[Any]:
         hits: list[Any] = []
         handles: list[Any] = []
 
         def add(e: Engine) -> None:
-            handles.append(e.add_event_handler(Events.ITERATION_STARTED, lambda e: hits.append(
-                ("started", e.state.iteration))))
-            handles.append(e.add_event_handler(Events.ITERATION_COMPLETED, lambda e: hits.append(
-                ("completed", e.state.iteration))))
+            handles.append(
+                e.add_event_handler(
+                    Events.ITERATION_STARTED, lambda e: hits.append(("started", e.state.iteration))
+                )
+            )
+            handles.append(
+                e.add_event_handler(
+                    Events.ITERATION_COMPLETED,
+                    lambda e: hits.append(("completed", e.state.iteration)),
+                )
+            )
 
         engine.add_event_handler(Events.EPOCH_COMPLETED(once=1), add)
-        engine.add_event_handler(Events.ITERATION_COMPLETED(once=6),
-                                 lambda e: handles.pop().remove())
+        engine.add_event_handler(
+            Events.ITERATION_COMPLETED(once=6), lambda e: handles.pop().remove()
+        )
         engine.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: handles.pop().remove())
         return hits
 
     a, b = run_ignite(attach, 3, events=()), run_runmodel(attach, 3, events=())
     assert b.extra == a.extra
-    assert b.extra == [("started", 5), ("completed", 5), ("started", 6), ("completed", 6),
-                       ("started", 7), ("started", 8)]
+    assert b.extra == [
+        ("started", 5),
+        ("completed", 5),
+        ("started", 6),
+        ("completed", 6),
+        ("started", 7),
+        ("started", 8),
+    ]
 
 
 @pytest.mark.parametrize("steps", [6, 8], ids=["mid-epoch", "epoch-boundary"])
@@ -250,14 +326,19 @@ def test_the_step_budget_ends_the_run_as_ignites_max_iters(steps: int) -> None:
 
 # -- errors ------------------------------------------------------------------------------
 
+
 def raise_at(event: Any, handled: bool, errors: list[Any]) -> Any:
     def attach(engine: Engine, *_: Any) -> None:
         def boom(e: Engine) -> None:
             raise ValueError("boom")
+
         engine.add_event_handler(event, boom)
         if handled:
-            engine.add_event_handler(Events.EXCEPTION_RAISED, lambda e, error: errors.append(
-                (type(error).__name__, e.state.iteration)))
+            engine.add_event_handler(
+                Events.EXCEPTION_RAISED,
+                lambda e, error: errors.append((type(error).__name__, e.state.iteration)),
+            )
+
     return attach
 
 
@@ -281,7 +362,7 @@ def test_exception_raised_fires_but_runmodel_raises_the_error_again() -> None:
     assert seen_a == seen_b == [("ValueError", 6)]
     assert a.error is None and a.trace[-1][0] == "COMPLETED"  # ignite went on
     assert isinstance(b.error, ValueError)
-    assert b.trace == a.trace[:len(b.trace)] and b.trace[-1][:3] == ("ITERATION_COMPLETED", 2, 6)
+    assert b.trace == a.trace[: len(b.trace)] and b.trace[-1][:3] == ("ITERATION_COMPLETED", 2, 6)
     assert b.engine.last_event_name == Events.EXCEPTION_RAISED
 
 
@@ -308,14 +389,17 @@ def test_an_error_in_the_models_step_reaches_exception_raised() -> None:
 
 # -- what state.output holds ---------------------------------------------------------------
 
+
 def test_output_at_epoch_completed_and_after_the_run_is_the_last_steps() -> None:
     """With no ITERATION_COMPLETED handler the mirror makes no output per step, yet an
     EPOCH_COMPLETED handler (the usual ``print(trainer.state.output)``) and a read after
     the run see the last step's, as on ignite's engine."""
+
     def attach(engine: Engine, *_: Any) -> list[float]:
         losses: list[float] = []
-        engine.add_event_handler(Events.EPOCH_COMPLETED,
-                                 lambda e: losses.append(round(float(e.state.output["loss"]), 6)))
+        engine.add_event_handler(
+            Events.EPOCH_COMPLETED, lambda e: losses.append(round(float(e.state.output["loss"]), 6))
+        )
         return losses
 
     events = [Events.STARTED]  # no recorder on ITERATION_COMPLETED
@@ -330,16 +414,16 @@ def test_output_transform_gives_ignites_trainer_convention() -> None:
     module, optimizer, loss_fn = parts()
     trainer = create_supervised_trainer(module, optimizer, loss_fn)
     losses_a: list[float] = []
-    trainer.add_event_handler(Events.ITERATION_COMPLETED,
-                              lambda e: losses_a.append(e.state.output))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses_a.append(e.state.output))
     trainer.run(data(), max_epochs=2)
 
     losses_b: list[float] = []
 
     def hooks(engine: runmodel.Engine) -> None:
         engine.ignite.output_transform = lambda engine: engine.state.loss.item()  # type: ignore[attr-defined]
-        engine.ignite.add_event_handler(Events.ITERATION_COMPLETED,
-                                        lambda e: losses_b.append(e.state.output))
+        engine.ignite.add_event_handler(
+            Events.ITERATION_COMPLETED, lambda e: losses_b.append(e.state.output)
+        )
 
     run_runmodel(None, 2, hooks=hooks)
     assert losses_b == losses_a and all(isinstance(x, float) for x in losses_b)
@@ -363,13 +447,15 @@ def test_default_output_of_other_models() -> None:
             return {"output": batch, "other": 2}
 
     module, optimizer, loss_fn = parts()
-    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=loss_fn,
-                                           train_data=data(1), eval_data=data(1))
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=loss_fn, train_data=data(1), eval_data=data(1)
+    )
     model.interface = OwnStep()
     outputs: list[Any] = []
     engine = runmodel.Engine()
-    engine.ignite.add_event_handler(Events.ITERATION_COMPLETED,
-                                    lambda e: outputs.append(e.state.output))
+    engine.ignite.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output)
+    )
     engine.run(model, epochs=1)
     engine.run(Dicts())
     engine.run(model, "infer")
@@ -382,6 +468,7 @@ def test_default_output_of_other_models() -> None:
 
 
 # -- runs, resumes, the eval mode ----------------------------------------------------------
+
 
 def test_a_resumed_run_continues_ignites_counters() -> None:
     """ignite resumed from {"epoch": 2} and runmodel resumed from counters of 2 epochs fire
@@ -398,30 +485,43 @@ def test_a_resumed_run_continues_ignites_counters() -> None:
     b = run_runmodel(None, 4, engine=engine)
     strip = [row[:5] for row in b.trace]
     assert strip == [row[:5] for row in trace_a]
-    assert strip[:3] == [("STARTED", 2, 8, 4, 4), ("EPOCH_STARTED", 3, 8, 4, 4),
-                         ("ITERATION_STARTED", 3, 9, 4, 4)]
+    assert strip[:3] == [
+        ("STARTED", 2, 8, 4, 4),
+        ("EPOCH_STARTED", 3, 8, 4, 4),
+        ("ITERATION_STARTED", 3, 9, 4, 4),
+    ]
     assert [row[:5] for row in straight if row[2] > 8 or row[0] == "COMPLETED"] == strip[2:]
 
 
 def test_a_run_resumed_from_a_runmodel_checkpoint_continues_the_mirror(tmp_path: Path) -> None:
     def seen(engine: runmodel.Engine) -> list[Any]:
         rows: list[Any] = []
-        engine.ignite.add_event_handler(Events.EPOCH_COMPLETED, lambda e: rows.append(
-            (e.state.epoch, e.state.iteration)))
+        engine.ignite.add_event_handler(
+            Events.EPOCH_COMPLETED, lambda e: rows.append((e.state.epoch, e.state.iteration))
+        )
         return rows
 
     first = runmodel.Engine()
     first.attach(runmodel.packs.Checkpoint(tmp_path))
     rows_first = seen(first)
     module, optimizer, loss_fn = parts()
-    first.run(runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=loss_fn,
-                                             train_data=data()), epochs=2)
+    first.run(
+        runmodel.TorchModel.from_parts(
+            module, optimizer=optimizer, loss_fn=loss_fn, train_data=data()
+        ),
+        epochs=2,
+    )
     second = runmodel.Engine()
     second.attach(runmodel.packs.Checkpoint(tmp_path))
     rows_second = seen(second)
     module, optimizer, loss_fn = parts()
-    second.run(runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=loss_fn,
-                                              train_data=data()), epochs=4, resume=tmp_path)
+    second.run(
+        runmodel.TorchModel.from_parts(
+            module, optimizer=optimizer, loss_fn=loss_fn, train_data=data()
+        ),
+        epochs=4,
+        resume=tmp_path,
+    )
     assert rows_first == [(1, 4), (2, 8)] and rows_second == [(3, 12), (4, 16)]
 
 
@@ -439,6 +539,7 @@ def test_an_iteration_started_handler_may_replace_the_batch() -> None:
         def halve(e: Engine) -> None:
             x, y = e.state.batch
             e.state.batch = (x * 0.5, y)
+
         engine.add_event_handler(Events.ITERATION_STARTED, halve)
 
     a, b = run_ignite(attach, 2), run_runmodel(attach, 2)
@@ -462,15 +563,32 @@ def test_eval_mode_fires_one_epoch_and_ignite_metrics_join_the_result() -> None:
     module, _, loss_fn = parts()
     evaluator = create_supervised_evaluator(module, metrics={"acc": Accuracy()})
     trace_a: list[Any] = []
-    recorder(evaluator, trace_a, [Events.STARTED, Events.EPOCH_STARTED, Events.ITERATION_COMPLETED,
-                                  Events.EPOCH_COMPLETED, Events.COMPLETED])
+    recorder(
+        evaluator,
+        trace_a,
+        [
+            Events.STARTED,
+            Events.EPOCH_STARTED,
+            Events.ITERATION_COMPLETED,
+            Events.EPOCH_COMPLETED,
+            Events.COMPLETED,
+        ],
+    )
     evaluator.run(data(seed=1))
     model = runmodel.TorchModel.from_parts(module, loss_fn=loss_fn, eval_data=data(seed=1))
     engine = runmodel.Engine()
     trace_b: list[Any] = []
-    recorder(engine.ignite, trace_b, [Events.STARTED, Events.EPOCH_STARTED,
-                                      Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED,
-                                      Events.COMPLETED])
+    recorder(
+        engine.ignite,
+        trace_b,
+        [
+            Events.STARTED,
+            Events.EPOCH_STARTED,
+            Events.ITERATION_COMPLETED,
+            Events.EPOCH_COMPLETED,
+            Events.COMPLETED,
+        ],
+    )
     Accuracy().attach(engine.ignite, "acc_ignite")
     result = engine.run(model, "eval")
     assert [r[:5] for r in trace_b] == [r[:5] for r in trace_a]
@@ -480,15 +598,21 @@ def test_eval_mode_fires_one_epoch_and_ignite_metrics_join_the_result() -> None:
 
 # -- what an engine that never reads .ignite pays ------------------------------------------
 
+
 def test_reading_ignite_adds_seven_hooks_named_ignite(engine: runmodel.Engine) -> None:
     def named_ignite() -> list[str]:
-        return [phase for phase, hooks in engine.table.hooks.items()
-                for hook in hooks if hook.name == "ignite"]
+        return [
+            phase
+            for phase, hooks in engine.table.hooks.items()
+            for hook in hooks
+            if hook.name == "ignite"
+        ]
 
     assert named_ignite() == []
     engine.ignite  # noqa: B018
-    assert sorted(named_ignite()) == sorted(["setup", "epoch_start", "step_start", "runstep",
-                                             "epoch_end", "exception", "teardown"])
+    assert sorted(named_ignite()) == sorted(
+        ["setup", "epoch_start", "step_start", "runstep", "epoch_end", "exception", "teardown"]
+    )
 
 
 def test_first_read_during_a_run_is_refused() -> None:
@@ -496,8 +620,11 @@ def test_first_read_during_a_run_is_refused() -> None:
     engine = runmodel.Engine()
     engine.on("epoch_start", lambda engine: engine.ignite)
     model = runmodel.TorchModel.from_parts(
-        nn.Linear(FEATURES, CLASSES), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-        loss_fn=nn.CrossEntropyLoss(), train_data=data(1))
+        nn.Linear(FEATURES, CLASSES),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        loss_fn=nn.CrossEntropyLoss(),
+        train_data=data(1),
+    )
     with pytest.raises(RuntimeError, match=r"read it .* before engine\.run\(\)"):
         engine.run(model, epochs=1)
     assert isinstance(engine.ignite, Engine)  # between runs it may be read
@@ -520,7 +647,8 @@ def test_an_engine_that_never_reads_ignite_does_not_import_it() -> None:
         assert "ignite" not in names, names
         print(sorted(m for m in sys.modules if m == "ignite" or m.startswith("ignite.")))
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

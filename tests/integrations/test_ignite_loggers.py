@@ -35,8 +35,8 @@ def records(path: Path) -> list[bytes]:
         if BLOCK - at % BLOCK < HEADER:  # the rest of a block is padding
             at += BLOCK - at % BLOCK
             continue
-        length, kind = int.from_bytes(data[at + 4:at + 6], "little"), data[at + 6]
-        parts += data[at + HEADER:at + HEADER + length]
+        length, kind = int.from_bytes(data[at + 4 : at + 6], "little"), data[at + 6]
+        parts += data[at + HEADER : at + HEADER + length]
         at += HEADER + length
         if kind in (1, 4):  # a whole record, or a record's last part
             found.append(parts)
@@ -53,13 +53,18 @@ def history(run_file: Path) -> list[dict[str, Any]]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
     return rows
 
 
-def test_wandb_logger_through_engine_ignite(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_logger_through_engine_ignite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wandb = pytest.importorskip("wandb", reason="wandb is not installed (the dev extra has it)")
     from ignite.engine import Events
     from ignite.handlers.wandb_logger import WandBLogger
@@ -70,20 +75,27 @@ def test_wandb_logger_through_engine_ignite(tmp_path: Path,
     torch.manual_seed(0)
     module = nn.Linear(4, 3)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer,
-                                           loss_fn=nn.CrossEntropyLoss(),
-                                           train_data=make_data(4, 8, 4, classes=3))
+    model = runmodel.TorchModel.from_parts(
+        module,
+        optimizer=optimizer,
+        loss_fn=nn.CrossEntropyLoss(),
+        train_data=make_data(4, 8, 4, classes=3),
+    )
     engine = runmodel.Engine(progress=False)
     losses: list[float] = []
     engine.on("runstep", lambda e: losses.append(e.state.loss.item()))
     trainer = engine.ignite
     logger = WandBLogger(project="runmodel-test", dir=str(tmp_path), mode="offline")
     try:  # the lines an ignite user writes for an ignite trainer, unchanged
-        logger.attach_output_handler(trainer, event_name=Events.ITERATION_COMPLETED,
-                                     tag="training", output_transform=lambda o: {
-                                         "loss": o["loss"]})
-        logger.attach_opt_params_handler(trainer, event_name=Events.ITERATION_STARTED,
-                                         optimizer=optimizer)
+        logger.attach_output_handler(
+            trainer,
+            event_name=Events.ITERATION_COMPLETED,
+            tag="training",
+            output_transform=lambda o: {"loss": o["loss"]},
+        )
+        logger.attach_opt_params_handler(
+            trainer, event_name=Events.ITERATION_STARTED, optimizer=optimizer
+        )
         engine.run(model, epochs=2)
     finally:
         logger.close()
@@ -94,4 +106,3 @@ def test_wandb_logger_through_engine_ignite(tmp_path: Path,
     assert [row["training/loss"] for row in logged] == pytest.approx(losses, rel=1e-6)
     assert [row["_step"] for row in logged] == list(range(1, 9))  # ignite's 1-based iteration
     assert [row["lr/group_0"] for row in logged] == [0.1] * 8
-

@@ -31,19 +31,26 @@ def with_data(train: Any) -> tuple[runmodel.Engine, Tiny, list[int]]:
 X = torch.randn(16, 4)
 
 
-@pytest.mark.parametrize(("data", "seen"), [
-    (DataLoader(X, batch_size=8), r"bare tensors \(this one of shape \(8, 4\)\)"),
-    ([{"x": X[:8], "y": X[:8, :1]}], r"dicts \(this one with keys 'x', 'y'\)"),
-    (DataLoader(TensorDataset(X), batch_size=8), r"lists of 1 item"),
-])
+@pytest.mark.parametrize(
+    ("data", "seen"),
+    [
+        (DataLoader(X, batch_size=8), r"bare tensors \(this one of shape \(8, 4\)\)"),
+        ([{"x": X[:8], "y": X[:8, :1]}], r"dicts \(this one with keys 'x', 'y'\)"),
+        (DataLoader(TensorDataset(X), batch_size=8), r"lists of 1 item"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_one_error_names_the_expected_batches_and_what_to_override(
-        data: Any, seen: str, mode: str) -> None:
+    data: Any, seen: str, mode: str
+) -> None:
     engine, model, steps = with_data(data)
-    with pytest.raises(TypeError, match=rf"Model's {mode} data yields {seen}, and TorchModel "
-                                        r"expects \(input, target\) batches: .* override "
-                                        r"Model\.compute_output\(batch\) .* and "
-                                        r"Model\.target\(batch\)") as info:
+    with pytest.raises(
+        TypeError,
+        match=rf"Model's {mode} data yields {seen}, and TorchModel "
+        r"expects \(input, target\) batches: .* override "
+        r"Model\.compute_output\(batch\) .* and "
+        r"Model\.target\(batch\)",
+    ) as info:
         engine.run(model, mode, steps=2)
     assert steps == [] and info.value.__cause__ is None and info.value.__context__ is None
 
@@ -55,8 +62,9 @@ def test_infer_mode_reads_the_input_alone() -> None:
 
 def test_a_step_of_its_own_reads_the_batches_its_own_way() -> None:
     engine, model, _ = with_data([X[:8], X[8:]])  # bare tensors, for the override
-    engine.override("runstep", lambda e, default: e.model.module(e.state.batch).sum(),
-                    modes="train")
+    engine.override(
+        "runstep", lambda e, default: e.model.module(e.state.batch).sum(), modes="train"
+    )
     assert engine.run(model, epochs=1).steps == 2
     with pytest.raises(TypeError, match=r"Model's eval data yields bare tensors"):
         engine.run(model, "eval")  # the override is the train step's only

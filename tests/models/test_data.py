@@ -67,25 +67,28 @@ def loader(**options: Any) -> DataLoader[Any]:
 
 def batches_list() -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = tensors()
-    return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, SAMPLES, BATCH)]
+    return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, SAMPLES, BATCH)]
 
 
 def stateful() -> Any:
     stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
-    return stateful_dataloader.StatefulDataLoader(Counted(*tensors()), batch_size=BATCH,
-                                                  shuffle=True)
+    return stateful_dataloader.StatefulDataLoader(
+        Counted(*tensors()), batch_size=BATCH, shuffle=True
+    )
 
 
 def distributed() -> DataLoader[Any]:  # process 1 of 2's shard, as under torchrun
     dataset = Counted(*tensors())
-    return DataLoader(dataset, batch_size=BATCH // 2,
-                      sampler=DistributedSampler(dataset, num_replicas=2, rank=1, seed=3))
+    return DataLoader(
+        dataset,
+        batch_size=BATCH // 2,
+        sampler=DistributedSampler(dataset, num_replicas=2, rank=1, seed=3),
+    )
 
 
 DATA: dict[str, Callable[[], Any]] = {
     "shuffled": lambda: loader(shuffle=True),
-    "own generator": lambda: loader(shuffle=True,
-                                    generator=torch.Generator().manual_seed(7)),
+    "own generator": lambda: loader(shuffle=True, generator=torch.Generator().manual_seed(7)),
     # (persistent workers: tests/faults/test_exact_resume.py, whose processes end as runs do; here,
     # a persistent iterator the garbage collector finalises waits seconds for its workers)
     "workers": lambda: loader(shuffle=True, num_workers=2),
@@ -109,8 +112,9 @@ class Net(runmodel.TorchModel):
         self.loss_fn = nn.MSELoss()
         self.train_data = self.make_data()
 
-    def run(self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any,
-            **kwargs: Any) -> None:
+    def run(
+        self, runstep: runmodel.RunStep, steps: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         sampler = getattr(self.train_data, "sampler", None)
         for epoch in runstep.epochs():
             if isinstance(sampler, DistributedSampler):
@@ -123,8 +127,12 @@ def parameters(model: Net) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.module.parameters()]
 
 
-def train(make_data: Callable[[], Any], folder: Path | None = None,
-          resume: Path | None = None, epochs: int = EPOCHS) -> Net:
+def train(
+    make_data: Callable[[], Any],
+    folder: Path | None = None,
+    resume: Path | None = None,
+    epochs: int = EPOCHS,
+) -> Net:
     torch.manual_seed(123)  # where the run's generator stands before it starts
     model, engine = Net(make_data), runmodel.Engine()
     if folder is not None:
@@ -148,7 +156,8 @@ def test_resumed_from_any_step_ends_as_the_straight_run(kind: str, tmp_path: Pat
             warnings.simplefilter("always")
             resumed = parameters(train(make, resume=path))
         assert all(torch.equal(p, q) for p, q in zip(resumed, straight, strict=True)), (
-            f"{kind}: resumed from {path.name}, the parameters differ")
+            f"{kind}: resumed from {path.name}, the parameters differ"
+        )
         replayed = [w for w in caught if "drawn again and dropped" in str(w.message)]
         mid_epoch = torch.load(path, weights_only=True)["position"]["batches"] > 0
         assert len(replayed) == (kind == "iterable" and mid_epoch), (path.name, replayed)
@@ -177,8 +186,7 @@ def test_a_resumed_epoch_with_no_batches_left_ends_without_an_error(tmp_path: Pa
     engine.run(model, steps=6)  # the whole of epoch 0: the checkpoint after its last step
     again = runmodel.Engine()
     again.attach(Checkpoint(tmp_path / "again"))
-    result = again.run(Net(DATA["shuffled"]), steps=9,
-                       resume=tmp_path / "ckpt-00000-0000000006.pt")
+    result = again.run(Net(DATA["shuffled"]), steps=9, resume=tmp_path / "ckpt-00000-0000000006.pt")
     assert (result.steps, result.epochs) == (9, 1)
 
 
@@ -190,15 +198,23 @@ class Noisy(Counted):
         return x + 0.1 * torch.rand(x.shape), y
 
 
-@pytest.mark.parametrize("kind", ["shuffled", "own generator", "stateful",
-                                  "own generator, augmented in workers"])
+@pytest.mark.parametrize(
+    "kind", ["shuffled", "own generator", "stateful", "own generator, augmented in workers"]
+)
 def test_resumed_from_an_epoch_end_checkpoint_ends_as_the_straight_run(
-        kind: str, tmp_path: Path) -> None:
+    kind: str, tmp_path: Path
+) -> None:
     # an epoch-end checkpoint holds no position in the epoch, but it holds the loader's
     # own generators: the next epoch's order (and the workers' seeds) are drawn from them
-    make = DATA.get(kind) or (lambda: DataLoader(
-        Noisy(*tensors()), batch_size=BATCH, shuffle=True, num_workers=2,
-        generator=torch.Generator().manual_seed(7)))
+    make = DATA.get(kind) or (
+        lambda: DataLoader(
+            Noisy(*tensors()),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(7),
+        )
+    )
 
     def run(epochs: int, resume: Path | None) -> Net:
         torch.manual_seed(123)

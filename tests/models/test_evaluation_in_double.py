@@ -18,8 +18,9 @@ def uneven_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """60 batches of 5 to 16 rows of a regression that the model fits badly."""
     g = torch.Generator().manual_seed(3)
     sizes = torch.randint(5, 17, (60,), generator=g).tolist()
-    return [(torch.randn(n, 4, generator=g) * 3, torch.randn(n, 1, generator=g) * 10)
-            for n in sizes]
+    return [
+        (torch.randn(n, 4, generator=g) * 3, torch.randn(n, 1, generator=g) * 10) for n in sizes
+    ]
 
 
 def script_mean(module: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -53,4 +54,5 @@ def test_the_evaluate_pack_and_eval_mode_report_the_same_double_sum() -> None:
             self.eval_data = data
 
     assert runmodel.Engine().run(OnThatData(), "eval").metrics["loss"] == script_mean(
-        model.module, data)
+        model.module, data
+    )

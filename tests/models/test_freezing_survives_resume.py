@@ -20,6 +20,7 @@ EPOCHS = 4
 
 def staged(engine: runmodel.Engine) -> None:
     """Train the last layer alone first, everything from epoch 2 on (the README's way)."""
+
     @engine.on("setup")
     def freeze(engine: runmodel.Engine) -> None:
         engine.model.module[0].requires_grad_(False)
@@ -34,7 +35,8 @@ def model() -> Tiny:
 
 
 def test_a_run_resumed_after_the_unfreezing_trains_what_the_straight_run_trains(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     straight = runmodel.Engine()
     staged(straight)
     whole = model()
@@ -55,17 +57,23 @@ def test_a_run_resumed_after_the_unfreezing_trains_what_the_straight_run_trains(
     assert trainable == [True]  # the setup hook froze it; the checkpoint unfroze it again
     assert torch.equal(params(resumed), params(whole))
     lines = [line for line in capfd.readouterr().err.splitlines() if "once=" in line]
-    assert lines == ["runmodel: resumed at epoch 3, step 12; the moment of these once= hooks "
-                     "is past, so this run does not fire them: 'warm' (setup, once='1ep'), "
-                     "'unfreeze' (epoch_start, once=2)"]
+    assert lines == [
+        "runmodel: resumed at epoch 3, step 12; the moment of these once= hooks "
+        "is past, so this run does not fire them: 'warm' (setup, once='1ep'), "
+        "'unfreeze' (epoch_start, once=2)"
+    ]
 
 
 def test_the_checkpoint_holds_each_parameters_requires_grad() -> None:
     trained = model()
     trained.module[2].bias.requires_grad_(False)
     state = trained.state_dict()
-    assert state["requires_grad"] == {"0.weight": True, "0.bias": True, "2.weight": True,
-                                      "2.bias": False}
+    assert state["requires_grad"] == {
+        "0.weight": True,
+        "0.bias": True,
+        "2.weight": True,
+        "2.bias": False,
+    }
     other = model()
     other.load_state_dict(state)
     assert [p.requires_grad for p in other.module.parameters()] == [True, True, True, False]

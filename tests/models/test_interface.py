@@ -27,10 +27,16 @@ def batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return make_data(3, classes=3, seed=seed)
 
 
-@pytest.mark.parametrize(("method", "args"), [
-    ("train_step", (None, None)), ("evaluate", (None, [])), ("inference", (None, None)),
-    ("generate", (None, None)), ("save", (None, ".")),
-])
+@pytest.mark.parametrize(
+    ("method", "args"),
+    [
+        ("train_step", (None, None)),
+        ("evaluate", (None, [])),
+        ("inference", (None, None)),
+        ("generate", (None, None)),
+        ("save", (None, ".")),
+    ],
+)
 def test_interface_methods_say_they_are_missing(method: str, args: tuple[Any, ...]) -> None:
     class Mine(runmodel.Interface):
         pass
@@ -171,9 +177,11 @@ def test_a_custom_interface_runs_eval_steps(engine: runmodel.Engine) -> None:
         y = torch.cat([b[1] for b in data])
         negated = -model.module(x)
     assert result.metrics["accuracy"] == pytest.approx(
-        (negated.argmax(1) == y).float().mean().item())
+        (negated.argmax(1) == y).float().mean().item()
+    )
     assert result.metrics["loss"] == pytest.approx(
-        nn.functional.cross_entropy(negated, y).item(), rel=1e-5)
+        nn.functional.cross_entropy(negated, y).item(), rel=1e-5
+    )
     assert interface.trained == []
 
 

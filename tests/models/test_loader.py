@@ -49,8 +49,12 @@ def new_source_modules(before: set[str], stem: str) -> list[str]:
 
 # -- path/file.py: the one Model subclass the file defines --------------------------------
 
+
 def test_a_file_with_one_model_loads_it_and_constructs_it(tmp_path: Path) -> None:
-    path = write(tmp_path, "single.py", """
+    path = write(
+        tmp_path,
+        "single.py",
+        """
         CONSTRUCTED = []
 
         class Single(runmodel.Model):
@@ -66,7 +70,8 @@ def test_a_file_with_one_model_loads_it_and_constructs_it(tmp_path: Path) -> Non
             def run(self, runstep, steps=None, *args, **kwargs):
                 for _ in runstep.epochs():
                     runstep(0)
-    """)
+    """,
+    )
     model = runmodel.load_model(str(path), device="cpu", init_options={"width": 3})
     cls = type(model)
     assert cls.__name__ == "Single"
@@ -83,7 +88,10 @@ def test_a_file_with_one_model_loads_it_and_constructs_it(tmp_path: Path) -> Non
 
 
 def test_load_model_class_returns_the_class_without_constructing_it(tmp_path: Path) -> None:
-    path = write(tmp_path, "lazy.py", """
+    path = write(
+        tmp_path,
+        "lazy.py",
+        """
         CONSTRUCTED = []
 
         class Lazy(runmodel.Model):
@@ -93,7 +101,8 @@ def test_load_model_class_returns_the_class_without_constructing_it(tmp_path: Pa
 
             def run(self, runstep, steps=None, *args, **kwargs):
                 pass
-    """)
+    """,
+    )
     cls = load_model_class(str(path))
     assert cls.__name__ == "Lazy"
     assert sys.modules[cls.__module__].CONSTRUCTED == []
@@ -103,13 +112,17 @@ def test_load_model_class_returns_the_class_without_constructing_it(tmp_path: Pa
 
 
 def test_defaults_apply_without_device_or_init_options(tmp_path: Path) -> None:
-    path = write(tmp_path, "plain.py", """
+    path = write(
+        tmp_path,
+        "plain.py",
+        """
         class Plain(runmodel.Model):
             init_defaults = {"hidden": 8}
 
             def run(self, runstep, steps=None, *args, **kwargs):
                 pass
-    """)
+    """,
+    )
     model = runmodel.load_model(str(path))
     assert type(model).__name__ == "Plain"
     assert model.device is None
@@ -117,7 +130,10 @@ def test_defaults_apply_without_device_or_init_options(tmp_path: Path) -> None:
 
 
 def test_a_torch_model_gets_its_module_on_the_torch_device(tmp_path: Path) -> None:
-    path = write(tmp_path, "linear.py", """
+    path = write(
+        tmp_path,
+        "linear.py",
+        """
         import torch
         from torch import nn
 
@@ -127,7 +143,8 @@ def test_a_torch_model_gets_its_module_on_the_torch_device(tmp_path: Path) -> No
             def __init__(self, device=None, init_options=None):
                 super().__init__(device, init_options)
                 self.module = nn.Linear(self.init_options["width"], 1)
-    """)
+    """,
+    )
     model = runmodel.load_model(str(path), device="cpu", init_options={"width": 6})
     assert type(model).__name__ == "Linear"
     assert isinstance(model, runmodel.TorchModel)
@@ -136,12 +153,16 @@ def test_a_torch_model_gets_its_module_on_the_torch_device(tmp_path: Path) -> No
     assert next(model.module.parameters()).device == torch.device("cpu")
 
 
-def test_imported_and_abstract_model_classes_do_not_count(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_imported_and_abstract_model_classes_do_not_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     helper = f"loader_helper_{next(_unique)}"
     write(tmp_path, f"{helper}.py", models("Imported"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    path = write(tmp_path, "mixed.py", f"""
+    path = write(
+        tmp_path,
+        "mixed.py",
+        f"""
         import abc
 
         from runmodel import Model, TorchModel
@@ -157,7 +178,8 @@ def test_imported_and_abstract_model_classes_do_not_count(tmp_path: Path,
         class Concrete(Base):
             def run(self, runstep, steps=None, *args, **kwargs):
                 pass
-    """)
+    """,
+    )
     try:
         cls = load_model_class(str(path))
         assert cls.__name__ == "Concrete"
@@ -172,7 +194,10 @@ def test_imported_and_abstract_model_classes_do_not_count(tmp_path: Path,
 
 
 def test_a_loaded_model_pickles_and_its_dataclasses_work(tmp_path: Path) -> None:
-    path = write(tmp_path, "configured.py", """
+    path = write(
+        tmp_path,
+        "configured.py",
+        """
         import dataclasses
 
         @dataclasses.dataclass
@@ -186,7 +211,8 @@ def test_a_loaded_model_pickles_and_its_dataclasses_work(tmp_path: Path) -> None
 
             def run(self, runstep, steps=None, *args, **kwargs):
                 pass
-    """)
+    """,
+    )
     model = runmodel.load_model(str(path), device="cpu")
     copy = pickle.loads(pickle.dumps(model))
     assert type(copy) is type(model)
@@ -194,6 +220,7 @@ def test_a_loaded_model_pickles_and_its_dataclasses_work(tmp_path: Path) -> None
 
 
 # -- naming the class: path/file.py:ClassName and package.module:ClassName --------------
+
 
 def test_file_colon_class_picks_among_several(tmp_path: Path) -> None:
     path = write(tmp_path, "several.py", models("Alpha", "Beta", "Gamma"))
@@ -205,7 +232,8 @@ def test_file_colon_class_picks_among_several(tmp_path: Path) -> None:
 
 
 def test_file_colon_class_may_name_a_class_with_a_relative_path(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub", "rel.py", models("One", "Two"))
     monkeypatch.chdir(tmp_path)
@@ -217,7 +245,10 @@ def test_package_module_colon_class(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     package = f"loader_pkg_{next(_unique)}"
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
-    write(tmp_path / package, "nets.py", """
+    write(
+        tmp_path / package,
+        "nets.py",
+        """
         class Small(runmodel.Model):
             init_defaults = {"size": 1}
 
@@ -226,18 +257,21 @@ def test_package_module_colon_class(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
         class Large(Small):
             init_defaults = {"size": 100}
-    """)
+    """,
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        model = runmodel.load_model(f"{package}.nets:Large", device="cpu",
-                                    init_options={"size": 7})
+        model = runmodel.load_model(f"{package}.nets:Large", device="cpu", init_options={"size": 7})
         cls = type(model)
         assert (cls.__name__, cls.__module__) == ("Large", f"{package}.nets")
         assert model.init_options == {"size": 7}
         assert model.device == "cpu"
         assert load_model_class(f"{package}.nets:Small").__name__ == "Small"
-        with pytest.raises(ValueError, match=r"'Medium' is not defined; Model subclasses "
-                                             r"there: Large, Small"):
+        with pytest.raises(
+            ValueError,
+            match=r"'Medium' is not defined; Model subclasses "
+            r"there: Large, Small",
+        ):
             load_model_class(f"{package}.nets:Medium")
     finally:
         for key in [k for k in sys.modules if k.split(".")[0] == package]:
@@ -245,8 +279,11 @@ def test_package_module_colon_class(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_naming_an_abstract_model_class_fails_to_load_naming_it(tmp_path: Path) -> None:
-    path = write(tmp_path, "abstract.py", "class Base(runmodel.Model):\n    pass\n"
-                 + models("Real", base="Base"))
+    path = write(
+        tmp_path,
+        "abstract.py",
+        "class Base(runmodel.Model):\n    pass\n" + models("Real", base="Base"),
+    )
     with pytest.raises((TypeError, ValueError), match=r"(?i)abstract.*\bBase\b|\bBase\b.*abstract"):
         runmodel.load_model(f"{path}:Base")
     assert type(runmodel.load_model(f"{path}:Real")).__name__ == "Real"
@@ -254,8 +291,12 @@ def test_naming_an_abstract_model_class_fails_to_load_naming_it(tmp_path: Path) 
 
 # -- none or several -----------------------------------------------------------------------
 
+
 def test_no_model_subclass_is_an_error_that_says_how_to_name_one(tmp_path: Path) -> None:
-    path = write(tmp_path, "empty.py", """
+    path = write(
+        tmp_path,
+        "empty.py",
+        """
         from runmodel import Model, TorchModel
 
         class Base(Model):
@@ -264,7 +305,8 @@ def test_no_model_subclass_is_an_error_that_says_how_to_name_one(tmp_path: Path)
         class NotAModel:
             def run(self):
                 pass
-    """)
+    """,
+    )
     with pytest.raises(ValueError) as caught:
         load_model_class(str(path))
     message = str(caught.value)
@@ -288,8 +330,12 @@ def test_several_model_subclasses_is_an_error_listing_them(tmp_path: Path) -> No
 
 # -- the same file twice --------------------------------------------------------------------
 
+
 def test_the_same_file_loads_twice_side_by_side(tmp_path: Path) -> None:
-    path = write(tmp_path, "stateful.py", """
+    path = write(
+        tmp_path,
+        "stateful.py",
+        """
         LOG = []
         IMPORTS = [1]
 
@@ -302,7 +348,8 @@ def test_the_same_file_loads_twice_side_by_side(tmp_path: Path) -> None:
 
             def run(self, runstep, steps=None, *args, **kwargs):
                 pass
-    """)
+    """,
+    )
     first, second = load_model_class(str(path)), load_model_class(str(path))
     assert first is not second
     assert first.__module__ != second.__module__
@@ -325,6 +372,7 @@ def test_the_same_file_loads_twice_side_by_side(tmp_path: Path) -> None:
 
 
 # -- errors ---------------------------------------------------------------------------------
+
 
 def test_a_missing_file_is_file_not_found_naming_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "absent.py"
@@ -353,14 +401,18 @@ def test_a_class_name_that_is_not_there_lists_the_available_classes(tmp_path: Pa
     path = write(tmp_path, "two.py", models("First", "Second"))
     with pytest.raises(ValueError) as caught:
         load_model_class(f"{path}:Third")
-    assert str(caught.value) == (f"'{path}:Third': 'Third' is not defined; Model subclasses "
-                                 f"there: First, Second")
+    assert str(caught.value) == (
+        f"'{path}:Third': 'Third' is not defined; Model subclasses there: First, Second"
+    )
 
 
 @pytest.mark.parametrize("name", ["NotAModel", "Plain", "helper", "torch"])
-def test_a_name_bound_to_something_else_than_a_model_is_an_error(tmp_path: Path,
-                                                                 name: str) -> None:
-    path = write(tmp_path, "others.py", models("Real") + """
+def test_a_name_bound_to_something_else_than_a_model_is_an_error(tmp_path: Path, name: str) -> None:
+    path = write(
+        tmp_path,
+        "others.py",
+        models("Real")
+        + """
 NotAModel = 42
 
 class Plain:
@@ -371,23 +423,29 @@ def helper():
     pass
 
 import torch
-""")
+""",
+    )
     with pytest.raises(ValueError) as caught:
         runmodel.load_model(f"{path}:{name}")
-    assert str(caught.value) == (f"'{path}:{name}': '{name}' is not a runmodel.Model subclass; "
-                                 f"Model subclasses there: Real")
+    assert str(caught.value) == (
+        f"'{path}:{name}': '{name}' is not a runmodel.Model subclass; Model subclasses there: Real"
+    )
 
 
-@pytest.mark.parametrize("source", [
-    "",
-    "   ",
-    "some.module",
-    "module",
-    "file.py:",
-    "file.py:1bad",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "",
+        "   ",
+        "some.module",
+        "module",
+        "file.py:",
+        "file.py:1bad",
+    ],
+)
 def test_a_malformed_source_is_a_value_error_giving_the_accepted_forms(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "file.py", models("Real"))  # the file exists: the string is what's wrong
     with pytest.raises(ValueError) as caught:
@@ -408,11 +466,15 @@ def test_a_malformed_class_part_is_a_value_error_naming_it(tmp_path: Path, sourc
 
 
 def test_a_syntax_error_propagates_and_leaves_no_module_behind(tmp_path: Path) -> None:
-    path = write(tmp_path, "broken.py", """
+    path = write(
+        tmp_path,
+        "broken.py",
+        """
         class Broken(runmodel.Model):
             def run(self, runstep, steps=None):
                 return (
-    """)
+    """,
+    )
     before = set(sys.modules)
     with pytest.raises(SyntaxError) as caught:
         runmodel.load_model(str(path))
@@ -420,13 +482,17 @@ def test_a_syntax_error_propagates_and_leaves_no_module_behind(tmp_path: Path) -
     assert new_source_modules(before, "broken") == []
 
 
-@pytest.mark.parametrize(("body", "error"), [
-    ("raise RuntimeError('failed at import')\n", RuntimeError),
-    (f"import loader_absent_dependency_{next(_unique)}\n", ModuleNotFoundError),
-    ("raise KeyboardInterrupt\n", KeyboardInterrupt),
-])
-def test_a_failing_import_leaves_no_half_loaded_module(tmp_path: Path, body: str,
-                                                       error: type[BaseException]) -> None:
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("raise RuntimeError('failed at import')\n", RuntimeError),
+        (f"import loader_absent_dependency_{next(_unique)}\n", ModuleNotFoundError),
+        ("raise KeyboardInterrupt\n", KeyboardInterrupt),
+    ],
+)
+def test_a_failing_import_leaves_no_half_loaded_module(
+    tmp_path: Path, body: str, error: type[BaseException]
+) -> None:
     path = write(tmp_path, "halfway.py", models("Halfway") + body)
     before = set(sys.modules)
     with pytest.raises(error):

@@ -18,12 +18,19 @@ from helpers import make_data
 
 
 class Options(runmodel.TorchModel):
-    init_defaults = {"hidden": 8, "dropout": 0.1, "act": "relu", "sizes": (1, 2),
-                     "bias": True, "anything": None}
+    init_defaults = {
+        "hidden": 8,
+        "dropout": 0.1,
+        "act": "relu",
+        "sizes": (1, 2),
+        "bias": True,
+        "anything": None,
+    }
     setup_defaults = {"lr": 0.01}
 
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(device, init_options)
         self.module = nn.Linear(4, self.init_options["hidden"])
 
@@ -34,8 +41,14 @@ class Options(runmodel.TorchModel):
 
 def test_options_fill_defaults_and_take_known_values() -> None:
     model = Options(init_options={"hidden": 3, "dropout": 1, "sizes": [4], "anything": "x"})
-    assert model.init_options == {"hidden": 3, "dropout": 1.0, "act": "relu", "sizes": [4],
-                                  "bias": True, "anything": "x"}
+    assert model.init_options == {
+        "hidden": 3,
+        "dropout": 1.0,
+        "act": "relu",
+        "sizes": [4],
+        "bias": True,
+        "anything": "x",
+    }
     assert isinstance(model.init_options["dropout"], float)
     assert model.module.out_features == 3
     assert Options(init_options=None).init_options["hidden"] == 8
@@ -52,15 +65,18 @@ def test_unknown_options_warn_once_each_and_are_ignored() -> None:
     assert "colour" not in model.init_options
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"hidden": "8"}, r"init option 'hidden' must be int .*got '8'"),
-    ({"hidden": 2.5}, r"'hidden' must be int"),
-    ({"hidden": True}, r"'hidden' must be int"),
-    ({"bias": 1}, r"'bias' must be bool"),
-    ({"dropout": "high"}, r"'dropout' must be float or int"),
-    ({"sizes": 3}, r"'sizes' must be list or tuple"),
-    ({"act": None}, r"'act' must be str"),
-])
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"hidden": "8"}, r"init option 'hidden' must be int .*got '8'"),
+        ({"hidden": 2.5}, r"'hidden' must be int"),
+        ({"hidden": True}, r"'hidden' must be int"),
+        ({"bias": 1}, r"'bias' must be bool"),
+        ({"dropout": "high"}, r"'dropout' must be float or int"),
+        ({"sizes": 3}, r"'sizes' must be list or tuple"),
+        ({"act": None}, r"'act' must be str"),
+    ],
+)
 def test_bad_values_for_known_options_are_errors(options: dict[str, Any], match: str) -> None:
     with pytest.raises(TypeError, match=match):
         Options(init_options=options)
@@ -88,8 +104,9 @@ def test_undeclared_options_pass_through() -> None:
         def setup(self, setup_options: dict[str, Any] | None = None) -> None:
             self.received = setup_options
 
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
             pass
 
     model = Plain(init_options={"free": 1})
@@ -103,12 +120,15 @@ def test_resolve_options_names_the_owner() -> None:
         resolve_options(Options(), "setup", {"lr": [1]}, {"lr": 0.1})
 
 
-@pytest.mark.parametrize(("device", "match"), [
-    ("gpu", "not a device torch knows"),
-    ("cuda:x", "not a device torch knows"),
-    ("cuda", "no CUDA device is available"),
-    ("cuda:1", "no CUDA device is available"),
-])
+@pytest.mark.parametrize(
+    ("device", "match"),
+    [
+        ("gpu", "not a device torch knows"),
+        ("cuda:x", "not a device torch knows"),
+        ("cuda", "no CUDA device is available"),
+        ("cuda:1", "no CUDA device is available"),
+    ],
+)
 def test_bad_or_absent_devices_are_clear_errors(device: str, match: str) -> None:
     if torch.cuda.is_available() and match.startswith("no CUDA"):
         pytest.skip("this machine has CUDA")
@@ -139,8 +159,11 @@ def test_model_is_cheap_and_needs_no_setup() -> None:
 def test_to_device_moves_nested_batches() -> None:
     Pair = namedtuple("Pair", "x y")
     model = Options(device="meta")
-    batch = {"a": torch.ones(2), "b": [torch.zeros(1), (torch.ones(3), "label")],
-             "c": Pair(torch.ones(1), 7)}
+    batch = {
+        "a": torch.ones(2),
+        "b": [torch.zeros(1), (torch.ones(3), "label")],
+        "c": Pair(torch.ones(1), 7),
+    }
     moved = model.to_device(batch)
     assert moved["a"].device.type == "meta"
     assert moved["b"][0].device.type == "meta" and moved["b"][1][0].device.type == "meta"
@@ -169,8 +192,13 @@ def test_default_loop_moves_batches_to_the_device() -> None:
 def test_a_run_puts_module_batches_and_outputs_on_the_models_device(device: str) -> None:
     data = make_data(2)
     model = runmodel.TorchModel.from_parts(
-        nn.Linear(4, 1), optimizer=functools.partial(torch.optim.SGD, lr=0.1),
-        loss_fn=nn.MSELoss(), train_data=data, infer_data=data, device=device)
+        nn.Linear(4, 1),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        loss_fn=nn.MSELoss(),
+        train_data=data,
+        infer_data=data,
+        device=device,
+    )
     seen: list[tuple[str, ...]] = []
     engine = runmodel.Engine()
     engine.on("step_start", lambda e: seen.append(tuple(t.device.type for t in e.state.batch)))
@@ -199,8 +227,9 @@ def test_a_model_must_define_run() -> None:
 
 def test_a_plain_model_without_step_says_what_to_define() -> None:
     class NoStep(runmodel.Model):
-        def run(self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any,
-                **k: Any) -> None:
+        def run(
+            self, runstep: runmodel.RunStep, steps: int | None = None, *a: Any, **k: Any
+        ) -> None:
             runstep(1)
 
     with pytest.raises(NotImplementedError, match=r"must define step\(batch\)"):

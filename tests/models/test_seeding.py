@@ -36,11 +36,13 @@ def test_seed_seeds_python_numpy_and_torch() -> None:
 class Unseeded(runmodel.TorchModel):
     """A classifier built from torch's generator as it is (helpers.Tiny seeds it itself)."""
 
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(device, init_options)
-        self.module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                                          torch.nn.Linear(8, 3))
+        self.module = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+        )
 
     def setup(self, setup_options: dict[str, Any] | None = None) -> None:
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
@@ -53,8 +55,7 @@ def test_a_config_run_seeds_as_runmodel_seed(tmp_path: Path) -> None:
     ``runmodel.seed(7)`` leaves them: the same initial weights."""
     name = f"unseeded_{uuid.uuid4().hex[:8]}"
     runmodel.register_model(name, Unseeded)
-    prepared = prepare(RunConfig.from_dict({"model": name, "seed": 7}), tmp_path,
-                       progress=False)
+    prepared = prepare(RunConfig.from_dict({"model": name, "seed": 7}), tmp_path, progress=False)
     runmodel.seed(7)
     assert torch.equal(params(prepared.model), params(Unseeded()))
     runmodel.seed(8)

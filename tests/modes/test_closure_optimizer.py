@@ -29,8 +29,9 @@ def model() -> Tiny:
     return Tiny(optimizer=lbfgs, lr=0.5, **SHAPE)
 
 
-def closure_loop(epochs: int, clip: float | None = None) -> tuple[nn.Module, list[float],
-                                                                   list[float]]:
+def closure_loop(
+    epochs: int, clip: float | None = None
+) -> tuple[nn.Module, list[float], list[float]]:
     """The hand-written loop: per batch ``optimizer.step(closure)``; the losses each
     closure call computed, and those ``step`` returned."""
     module = Tiny(**SHAPE).module
@@ -38,6 +39,7 @@ def closure_loop(epochs: int, clip: float | None = None) -> tuple[nn.Module, lis
     calls, steps = [], []
     for _ in range(epochs):
         for x, y in make_data(**SHAPE):
+
             def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 optimizer.zero_grad()
                 loss = nn.functional.mse_loss(module(x), y)
@@ -46,6 +48,7 @@ def closure_loop(epochs: int, clip: float | None = None) -> tuple[nn.Module, lis
                 if clip is not None:
                     torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
                 return loss
+
             steps.append(optimizer.step(closure).item())
     return module, calls, steps
 
@@ -90,14 +93,22 @@ def test_an_lr_schedule_steps_once_per_optimizer_step() -> None:
     assert pack.optimizer_steps == 3 and trained.optimizer.param_groups[0]["lr"] == 0.5 / 8
 
 
-@pytest.mark.parametrize(("pack", "why"), [
-    (NaNGuard, "NaNGuard cannot work with LBFGS, a closure optimizer .*the step cannot be "
-               "skipped"),
-    (lambda: GradAccumulation(2), "GradAccumulation cannot work with LBFGS, a closure "
-                                  "optimizer .*nothing to accumulate"),
-])
+@pytest.mark.parametrize(
+    ("pack", "why"),
+    [
+        (
+            NaNGuard,
+            "NaNGuard cannot work with LBFGS, a closure optimizer .*the step cannot be skipped",
+        ),
+        (
+            lambda: GradAccumulation(2),
+            "GradAccumulation cannot work with LBFGS, a closure optimizer .*nothing to accumulate",
+        ),
+    ],
+)
 def test_packs_that_cannot_work_with_a_closure_optimizer_are_refused_at_setup(
-        pack: Any, why: str) -> None:
+    pack: Any, why: str
+) -> None:
     engine = runmodel.Engine(pack())
     with pytest.raises(ValueError, match=why) as info:
         engine.run(model(), epochs=1)

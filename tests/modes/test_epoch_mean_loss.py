@@ -35,8 +35,11 @@ def test_a_hook_that_reads_loss_sees_the_epochs_mean_at_its_end() -> None:
     engine = runmodel.Engine()
     epochs = step_losses(engine)
     seen: list[tuple[float, float]] = []
-    engine.on("epoch_end", lambda e: seen.append((e.state.metrics["loss"],
-                                                  e.state.loss.item())), reads="loss")
+    engine.on(
+        "epoch_end",
+        lambda e: seen.append((e.state.metrics["loss"], e.state.loss.item())),
+        reads="loss",
+    )
     result = engine.run(Tiny(), epochs=3)
     assert seen == [(script_mean(losses), losses[-1]) for losses in epochs]
     assert result.metrics["loss"] == script_mean(epochs[-1])
@@ -57,7 +60,8 @@ def test_progress_shows_the_epochs_mean_loss() -> None:
     engine.run(Tiny(), epochs=2)
     lines = out.getvalue().splitlines()
     assert [line.split("  ")[2] for line in lines] == [
-        f"loss {script_mean(losses):.4g}" for losses in epochs]
+        f"loss {script_mean(losses):.4g}" for losses in epochs
+    ]
     assert all(line.count(" loss ") == 1 for line in lines)  # once, not again as a metric
     assert f"{script_mean(epochs[0]):.4g}" != f"{epochs[0][-1]:.4g}"
 

@@ -64,26 +64,36 @@ def test_a_model_whose_compute_loss_is_its_own_needs_no_loss_fn() -> None:
 
 
 def test_without_an_override_the_missing_optimizer_is_named_with_the_way_out() -> None:
-    with pytest.raises(ValueError, match=r"train mode needs NoOptimizer\.optimizer; .*"
-                                         r"engine\.override\('optimizer_step', \.\.\.\), which "
-                                         r"needs no optimizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"train mode needs NoOptimizer\.optimizer; .*"
+        r"engine\.override\('optimizer_step', \.\.\.\), which "
+        r"needs no optimizer",
+    ):
         runmodel.Engine().run(NoOptimizer(**SHAPE))
 
 
 def test_an_override_that_calls_the_built_in_update_without_an_optimizer_says_so() -> None:
     engine = runmodel.Engine()
     engine.override("optimizer_step", lambda e, default: default(e))
-    with pytest.raises(RuntimeError, match=r"called default\(engine\), whose built-in action "
-                                           r"steps NoOptimizer\.optimizer, and there is none"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"called default\(engine\), whose built-in action "
+        r"steps NoOptimizer\.optimizer, and there is none",
+    ):
         engine.run(NoOptimizer(**SHAPE), steps=1)
 
 
-@pytest.mark.parametrize(("pack", "named"), [
-    (lambda: LRSchedule(warmup_steps=2), "LRSchedule schedules the learning rate"),
-    (lambda: GradAccumulation(2), "GradAccumulation steps the optimizer once per window"),
-])
+@pytest.mark.parametrize(
+    ("pack", "named"),
+    [
+        (lambda: LRSchedule(warmup_steps=2), "LRSchedule schedules the learning rate"),
+        (lambda: GradAccumulation(2), "GradAccumulation steps the optimizer once per window"),
+    ],
+)
 def test_packs_that_need_the_optimizer_refuse_a_model_without_one_at_setup(
-        pack: Any, named: str) -> None:
+    pack: Any, named: str
+) -> None:
     engine = runmodel.Engine(pack())
     sgd_by_hand(engine)
     steps: list[int] = []

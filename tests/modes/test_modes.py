@@ -107,8 +107,9 @@ def test_evaluate_leaves_the_random_generators_as_they_were() -> None:
 
 def manual_accuracy(model: Classifier, data: list[Any]) -> float:
     with torch.no_grad():
-        right = sum(int((model.module(x.to(model.device)).argmax(1).cpu() == y).sum())
-                    for x, y in data)
+        right = sum(
+            int((model.module(x.to(model.device)).argmax(1).cpu() == y).sum()) for x, y in data
+        )
     return right / sum(len(y) for _, y in data)
 
 
@@ -182,19 +183,26 @@ def test_benchmark_defaults_to_fifty_measured_steps() -> None:
 
 def test_too_few_benchmark_steps_fail_before_setup() -> None:
     model = Counting()
-    with pytest.raises(ValueError, match=r"benchmark mode needs more steps \(5\) than warm-up "
-                                         r"steps \(5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"benchmark mode needs more steps \(5\) than warm-up "
+        r"steps \(5\)",
+    ):
         runmodel.Engine().run(model, runmodel.Benchmark(warmup=5), steps=5)
     assert model.calls == []
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"warmup": -1}, "warmup= must be a whole number"),
-    ({"warmup": True}, "warmup= must be a whole number"),
-    ({"measure": "eval"}, "measure='eval': benchmark mode measures a 'train' or 'infer' step"),
-])
-def test_bad_benchmark_options_fail_when_the_mode_is_made(options: dict[str, Any],
-                                                         match: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"warmup": -1}, "warmup= must be a whole number"),
+        ({"warmup": True}, "warmup= must be a whole number"),
+        ({"measure": "eval"}, "measure='eval': benchmark mode measures a 'train' or 'infer' step"),
+    ],
+)
+def test_bad_benchmark_options_fail_when_the_mode_is_made(
+    options: dict[str, Any], match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         runmodel.Benchmark(**options)
 
@@ -202,8 +210,11 @@ def test_bad_benchmark_options_fail_when_the_mode_is_made(options: dict[str, Any
 def test_a_mode_name_is_the_mode_with_its_defaults() -> None:
     result = runmodel.Engine().run(Counting(batches=100), "benchmark")
     assert result.steps == 55 and result.timings["warmup"] == 5
-    with pytest.raises(ValueError, match=r"unknown mode 'bench'; valid modes: train, eval, "
-                                         r"infer, benchmark, profile"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown mode 'bench'; valid modes: train, eval, "
+        r"infer, benchmark, profile",
+    ):
         runmodel.Engine().run(Counting(), "bench")
 
 
@@ -215,13 +226,17 @@ def test_profile_writes_a_trace_and_times_hooks(tmp_path: Path, device: str) -> 
         torch.ones(64, 64) @ torch.ones(64, 64)
 
     engine.on("epoch_end", lambda e: None, name="end_hook")
-    result = engine.run(Classifier(device), runmodel.Profile(warmup=2, directory=tmp_path),
-                        steps=6)
+    result = engine.run(Classifier(device), runmodel.Profile(warmup=2, directory=tmp_path), steps=6)
     trace = Path(result.files["trace"])
     assert trace.parent == tmp_path and trace.name.endswith(".pt.trace.json")
     names = {event.get("name", "") for event in json.loads(trace.read_text())["traceEvents"]}
-    assert {"runmodel/runstep", "runmodel/forward", "runmodel/backward",
-            "runmodel/optimizer_step", "runmodel/runstep/slow_hook"} <= names
+    assert {
+        "runmodel/runstep",
+        "runmodel/forward",
+        "runmodel/backward",
+        "runmodel/optimizer_step",
+        "runmodel/runstep/slow_hook",
+    } <= names
     hooks = {(row["phase"], row["hook"]): row for row in result.timings["hooks"]}
     assert hooks[("runstep", "slow_hook")]["calls"] == 6
     assert hooks[("epoch_end", "end_hook")]["calls"] == 2  # 3 batches an epoch, 6 steps

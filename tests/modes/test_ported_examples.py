@@ -45,7 +45,7 @@ POLY_DEGREE = 4
 
 def make_features(x: torch.Tensor) -> torch.Tensor:
     x = x.unsqueeze(1)
-    return torch.cat([x ** i for i in range(1, POLY_DEGREE + 1)], 1)
+    return torch.cat([x**i for i in range(1, POLY_DEGREE + 1)], 1)
 
 
 class PolyBatches:
@@ -120,6 +120,7 @@ def test_regression_with_a_hand_written_update_and_no_optimizer() -> None:
 
 # -- time-sequence prediction: two LSTM cells, L-BFGS ----------------------------------------------
 
+
 class Sequence(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -168,6 +169,7 @@ def time_sequence_plain() -> tuple[nn.Module, list[float], list[float]]:
     optimizer = torch.optim.LBFGS(seq.parameters(), lr=0.8)
     closure_losses, test_losses = [], []
     for _ in range(STEPS):
+
         def closure() -> torch.Tensor:
             optimizer.zero_grad()
             out = seq(input)
@@ -176,6 +178,7 @@ def time_sequence_plain() -> tuple[nn.Module, list[float], list[float]]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(seq.parameters(), CLIP)
             return loss
+
         optimizer.step(closure)
         with torch.no_grad():
             future = 10
@@ -205,8 +208,9 @@ def test_time_sequence_prediction_with_lbfgs_and_gradient_clipping() -> None:
     closure_losses: list[float] = []
     test_losses: list[float] = []
     engine.on("forward", lambda e: closure_losses.append(e.state.loss.item()))  # each call
-    engine.on("epoch_end", lambda e: test_losses.append(e.state.metrics["eval_loss"]),
-              after="evaluate")
+    engine.on(
+        "epoch_end", lambda e: test_losses.append(e.state.metrics["eval_loss"]), after="evaluate"
+    )
     model = SineModel(device="cpu")
     engine.run(model, epochs=STEPS)
     seq, plain_closure_losses, plain_test_losses = time_sequence_plain()
@@ -262,7 +266,7 @@ def batchify(data: torch.Tensor, bsz: int) -> torch.Tensor:
 
 def get_batch(source: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     seq_len = min(BPTT, len(source) - 1 - i)
-    return source[i:i + seq_len], source[i + 1:i + 1 + seq_len].view(-1)
+    return source[i : i + seq_len], source[i + 1 : i + 1 + seq_len].view(-1)
 
 
 def repackage_hidden(h: Any) -> Any:
@@ -351,11 +355,15 @@ def word_lm_engine() -> tuple[runmodel.Engine, list[float], list[float], list[fl
     lrs: list[float] = []
     since_log = [0.0]  # the losses' running sum, in float as the script adds them
     # every pass starts with a fresh state of its own batch size: a training epoch...
-    engine.on("epoch_start", lambda e: setattr(e.model, "hidden", e.model.module.init_hidden(
-        TRAIN_BSZ)), modes="train")
+    engine.on(
+        "epoch_start",
+        lambda e: setattr(e.model, "hidden", e.model.module.init_hidden(TRAIN_BSZ)),
+        modes="train",
+    )
     # ...and an evaluation (Evaluate's, inside epoch_end)
-    engine.on("eval_start", lambda e: setattr(e.model, "hidden", e.model.module.init_hidden(
-        EVAL_BSZ)))
+    engine.on(
+        "eval_start", lambda e: setattr(e.model, "hidden", e.model.module.init_hidden(EVAL_BSZ))
+    )
 
     @engine.override("optimizer_step")
     def sgd(engine: runmodel.Engine, default: Any) -> None:

@@ -21,11 +21,15 @@ def regression(device: str = "cpu", lr: float = 0.05) -> Tiny:
     return Tiny(device, lr=lr, **SHAPE)
 
 
-def plain_loop(device: str = "cpu", epochs: int = 1, lr: float = 0.05, accumulate: int = 1,
-               steps: int | None = None) -> nn.Module:
+def plain_loop(
+    device: str = "cpu",
+    epochs: int = 1,
+    lr: float = 0.05,
+    accumulate: int = 1,
+    steps: int | None = None,
+) -> nn.Module:
     """``regression(device)``'s module trained by a hand-written loop on the same data."""
-    return plain_sgd(regression(device).module, make_data(**SHAPE), lr, epochs, steps,
-                     accumulate)
+    return plain_sgd(regression(device).module, make_data(**SHAPE), lr, epochs, steps, accumulate)
 
 
 def test_training_matches_a_plain_loop_exactly(engine: runmodel.Engine, device: str) -> None:
@@ -50,20 +54,28 @@ def test_phased_and_fused_steps_are_identical(device: str) -> None:
 def test_inner_phases_fire_in_order_after_their_actions(engine: runmodel.Engine) -> None:
     log: list[tuple[str, Any]] = []
     engine.on("forward", lambda e: log.append(("forward", e.state.loss.requires_grad)))
-    engine.on("backward", lambda e: log.append(
-        ("backward", e.model.module.weight.grad is not None)))
-    engine.on("optimizer_step", lambda e: log.append(
-        ("optimizer_step", e.model.module.weight.grad is None)))
+    engine.on(
+        "backward", lambda e: log.append(("backward", e.model.module.weight.grad is not None))
+    )
+    engine.on(
+        "optimizer_step",
+        lambda e: log.append(("optimizer_step", e.model.module.weight.grad is None)),
+    )
     engine.on("runstep", lambda e: log.append(("runstep", e.state.step)))
     engine.run(regression(), steps=2)
-    assert log == [("forward", True), ("backward", True), ("optimizer_step", True),
-                   ("runstep", 0),
-                   ("forward", True), ("backward", True), ("optimizer_step", True),
-                   ("runstep", 1)]
+    assert log == [
+        ("forward", True),
+        ("backward", True),
+        ("optimizer_step", True),
+        ("runstep", 0),
+        ("forward", True),
+        ("backward", True),
+        ("optimizer_step", True),
+        ("runstep", 1),
+    ]
 
 
-def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine,
-                                                    device: str) -> None:
+def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine, device: str) -> None:
     @engine.override("backward")
     def half(engine: runmodel.Engine, default: Any) -> None:
         engine.state.loss = engine.state.loss * 0.5
@@ -71,8 +83,7 @@ def test_override_scales_the_loss_like_a_smaller_lr(engine: runmodel.Engine,
 
     model = regression(device, lr=0.1)
     engine.run(model, epochs=2)
-    assert torch.allclose(params(model), params(plain_loop(device, epochs=2, lr=0.05)),
-                          atol=1e-6)
+    assert torch.allclose(params(model), params(plain_loop(device, epochs=2, lr=0.05)), atol=1e-6)
 
 
 def test_override_accumulates_gradients(engine: runmodel.Engine, device: str) -> None:
@@ -89,10 +100,12 @@ def test_override_accumulates_gradients(engine: runmodel.Engine, device: str) ->
 def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine, device: str) -> None:
     log: list[str] = []
     for name, priority in (("outer", 3), ("middle", 2), ("inner", 1)):
+
         def wrap(engine: runmodel.Engine, default: Any, name: str = name) -> None:
             log.append(f"{name}>")
             default(engine)
             log.append(f"<{name}")
+
         engine.override("backward", wrap, priority=priority, name=name)
     engine.on("backward", lambda e: log.append("hook"))
     model = regression(device)
@@ -101,8 +114,9 @@ def test_three_overrides_compose_on_a_real_step(engine: runmodel.Engine, device:
     assert torch.equal(params(model), params(plain_loop(device, steps=1)))
 
 
-def test_hooks_added_mid_run_take_effect_at_the_next_event(engine: runmodel.Engine,
-                                                          device: str) -> None:
+def test_hooks_added_mid_run_take_effect_at_the_next_event(
+    engine: runmodel.Engine, device: str
+) -> None:
     late: list[int] = []
 
     @engine.on("runstep", once=2)  # at step 2, the third

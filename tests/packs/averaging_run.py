@@ -27,16 +27,21 @@ class Net(runmodel.TorchModel):
     def __init__(self) -> None:
         super().__init__("cpu")
         torch.manual_seed(0)
-        self.module = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(),
-                                    nn.Dropout(0.2), nn.Linear(16, 1))
+        self.module = nn.Sequential(
+            nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1)
+        )
 
     def setup(self, setup_options: dict[str, object] | None = None) -> None:
         g = torch.Generator().manual_seed(1)
         x = torch.randn(40, 6, generator=g)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-2)
         self.loss_fn = nn.MSELoss()
-        self.train_data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8,
-                                     shuffle=True, generator=torch.Generator().manual_seed(5))
+        self.train_data = DataLoader(
+            TensorDataset(x, x.sum(1, keepdim=True)),
+            batch_size=8,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(5),
+        )
 
 
 def main(folder: str, out: str, kill_at: int | None) -> None:
@@ -45,14 +50,21 @@ def main(folder: str, out: str, kill_at: int | None) -> None:
     ema, swa = EMA(decay=0.8), SWA(start=1, swa_lr=5e-3, anneal_epochs=1)
     engine.attach(ema, swa, Checkpoint(folder, every="1st", keep=2))
     if kill_at is not None:  # after the checkpoint of that step (Checkpoint's priority -1000)
-        engine.on("runstep", lambda e: os.kill(os.getpid(), signal.SIGKILL), once=kill_at,
-                  priority=-2000)
+        engine.on(
+            "runstep", lambda e: os.kill(os.getpid(), signal.SIGKILL), once=kill_at, priority=-2000
+        )
     model = Net()
     engine.run(model, epochs=EPOCHS, resume="auto")
     assert ema.averaged is not None and swa.averaged is not None
-    torch.save({"module": model.module.state_dict(),
-                "ema": ema.averaged.state_dict(), "swa": swa.averaged.state_dict(),
-                "lr": model.optimizer.param_groups[0]["lr"]}, out)
+    torch.save(
+        {
+            "module": model.module.state_dict(),
+            "ema": ema.averaged.state_dict(),
+            "swa": swa.averaged.state_dict(),
+            "lr": model.optimizer.param_groups[0]["lr"],
+        },
+        out,
+    )
 
 
 if __name__ == "__main__":

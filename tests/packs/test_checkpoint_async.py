@@ -34,37 +34,49 @@ from helpers import assert_equal_params, dropout_mlp, files, train_with_checkpoi
 def test_async_files_are_the_synchronous_ones_byte_for_byte(tmp_path: Path) -> None:
     # every step, and the best 2 by a metric: the state at each save, and the pruning
     def scored(engine: runmodel.Engine) -> runmodel.Engine:
-        engine.on("runstep", lambda e: e.state.metrics.update(score=(e.state.step * 7) % 5),
-                  priority=-500)  # before the save
+        engine.on(
+            "runstep", lambda e: e.state.metrics.update(score=(e.state.step * 7) % 5), priority=-500
+        )  # before the save
         # one run record for both runs: each checkpoint records its run's id and start
         engine.on("setup", lambda e: e.run_record.update(id="same", started=0.0))
         return engine
+
     for folder, async_save in (("sync", False), ("async", True)):
-        train_with_checkpoints(tmp_path / folder, epochs=3, every="1st", keep=3,
-                               best=("score", "max"), keep_best=2, async_save=async_save,
-                               engine=scored(runmodel.Engine()))
+        train_with_checkpoints(
+            tmp_path / folder,
+            epochs=3,
+            every="1st",
+            keep=3,
+            best=("score", "max"),
+            keep_best=2,
+            async_save=async_save,
+            engine=scored(runmodel.Engine()),
+        )
     names = files(tmp_path / "sync")
     assert len(names) == 5 and files(tmp_path / "async") == names  # 3 newest, 2 best
     for name in names:
-        assert filecmp.cmp(tmp_path / "sync" / name, tmp_path / "async" / name,
-                           shallow=False), name
+        assert filecmp.cmp(tmp_path / "sync" / name, tmp_path / "async" / name, shallow=False), name
 
 
-def test_the_copy_is_the_state_at_the_save_whatever_the_training_does_next(
-        tmp_path: Path) -> None:
+def test_the_copy_is_the_state_at_the_save_whatever_the_training_does_next(tmp_path: Path) -> None:
     weights = torch.arange(12.0)
     tied = weights.view(3, 4)[1:]  # a view into the same storage, at an offset
     module = collections.OrderedDict(weight=weights, tied=tied)
     module._metadata = {"": {"version": 2}}  # type: ignore[attr-defined]  # as state_dict()
-    snapshot = {"engine": {"counters": {"step": 3}, "packs": {}},
-                "model": {"module": module, "optimizer": {"state": {0: {"step": torch.tensor(3.0)}},
-                                                          "param_groups": [{"lr": 0.1}]}}}
+    snapshot = {
+        "engine": {"counters": {"step": 3}, "packs": {}},
+        "model": {
+            "module": module,
+            "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1}]},
+        },
+    }
     checkpoint.save(tmp_path / "sync.pt", snapshot)
     writer = checkpoint.Writer()
     on_disk: list[bool] = []
 
     def then() -> None:
         on_disk.append((tmp_path / "async.pt").exists())
+
     writer.submit(tmp_path / "async.pt", snapshot, then)
     weights.add_(100)  # the training goes on: the file keeps the values at the save
     writer.wait()
@@ -72,8 +84,9 @@ def test_the_copy_is_the_state_at_the_save_whatever_the_training_does_next(
     assert filecmp.cmp(tmp_path / "sync.pt", tmp_path / "async.pt", shallow=False)
     saved = checkpoint.read(tmp_path / "async.pt")["model"]["module"]
     assert torch.equal(saved["weight"], torch.arange(12.0))
-    assert saved["tied"].untyped_storage().data_ptr() == saved["weight"].untyped_storage(
-    ).data_ptr()  # still one storage
+    assert (
+        saved["tied"].untyped_storage().data_ptr() == saved["weight"].untyped_storage().data_ptr()
+    )  # still one storage
     assert saved._metadata == {"": {"version": 2}}
     # the next save reuses the buffers, and still copies the values of its own moment
     writer.submit(tmp_path / "again.pt", snapshot)
@@ -84,14 +97,16 @@ def test_the_copy_is_the_state_at_the_save_whatever_the_training_does_next(
 
 
 @pytest.mark.parametrize("every", ["1ep", "3st"])
-def test_a_run_resumed_from_async_checkpoints_ends_as_a_straight_run(tmp_path: Path,
-                                                                     every: str) -> None:
+def test_a_run_resumed_from_async_checkpoints_ends_as_a_straight_run(
+    tmp_path: Path, every: str
+) -> None:
     straight = dropout_mlp()
     runmodel.Engine().run(straight, epochs=4)
     train_with_checkpoints(tmp_path, epochs=2, every=every, keep=2, async_save=True)
     first = checkpoint.checkpoints_in(tmp_path)[0].name
-    assert first == ("ckpt-00002-0000000008.pt" if every == "1ep"
-                     else "ckpt-00001-0000000006.pt")  # 3st: mid-epoch 1
+    assert first == (
+        "ckpt-00002-0000000008.pt" if every == "1ep" else "ckpt-00001-0000000006.pt"
+    )  # 3st: mid-epoch 1
     resumed = dropout_mlp()
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path, every=every, keep=2, async_save=True))
@@ -104,14 +119,16 @@ def test_keep_prunes_as_the_synchronous_pack_does_and_the_end_waits(tmp_path: Pa
     pack = Checkpoint(tmp_path, every="1ep", keep=2, async_save=True)
     engine.attach(pack)
     seen: list[list[str]] = []
-    engine.on("epoch_end", lambda e: (pack.wait(), seen.append(files(tmp_path))),
-              priority=-2000)  # after the save
+    engine.on(
+        "epoch_end", lambda e: (pack.wait(), seen.append(files(tmp_path))), priority=-2000
+    )  # after the save
     engine.run(dropout_mlp(), epochs=4)
     assert seen == [
         ["ckpt-00001-0000000004.pt"],
         ["ckpt-00001-0000000004.pt", "ckpt-00002-0000000008.pt"],
         ["ckpt-00002-0000000008.pt", "ckpt-00003-0000000012.pt"],
-        ["ckpt-00003-0000000012.pt", "ckpt-00004-0000000016.pt"]]
+        ["ckpt-00003-0000000012.pt", "ckpt-00004-0000000016.pt"],
+    ]
     # the run waited for its last write: on disk, nothing under way, no temporary files
     assert files(tmp_path) == seen[-1] and not pack._writer.busy  # type: ignore[union-attr]
     state = checkpoint.read(tmp_path / "ckpt-00004-0000000016.pt")
@@ -125,25 +142,29 @@ def test_a_run_that_raises_waits_for_the_write_under_way(tmp_path: Path) -> None
 
     def fail(e: runmodel.Engine) -> None:
         raise ValueError("the data ran dry")
+
     engine.on("step_start", fail, once=5)
     with pytest.raises(ValueError, match="the data ran dry"):
         engine.run(dropout_mlp(), epochs=3)
     assert not pack._writer.busy  # type: ignore[union-attr]
     assert files(tmp_path) == [f"ckpt-{(s - 1) // 4:05d}-{s:010d}.pt" for s in range(1, 6)]
-    assert checkpoint.read(tmp_path / "ckpt-00001-0000000005.pt")["engine"]["counters"][
-        "step"] == 5
+    assert checkpoint.read(tmp_path / "ckpt-00001-0000000005.pt")["engine"]["counters"]["step"] == 5
 
 
 def test_a_failed_background_write_is_raised_at_the_next_save_naming_the_file(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # a folder where the checkpoint's file should go: the rename fails, for real
     blocked = tmp_path / "ckpt-00002-0000000008.pt"
     blocked.mkdir(parents=True)
     engine = runmodel.Engine()
     pack = Checkpoint(tmp_path, every="1ep", keep=1, async_save=True)
     engine.attach(pack)
-    with pytest.raises(RuntimeError, match=r"writing checkpoint '.*ckpt-00002-0000000008\.pt' "
-                                           r"in the background failed: IsADirectoryError") as error:
+    with pytest.raises(
+        RuntimeError,
+        match=r"writing checkpoint '.*ckpt-00002-0000000008\.pt' "
+        r"in the background failed: IsADirectoryError",
+    ) as error:
         engine.run(dropout_mlp(), epochs=4)
     assert isinstance(error.value.__cause__, IsADirectoryError)
     assert "epoch 2, step 12" in str(error.value.__notes__)  # raised at the next save (epoch 3)
@@ -157,11 +178,15 @@ def test_a_failed_last_write_is_raised_by_the_run(tmp_path: Path) -> None:
     (tmp_path / "ckpt-00002-0000000008.pt").mkdir(parents=True)
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path, every="1ep", keep=2, async_save=True))
-    with pytest.raises(RuntimeError, match=r"writing checkpoint '.*ckpt-00002-0000000008\.pt' "
-                                           r"in the background failed"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"writing checkpoint '.*ckpt-00002-0000000008\.pt' "
+        r"in the background failed",
+    ):
         engine.run(dropout_mlp(), epochs=2)
-    assert [p.name for p in checkpoint.checkpoints_in(tmp_path)
-            if p.is_file()] == ["ckpt-00001-0000000004.pt"]
+    assert [p.name for p in checkpoint.checkpoints_in(tmp_path) if p.is_file()] == [
+        "ckpt-00001-0000000004.pt"
+    ]
 
 
 def test_bad_async_save_fails_at_construction(tmp_path: Path) -> None:
@@ -193,12 +218,16 @@ def train(folder: str, kill: int) -> None:
                         os._exit(3)  # not in the background: the test fails
                     os.kill(os.getpid(), signal.SIGKILL)
             replace(source, target)
+
         checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
     engine = runmodel.Engine()
     engine.attach(Checkpoint(folder, every="1st", keep=2, async_save=True))
     model = resume_run.Net(0)
-    engine.run(model, epochs=resume_run.EPOCHS,
-               resume=folder if checkpoint.checkpoints_in(folder) else None)
+    engine.run(
+        model,
+        epochs=resume_run.EPOCHS,
+        resume=folder if checkpoint.checkpoints_in(folder) else None,
+    )
     torch.save([p.detach() for p in model.module.parameters()], Path(folder) / "final.pt")
 
 
@@ -209,6 +238,7 @@ def test_killed_during_a_background_write_resumes_exactly(tmp_path: Path) -> Non
         proc = CONTEXT.Process(target=train, args=(str(tmp_path / f"k{kill}"), kill * die))
         proc.start()
         return proc
+
     killed = {kill: run(kill, die=True) for kill in kills}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the processes
@@ -223,7 +253,8 @@ def test_killed_during_a_background_write_resumes_exactly(tmp_path: Path) -> Non
         folder = tmp_path / f"k{kill}"
         # the write under way was cut short; the two before it are whole
         assert [p.name[:-8] for p in folder.glob(".ckpt-*.tmp*")] == [
-            f".{checkpoint_name(kill)}.tmp"]
+            f".{checkpoint_name(kill)}.tmp"
+        ]
         assert files(folder)[-2:] == [checkpoint_name(kill - 2), checkpoint_name(kill - 1)]
     resumed = {kill: run(kill, die=False) for kill in kills}
     for kill, proc in resumed.items():
@@ -231,8 +262,9 @@ def test_killed_during_a_background_write_resumes_exactly(tmp_path: Path) -> Non
         assert proc.exitcode == 0, kill
         assert not list((tmp_path / f"k{kill}").glob(".*.tmp*")), "the killed write's file"
         final = torch.load(tmp_path / f"k{kill}" / "final.pt", weights_only=True)
-        assert all(torch.equal(p, q) for p, q in zip(final, straight.module.parameters(),
-                                                     strict=True)), f"killed at write {kill}"
+        assert all(
+            torch.equal(p, q) for p, q in zip(final, straight.module.parameters(), strict=True)
+        ), f"killed at write {kill}"
 
 
 def checkpoint_name(writes: int) -> str:

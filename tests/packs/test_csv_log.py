@@ -15,34 +15,45 @@ from runmodel.packs import CSV, Checkpoint, Evaluate
 from helpers import Tiny
 
 
-def run(run_dir: Path, epochs: int, interrupt_at: int | None = None,
-        resume: str | Path = "auto", **options: object) -> runmodel.RunResult:
+def run(
+    run_dir: Path,
+    epochs: int,
+    interrupt_at: int | None = None,
+    resume: str | Path = "auto",
+    **options: object,
+) -> runmodel.RunResult:
     """Tiny's classifier (4 steps an epoch) with Evaluate every 2 epochs, a Checkpoint
     every epoch and ``CSV(**options)``, in ``run_dir``, continued from ``resume``; with
     ``interrupt_at``, interrupted after that step."""
-    engine = runmodel.Engine(Evaluate(every="2ep"), Checkpoint("checkpoint"), CSV(**options),
-                             progress=False)
+    engine = runmodel.Engine(
+        Evaluate(every="2ep"), Checkpoint("checkpoint"), CSV(**options), progress=False
+    )
     if interrupt_at is not None:
         engine.on("runstep", lambda e: e.interrupt(), once=f"{interrupt_at - 1}st")
     return engine.run(Tiny(classes=3), epochs=epochs, run_dir=run_dir, resume=resume)
 
 
 def test_one_row_an_epoch_that_pandas_reads(tmp_path: Path) -> None:
-    pandas = pytest.importorskip("pandas", reason="pandas is not installed (the dev extra "
-                                 "has it)")
+    pandas = pytest.importorskip("pandas", reason="pandas is not installed (the dev extra has it)")
     losses: list[float] = []  # the epoch's loss metric: its mean (CSV reads it)
     steps: list[float] = []  # each step's loss
-    engine = runmodel.Engine(Evaluate(every="2ep"), CSV(tmp_path / "log.csv", every_steps=3),
-                             progress=False)
+    engine = runmodel.Engine(
+        Evaluate(every="2ep"), CSV(tmp_path / "log.csv", every_steps=3), progress=False
+    )
     engine.on("runstep", lambda e: steps.append(e.state.loss.item()))
-    engine.on("epoch_end", lambda e: losses.append(float(e.state.metrics["loss"])),
-              priority=-10)
+    engine.on("epoch_end", lambda e: losses.append(float(e.state.metrics["loss"])), priority=-10)
     result = engine.run(Tiny(classes=3), epochs=4)
-    assert losses == pytest.approx([sum(steps[i:i + 4]) / 4 for i in range(0, 16, 4)])
+    assert losses == pytest.approx([sum(steps[i : i + 4]) / 4 for i in range(0, 16, 4)])
 
     table = pandas.read_csv(tmp_path / "log.csv")
-    assert list(table.columns) == ["epoch", "step", "loss", "lr/group0", "eval_loss",
-                                   "eval_accuracy"]
+    assert list(table.columns) == [
+        "epoch",
+        "step",
+        "loss",
+        "lr/group0",
+        "eval_loss",
+        "eval_accuracy",
+    ]
     assert table["epoch"].tolist() == [1, 2, 3, 4] and table["step"].tolist() == [4, 8, 12, 16]
     assert table["loss"].tolist() == losses  # floats written in full: read back the same
     assert table["lr/group0"].tolist() == [0.1] * 4
@@ -65,8 +76,12 @@ def test_a_resumed_run_writes_what_a_straight_run_writes(tmp_path: Path) -> None
         run(tmp_path / "resumed", 4, interrupt_at=10, every_steps=2)
     assert rows(tmp_path / "resumed" / "metrics_steps.csv")[-1]["step"] == "10"
     assert rows(tmp_path / "resumed" / "metrics.csv")[-1]["step"] == "8"
-    run(tmp_path / "resumed", 4, every_steps=2,
-        resume=tmp_path / "resumed" / "checkpoint" / "ckpt-00002-0000000008.pt")
+    run(
+        tmp_path / "resumed",
+        4,
+        every_steps=2,
+        resume=tmp_path / "resumed" / "checkpoint" / "ckpt-00002-0000000008.pt",
+    )
     for name in ("metrics.csv", "metrics_steps.csv"):
         assert rows(tmp_path / "resumed" / name) == rows(tmp_path / "straight" / name)
     assert len(rows(tmp_path / "straight" / "metrics.csv")) == 4
@@ -98,5 +113,4 @@ def test_bad_arguments_are_refused_when_made(tmp_path: Path) -> None:
         CSV(every_steps=0)
     (tmp_path / "folder.csv").mkdir()
     with pytest.raises(IsADirectoryError, match=r"folder\.csv"):
-        runmodel.Engine(CSV(tmp_path / "folder.csv"), progress=False).run(
-            Tiny(classes=3), epochs=1)
+        runmodel.Engine(CSV(tmp_path / "folder.csv"), progress=False).run(Tiny(classes=3), epochs=1)

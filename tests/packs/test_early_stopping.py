@@ -23,12 +23,16 @@ from helpers import Tiny
 
 def script(engine: runmodel.Engine, values: list[float], name: str = "score") -> None:
     """``state.metrics[name] = values[epoch]`` at each epoch end, before the check."""
-    engine.on("epoch_end", lambda e: e.state.metrics.__setitem__(name, values[e.state.epoch]),
-              name="script")
+    engine.on(
+        "epoch_end",
+        lambda e: e.state.metrics.__setitem__(name, values[e.state.epoch]),
+        name="script",
+    )
 
 
-def run(pack: EarlyStopping, values: list[float], epochs: int | None = None, **options: Any
-        ) -> runmodel.RunResult:
+def run(
+    pack: EarlyStopping, values: list[float], epochs: int | None = None, **options: Any
+) -> runmodel.RunResult:
     engine = runmodel.Engine()
     engine.attach(pack)
     if options.get("resume") is not None:  # to take the checkpoint's own state
@@ -37,23 +41,46 @@ def run(pack: EarlyStopping, values: list[float], epochs: int | None = None, **o
     return engine.run(Tiny(), epochs=epochs or len(values), **options)
 
 
-@pytest.mark.parametrize(("values", "options", "stopped_at", "reason"), [
-    ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 2}, 5,
-     "score did not improve for 2 epochs (best 0.4 at epoch 4, last 0.5)"),
-    ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 2, "min_delta": 0.15}, 3,
-     "score did not improve by more than 0.15 for 2 epochs (best 0.5 at epoch 2, last 0.4)"),
-    ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 3}, None, None),
-    ([0.1, 0.3, 0.2, 0.2, 0.2], {"patience": 2, "mode": "max"}, 3,
-     "score did not improve for 2 epochs (best 0.3 at epoch 2, last 0.2)"),
-    ([0.1, 0.3, 0.3], {"patience": 1, "mode": "max"}, 2,  # equal is no improvement
-     "score did not improve for 1 epoch (best 0.3 at epoch 2, last 0.3)"),
-    ([math.nan, math.nan, 1.0], {"patience": 2}, 1,
-     "score did not improve for 2 epochs (no value that was a number, last nan)"),
-    ([1.0, math.nan, 0.5, math.nan], {"patience": 2}, None, None),  # a NaN is a bad epoch
-])
+@pytest.mark.parametrize(
+    ("values", "options", "stopped_at", "reason"),
+    [
+        (
+            [1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3],
+            {"patience": 2},
+            5,
+            "score did not improve for 2 epochs (best 0.4 at epoch 4, last 0.5)",
+        ),
+        (
+            [1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3],
+            {"patience": 2, "min_delta": 0.15},
+            3,
+            "score did not improve by more than 0.15 for 2 epochs (best 0.5 at epoch 2, last 0.4)",
+        ),
+        ([1.0, 0.5, 0.6, 0.4, 0.45, 0.5, 0.3], {"patience": 3}, None, None),
+        (
+            [0.1, 0.3, 0.2, 0.2, 0.2],
+            {"patience": 2, "mode": "max"},
+            3,
+            "score did not improve for 2 epochs (best 0.3 at epoch 2, last 0.2)",
+        ),
+        (
+            [0.1, 0.3, 0.3],
+            {"patience": 1, "mode": "max"},
+            2,  # equal is no improvement
+            "score did not improve for 1 epoch (best 0.3 at epoch 2, last 0.3)",
+        ),
+        (
+            [math.nan, math.nan, 1.0],
+            {"patience": 2},
+            1,
+            "score did not improve for 2 epochs (no value that was a number, last nan)",
+        ),
+        ([1.0, math.nan, 0.5, math.nan], {"patience": 2}, None, None),  # a NaN is a bad epoch
+    ],
+)
 def test_stops_after_patience_checks_without_improvement(
-        values: list[float], options: dict[str, Any], stopped_at: int | None,
-        reason: str | None) -> None:
+    values: list[float], options: dict[str, Any], stopped_at: int | None, reason: str | None
+) -> None:
     result = run(EarlyStopping("score", **options), values)
     if stopped_at is None:
         assert (result.ended, result.epochs, result.reason) == ("completed", len(values), None)
@@ -69,7 +96,8 @@ def test_every_two_epochs_checks_the_2nd_4th_and_so_on() -> None:
     result = run(pack, values)
     assert result.epochs == 6 and result.reason == (
         "early stopping: score did not improve for 2 checks 2 epochs apart (best 1 at epoch 2, "
-        "last 3)")
+        "last 3)"
+    )
 
 
 def test_reads_the_eval_loss_evaluate_puts_there() -> None:
@@ -82,7 +110,8 @@ def test_reads_the_eval_loss_evaluate_puts_there() -> None:
     assert len(losses) == 3 and losses == sorted(losses, reverse=True)
     assert result.epochs == 3 and result.reason == (
         f"early stopping: eval_loss did not improve for 2 epochs (best {losses[0]:.6g} at "
-        f"epoch 1, last {losses[2]:.6g})")
+        f"epoch 1, last {losses[2]:.6g})"
+    )
 
 
 def test_an_epoch_cut_short_is_not_a_check() -> None:
@@ -113,11 +142,15 @@ def test_a_resumed_run_continues_the_count(tmp_path: Path) -> None:
     first.run(Tiny(), epochs=3)  # one bad epoch (2) so far
     resumed = run(EarlyStopping("score", patience=3), VALUES, resume=tmp_path)
     assert (resumed.epochs, resumed.steps, resumed.reason) == (
-        straight.epochs, straight.steps, straight.reason)
+        straight.epochs,
+        straight.steps,
+        straight.reason,
+    )
 
 
 def test_resuming_a_run_that_stopped_early_stops_at_once_unless_patience_grew(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     engine = runmodel.Engine()
     engine.attach(EarlyStopping("score", patience=3), Checkpoint(tmp_path))
     script(engine, VALUES)
@@ -126,7 +159,11 @@ def test_resuming_a_run_that_stopped_early_stops_at_once_unless_patience_grew(
 
     again = run(EarlyStopping("score", patience=3), VALUES, epochs=8, resume=tmp_path)
     assert (again.ended, again.steps, again.epochs, again.reason) == (
-        "stopped", stopped.steps, 5, stopped.reason)
+        "stopped",
+        stopped.steps,
+        5,
+        stopped.reason,
+    )
     more = run(EarlyStopping("score", patience=5), VALUES, epochs=8, resume=tmp_path)
     assert (more.ended, more.epochs) == ("stopped", 7)  # two epochs more: bad epochs 2..6
 
@@ -143,23 +180,30 @@ def test_a_run_from_the_start_forgets_the_last_runs_count() -> None:
 
 # -- mistakes ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ({"patience": -1}, ValueError, r"patience=\) must be a whole number >= 1 .*got -1"),
-    ({"patience": 0}, ValueError, r"patience=\) must be a whole number >= 1"),
-    ({"patience": 1.5}, ValueError, r"patience=\) must be a whole number >= 1"),
-    ({"patience": True}, ValueError, r"patience=\) must be a whole number >= 1"),
-    ({"mode": "mx"}, ValueError, r"mode=\) must be 'min' .* or 'max' .*; got 'mx'. Did you mean "
-                                 r"'max'\?"),
-    ({"mode": "minimize"}, ValueError, r"mode=\) must be 'min'"),
-    ({"min_delta": -0.1}, ValueError, r"min_delta=\) must be a number >= 0"),
-    ({"min_delta": math.nan}, ValueError, r"min_delta=\) must be a number >= 0"),
-    ({"min_delta": "0.1"}, ValueError, r"min_delta=\) must be a number >= 0"),
-    ({"metric": ""}, TypeError, r"metric=\) names a metric in state.metrics"),
-    ({"metric": 3}, TypeError, r"metric=\) names a metric in state.metrics"),
-    ({"every": 0}, ValueError, r"every=\) must be a whole number of epochs >= 1"),
-])
-def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str
-                                          ) -> None:
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ({"patience": -1}, ValueError, r"patience=\) must be a whole number >= 1 .*got -1"),
+        ({"patience": 0}, ValueError, r"patience=\) must be a whole number >= 1"),
+        ({"patience": 1.5}, ValueError, r"patience=\) must be a whole number >= 1"),
+        ({"patience": True}, ValueError, r"patience=\) must be a whole number >= 1"),
+        (
+            {"mode": "mx"},
+            ValueError,
+            r"mode=\) must be 'min' .* or 'max' .*; got 'mx'. Did you mean "
+            r"'max'\?",
+        ),
+        ({"mode": "minimize"}, ValueError, r"mode=\) must be 'min'"),
+        ({"min_delta": -0.1}, ValueError, r"min_delta=\) must be a number >= 0"),
+        ({"min_delta": math.nan}, ValueError, r"min_delta=\) must be a number >= 0"),
+        ({"min_delta": "0.1"}, ValueError, r"min_delta=\) must be a number >= 0"),
+        ({"metric": ""}, TypeError, r"metric=\) names a metric in state.metrics"),
+        ({"metric": 3}, TypeError, r"metric=\) names a metric in state.metrics"),
+        ({"every": 0}, ValueError, r"every=\) must be a whole number of epochs >= 1"),
+    ],
+)
+def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str) -> None:
     options = {"metric": "eval_loss", "patience": 3, **args}
     with pytest.raises(error, match=match) as caught:
         EarlyStopping(**options)
@@ -173,7 +217,8 @@ def test_a_misspelt_metric_stops_the_run_at_setup_with_a_did_you_mean() -> None:
         engine.run(Tiny(), epochs=3)
     assert str(caught.value).startswith(
         "EarlyStopping reads the metric 'eval_los', which nothing in this run writes. Did you "
-        "mean 'eval_loss' (written by Evaluate)?")
+        "mean 'eval_loss' (written by Evaluate)?"
+    )
     assert engine.state.step == 0  # before the first step
 
 
@@ -185,12 +230,12 @@ def test_a_metric_nothing_writes_stops_the_run_at_setup_naming_where_it_comes_fr
     assert str(caught.value).startswith(
         "EarlyStopping reads the metric 'eval_accuracy', which nothing in this run writes. "
         "Evaluation metrics come from an Evaluate pack: engine.attach(Evaluate()) measures "
-        "'eval_accuracy' from the model's metric 'accuracy'. Declared: loss.")
+        "'eval_accuracy' from the model's metric 'accuracy'. Declared: loss."
+    )
     assert engine.state.step == 0  # before the first step
 
 
-def test_beside_a_hook_that_declares_no_writes_an_unknown_metric_fails_at_the_first_check(
-        ) -> None:
+def test_beside_a_hook_that_declares_no_writes_an_unknown_metric_fails_at_the_first_check() -> None:
     engine = runmodel.Engine()
     engine.attach(EarlyStopping("eval_los", patience=2))  # nothing close is declared
 
@@ -203,7 +248,8 @@ def test_beside_a_hook_that_declares_no_writes_an_unknown_metric_fails_at_the_fi
     assert str(caught.value) == (
         "EarlyStopping: no metric 'eval_los' in state.metrics at the end of epoch 0. There are: "
         "score (attach Evaluate() for eval_loss and the other eval_ metrics; a hook that puts a "
-        "metric there can declare it with writes=)")
+        "metric there can declare it with writes=)"
+    )
     assert engine.state.step == 4  # the first epoch ran, nothing after
 
 
@@ -216,11 +262,15 @@ def test_a_metric_that_is_not_a_number_is_a_clear_error() -> None:
 
 
 def test_checkpoint_keeps_the_best_epoch_by_the_metric_early_stopping_watches(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # mode="max" on a falling eval loss: epoch 0 is the best, and stays the kept one
     engine = runmodel.Engine()
-    engine.attach(Evaluate(), EarlyStopping("eval_loss", patience=2, mode="max"),
-                  Checkpoint(tmp_path, best=("eval_loss", "max")))
+    engine.attach(
+        Evaluate(),
+        EarlyStopping("eval_loss", patience=2, mode="max"),
+        Checkpoint(tmp_path, best=("eval_loss", "max")),
+    )
     losses: list[float] = []
     engine.on("epoch_end", lambda e: losses.append(e.state.metrics["eval_loss"]), priority=-10)
     result = engine.run(Tiny(), epochs=10)

@@ -27,7 +27,8 @@ def watch(model: Tiny) -> list[tuple[bool, bool]]:
     """(training, grad enabled) at each forward of the model's module."""
     calls: list[tuple[bool, bool]] = []
     model.module.register_forward_hook(
-        lambda m, args, out: calls.append((m.training, torch.is_grad_enabled())))
+        lambda m, args, out: calls.append((m.training, torch.is_grad_enabled()))
+    )
     return calls
 
 
@@ -49,12 +50,14 @@ def test_each_epoch_end_puts_eval_metrics_the_eval_mode_would_compute() -> None:
     assert losses == sorted(losses, reverse=True) and len(set(losses)) == 3  # it trains
     # 3 evaluations, without grad; the module back in train mode for the next step
     assert evaluations(calls) == 3
-    assert [training for training, _ in calls[:4 + 4 + 1]] == [True] * 4 + [False] * 4 + [True]
+    assert [training for training, _ in calls[: 4 + 4 + 1]] == [True] * 4 + [False] * 4 + [True]
     assert model.module.training
     # what eval mode computes on the final weights, exactly
     evaluated = runmodel.Engine().run(model, mode="eval").metrics
-    assert result.metrics == {"eval_loss": evaluated["loss"],
-                              "eval_accuracy": evaluated["accuracy"]}
+    assert result.metrics == {
+        "eval_loss": evaluated["loss"],
+        "eval_accuracy": evaluated["accuracy"],
+    }
 
 
 def test_every_two_epochs_costs_nothing_in_between() -> None:
@@ -88,12 +91,16 @@ def test_given_data_metrics_and_prefix() -> None:
 
 def test_regression_metrics_and_two_evaluations_side_by_side() -> None:
     model, engine = Tiny(), runmodel.Engine()
-    engine.attach(Evaluate(), Evaluate(data=make_data(2, seed=7), metrics={
-        "mae": MeanAbsoluteError()}, prefix="val_"))  # test_ is the test split's (reserved)
+    engine.attach(
+        Evaluate(),
+        Evaluate(data=make_data(2, seed=7), metrics={"mae": MeanAbsoluteError()}, prefix="val_"),
+    )  # test_ is the test split's (reserved)
     result = engine.run(model, epochs=2)
     assert sorted(result.metrics) == ["eval_loss", "val_mae"]
-    assert result.metrics["val_mae"] == runmodel.evaluate(
-        model, make_data(2, seed=7), {"mae": MeanAbsoluteError()})["mae"]
+    assert (
+        result.metrics["val_mae"]
+        == runmodel.evaluate(model, make_data(2, seed=7), {"mae": MeanAbsoluteError()})["mae"]
+    )
 
 
 def test_evaluating_does_not_change_the_training() -> None:
@@ -155,19 +162,22 @@ def test_a_resumed_run_has_the_metrics_a_straight_one_has(tmp_path: Path) -> Non
 
 # -- mistakes -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ({"every": 0}, ValueError, r"every= must be at least 1"),
-    ({"every": "3 parsecs"}, ValueError, r"is not a duration"),
-    ({"data": iter(make_data(1))}, TypeError, r"data=\) is a one-shot iterator"),
-    ({"data": 5}, TypeError, r"data=\) takes the batches to evaluate on"),
-    ({"metrics": {"acc": 3}}, TypeError, r"metrics=\) takes a dict of names to pytorch-ignite"),
-    ({"metrics": {}}, TypeError, r"metrics=\) takes a dict of names to pytorch-ignite"),
-    ({"metrics": [Accuracy()]}, TypeError, r"metrics=\) takes a dict of names"),
-    ({"prefix": 3}, TypeError, r"prefix=\) must be a string"),
-    ({"modes": "trian"}, ValueError, r"unknown mode"),
-])
-def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str
-                                          ) -> None:
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ({"every": 0}, ValueError, r"every= must be at least 1"),
+        ({"every": "3 parsecs"}, ValueError, r"is not a duration"),
+        ({"data": iter(make_data(1))}, TypeError, r"data=\) is a one-shot iterator"),
+        ({"data": 5}, TypeError, r"data=\) takes the batches to evaluate on"),
+        ({"metrics": {"acc": 3}}, TypeError, r"metrics=\) takes a dict of names to pytorch-ignite"),
+        ({"metrics": {}}, TypeError, r"metrics=\) takes a dict of names to pytorch-ignite"),
+        ({"metrics": [Accuracy()]}, TypeError, r"metrics=\) takes a dict of names"),
+        ({"prefix": 3}, TypeError, r"prefix=\) must be a string"),
+        ({"modes": "trian"}, ValueError, r"unknown mode"),
+    ],
+)
+def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match) as caught:
         Evaluate(**args)
     assert "\n" not in str(caught.value)
@@ -179,13 +189,21 @@ class NoEvalData(Tiny):
         self.eval_data = None
 
 
-@pytest.mark.parametrize(("model", "error", "match"), [
-    (NoEvalData(), ValueError, r"Evaluate: NoEvalData has no eval_data; set it in the model's "
-                               r"setup\(\) or give Evaluate\(data=...\)"),
-    (Counting(), TypeError, r"Evaluate needs a TorchModel"),
-])
-def test_a_model_it_cannot_evaluate_fails_before_the_first_step(model: Any, error: type,
-                                                                 match: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "error", "match"),
+    [
+        (
+            NoEvalData(),
+            ValueError,
+            r"Evaluate: NoEvalData has no eval_data; set it in the model's "
+            r"setup\(\) or give Evaluate\(data=...\)",
+        ),
+        (Counting(), TypeError, r"Evaluate needs a TorchModel"),
+    ],
+)
+def test_a_model_it_cannot_evaluate_fails_before_the_first_step(
+    model: Any, error: type, match: str
+) -> None:
     engine = runmodel.Engine()
     engine.attach(Evaluate())
     steps: list[int] = []

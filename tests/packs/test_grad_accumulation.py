@@ -28,8 +28,9 @@ from helpers import Tiny, assert_equal_params, build_module, make_data, params
 OPTIMIZERS = [torch.optim.SGD, torch.optim.Adam]
 
 
-def micro(optimizer: type[torch.optim.Optimizer] = torch.optim.Adam, batches: int = 8,
-          device: str = "cpu") -> Tiny:
+def micro(
+    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam, batches: int = 8, device: str = "cpu"
+) -> Tiny:
     """An MLP regression on ``batches`` batches of 2 rows."""
     return Tiny(device, hidden=8, batches=batches, batch_size=2, optimizer=optimizer, lr=0.05)
 
@@ -39,8 +40,13 @@ def steps_taken(model: Tiny) -> int:
     return int(model.optimizer.state[next(model.module.parameters())]["step"])
 
 
-def by_hand(k: int, batches: int, epochs: int, max_norm: float | None = None,
-            optimizer: type[torch.optim.Optimizer] = torch.optim.Adam) -> nn.Module:
+def by_hand(
+    k: int,
+    batches: int,
+    epochs: int,
+    max_norm: float | None = None,
+    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+) -> nn.Module:
     """``micro()``'s training written out: each loss / k, a step (after clipping the total
     norm to ``max_norm``) after every k-th batch of an epoch and after its last."""
     torch.manual_seed(0)
@@ -60,6 +66,7 @@ def by_hand(k: int, batches: int, epochs: int, max_norm: float | None = None,
 
 # -- construction -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("k", [0, -1, 1.5, 2.0, "4", True, None])
 def test_k_must_be_a_whole_number_of_at_least_one(k: Any) -> None:
     with pytest.raises(ValueError, match=r"GradAccumulation\(k\): .* whole number >= 1; got"):
@@ -77,9 +84,11 @@ def test_k_one_changes_nothing() -> None:
 
 # -- k micro-batches are one big batch ----------------------------------------------------
 
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=["sgd", "adam"])
 def test_k_micro_batches_step_like_one_k_times_larger_batch(
-        optimizer: type[torch.optim.Optimizer]) -> None:
+    optimizer: type[torch.optim.Optimizer],
+) -> None:
     big = Tiny(hidden=8, batches=2, batch_size=8, optimizer=optimizer, lr=0.05)
     runmodel.Engine().run(big, epochs=3)  # 6 steps on batches of 8
     small = micro(optimizer)
@@ -98,22 +107,39 @@ def test_the_optimizer_steps_every_kth_step_and_zeroes_the_gradients_then() -> N
     model, seen = micro(), []
     engine = runmodel.Engine()
     engine.attach(GradAccumulation(3))
-    engine.on("optimizer_step", lambda e: seen.append(
-        (e.state.step, steps_taken(model) if model.optimizer.state else 0,
-         model.module[0].weight.grad is None)))
+    engine.on(
+        "optimizer_step",
+        lambda e: seen.append(
+            (
+                e.state.step,
+                steps_taken(model) if model.optimizer.state else 0,
+                model.module[0].weight.grad is None,
+            )
+        ),
+    )
     engine.run(model, epochs=1)
     # optimizer_step hooks fire at every step; the optimizer stepped after steps 2 and 5
     # (and the gradients were zeroed then), then once more at the epoch's end
-    assert seen == [(0, 0, False), (1, 0, False), (2, 1, True), (3, 1, False), (4, 1, False),
-                    (5, 2, True), (6, 2, False), (7, 2, False)]
+    assert seen == [
+        (0, 0, False),
+        (1, 0, False),
+        (2, 1, True),
+        (3, 1, False),
+        (4, 1, False),
+        (5, 2, True),
+        (6, 2, False),
+        (7, 2, False),
+    ]
     assert steps_taken(model) == 3 and model.module[0].weight.grad is None
 
 
 # -- an epoch that is not a multiple of k --------------------------------------------------
 
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=["sgd", "adam"])
 def test_the_last_shorter_window_of_each_epoch_is_stepped(
-        optimizer: type[torch.optim.Optimizer]) -> None:
+    optimizer: type[torch.optim.Optimizer],
+) -> None:
     model = micro(optimizer, batches=6)
     engine = runmodel.Engine()
     engine.attach(GradAccumulation(4))
@@ -141,14 +167,16 @@ def test_a_window_restarts_with_each_epoch() -> None:
     model, stepped = micro(batches=5), []
     engine = runmodel.Engine()
     engine.attach(GradAccumulation(2))
-    engine.on("runstep", lambda e: stepped.append(steps_taken(model)
-                                                  if model.optimizer.state else 0))
+    engine.on(
+        "runstep", lambda e: stepped.append(steps_taken(model) if model.optimizer.state else 0)
+    )
     engine.run(model, epochs=2)
     assert stepped == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5]  # read before the epoch-end step
     assert steps_taken(model) == 6
 
 
 # -- hooks, resume, eval ------------------------------------------------------------------
+
 
 def test_hooks_see_the_true_loss() -> None:
     model, losses = micro(), []
@@ -191,13 +219,17 @@ def test_a_model_whose_train_step_is_its_own_is_refused_at_setup() -> None:
 
     engine = runmodel.Engine()
     engine.attach(GradAccumulation(2))
-    with pytest.raises(TypeError, match="GradAccumulation works in the backward and "
-                                        "optimizer_step phases, which Counting's train step "
-                                        "does not fire"):
+    with pytest.raises(
+        TypeError,
+        match="GradAccumulation works in the backward and "
+        "optimizer_step phases, which Counting's train step "
+        "does not fire",
+    ):
         engine.run(Counting(), epochs=1)
 
 
 # -- with GradClip and a GradScaler, in any order --------------------------------------------
+
 
 def test_with_grad_clip_in_either_order_clips_once_per_real_step() -> None:
     results = []

@@ -39,8 +39,9 @@ def by_hand(epochs: int, clip: Any = None) -> tuple[nn.Module, list[torch.Tensor
     return module, returned
 
 
-def train(*packs: runmodel.Pack, epochs: int | None = 2, device: str = "cpu",
-          **run: Any) -> tuple[Tiny, runmodel.RunResult]:
+def train(
+    *packs: runmodel.Pack, epochs: int | None = 2, device: str = "cpu", **run: Any
+) -> tuple[Tiny, runmodel.RunResult]:
     model, engine = mlp(device), runmodel.Engine()
     engine.attach(*packs)
     return model, engine.run(model, epochs=epochs, **run)
@@ -53,19 +54,24 @@ def seen_by_optimizer(engine: runmodel.Engine, kind: str) -> list[float]:
     seen: list[float] = []
 
     def record(engine: Any, default: Any) -> None:
-        grads = [p.grad for group in engine.model.optimizer.param_groups
-                 for p in group["params"]]
-        seen.append(float(torch.nn.utils.get_total_norm(grads)) if kind == "norm"
-                    else max(float(g.abs().max()) for g in grads))
+        grads = [p.grad for group in engine.model.optimizer.param_groups for p in group["params"]]
+        seen.append(
+            float(torch.nn.utils.get_total_norm(grads))
+            if kind == "norm"
+            else max(float(g.abs().max()) for g in grads)
+        )
         default(engine)
+
     engine.override("optimizer_step", record, priority=-50)
     return seen
 
 
 # -- construction ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [{}, {"max_norm": 1.0, "value": 1.0},
-                                  {"max_norm": None, "value": None}])
+
+@pytest.mark.parametrize(
+    "args", [{}, {"max_norm": 1.0, "value": 1.0}, {"max_norm": None, "value": None}]
+)
 def test_exactly_one_of_max_norm_and_value(args: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"GradClip takes exactly one of max_norm= .* and value="):
         GradClip(**args)
@@ -87,12 +93,16 @@ def test_norm_type_must_be_a_positive_number(bad: Any) -> None:
 def test_a_model_whose_train_step_is_its_own_is_refused_at_setup() -> None:
     engine = runmodel.Engine()
     engine.attach(GradClip(max_norm=1.0))
-    with pytest.raises(TypeError, match="GradClip works in the optimizer_step phase, which "
-                                        "Counting's train step does not fire"):
+    with pytest.raises(
+        TypeError,
+        match="GradClip works in the optimizer_step phase, which "
+        "Counting's train step does not fire",
+    ):
         engine.run(Counting(), epochs=1)
 
 
 # -- clipping -----------------------------------------------------------------------------
+
 
 def test_max_norm_clips_the_total_norm_as_clip_grad_norm_does() -> None:
     model, engine = mlp(), runmodel.Engine()
@@ -129,12 +139,14 @@ def test_grad_norm_is_the_mean_norm_before_clipping_per_epoch() -> None:
     norms_per_epoch: list[float] = []
     engine = runmodel.Engine()
     engine.attach(GradClip(max_norm=0.5))
-    engine.on("epoch_end", lambda e: norms_per_epoch.append(e.state.metrics["grad_norm"]),
-              priority=-10)
+    engine.on(
+        "epoch_end", lambda e: norms_per_epoch.append(e.state.metrics["grad_norm"]), priority=-10
+    )
     engine.run(mlp(), epochs=2)
     _, norms = by_hand(2, lambda ps: nn.utils.clip_grad_norm_(ps, 0.5))
-    assert norms_per_epoch == pytest.approx([float(torch.stack(norms[:4]).mean()),
-                                             float(torch.stack(norms[4:]).mean())], rel=1e-6)
+    assert norms_per_epoch == pytest.approx(
+        [float(torch.stack(norms[:4]).mean()), float(torch.stack(norms[4:]).mean())], rel=1e-6
+    )
 
 
 def test_non_finite_norms_are_left_out_of_grad_norm() -> None:
@@ -147,8 +159,9 @@ def test_non_finite_norms_are_left_out_of_grad_norm() -> None:
 
     result = engine.run(mlp(), epochs=1)
     _, norms = by_hand(1, lambda ps: nn.utils.clip_grad_norm_(ps, 0.5))
-    assert result.metrics["grad_norm"] == pytest.approx(float(torch.stack(norms[:3]).mean()),
-                                                        rel=1e-6)
+    assert result.metrics["grad_norm"] == pytest.approx(
+        float(torch.stack(norms[:3]).mean()), rel=1e-6
+    )
 
 
 def test_the_replacement_of_the_optimizer_is_clipped() -> None:
@@ -178,6 +191,7 @@ def test_eval_runs_are_untouched() -> None:
 
 # -- with a GradScaler ------------------------------------------------------------------------
 
+
 def test_with_a_grad_scaler_the_gradients_are_unscaled_before_clipping() -> None:
     """ScaledAutocast (the amp backend's float16 pack) on the CPU with bfloat16: the loss
     is scaled by 65536; clipping must see, and keep, the true gradients."""
@@ -200,6 +214,7 @@ def test_with_the_amp_backend_on_the_device(device: str) -> None:
     model, result = train(GradClip(max_norm=0.5), device=device, backend="amp")
     reference, reference_result = train(GradClip(max_norm=0.5), device=device)
     assert torch.isfinite(params(model)).all()
-    assert result.metrics["grad_norm"] == pytest.approx(reference_result.metrics["grad_norm"],
-                                                        rel=0.05)
+    assert result.metrics["grad_norm"] == pytest.approx(
+        reference_result.metrics["grad_norm"], rel=0.05
+    )
     torch.testing.assert_close(params(model), params(reference), rtol=0, atol=0.05)

@@ -36,20 +36,27 @@ def lrs_used(engine: runmodel.Engine, group: int = 0) -> list[float]:
     return used
 
 
-def train(*packs: runmodel.Pack, epochs: int = 2, model: Any = None, resume: Any = None,
-          stop_after_epoch: int | None = None) -> tuple[list[float], runmodel.RunResult, Any]:
+def train(
+    *packs: runmodel.Pack,
+    epochs: int = 2,
+    model: Any = None,
+    resume: Any = None,
+    stop_after_epoch: int | None = None,
+) -> tuple[list[float], runmodel.RunResult, Any]:
     model = model if model is not None else Tiny()
     engine = runmodel.Engine()
     engine.attach(*packs)
     used = lrs_used(engine)
     if stop_after_epoch is not None:  # an interrupted run
-        engine.on("epoch_end", lambda e: e.stop() if e.state.epoch + 1 == stop_after_epoch
-                  else None)
+        engine.on(
+            "epoch_end", lambda e: e.stop() if e.state.epoch + 1 == stop_after_epoch else None
+        )
     result = engine.run(model, epochs=epochs, resume=resume)
     return used, result, model
 
 
 # -- stepping ----------------------------------------------------------------------------------
+
 
 def test_a_factory_is_stepped_after_every_step() -> None:
     pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
@@ -62,16 +69,19 @@ def test_a_factory_is_stepped_after_every_step() -> None:
 
 
 def test_interval_epoch_steps_at_each_epoch_end() -> None:
-    used, result, _ = train(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
-                                       interval="epoch"), epochs=3)
+    used, result, _ = train(
+        LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch"),
+        epochs=3,
+    )
     assert used == [0.1] * 4 + [0.05] * 4 + [0.025] * 4
     assert result.metrics["lr"] == 0.025  # the rate the last epoch trained with
 
 
 def test_interval_epoch_shows_each_epoch_the_rate_it_trained_with() -> None:
     engine = runmodel.Engine()
-    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
-                             interval="epoch"))
+    engine.attach(
+        LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch")
+    )
     shown: list[float] = []
     engine.on("epoch_end", lambda e: shown.append(e.state.metrics["lr"]), priority=-1000)
     model = Tiny()
@@ -82,8 +92,9 @@ def test_interval_epoch_shows_each_epoch_the_rate_it_trained_with() -> None:
 
 def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler() -> None:
     engine = runmodel.Engine()
-    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
-                             interval="epoch"))
+    engine.attach(
+        LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch")
+    )
     model = Tiny()
     result = engine.run(model, steps=6)  # epoch 0, and half of epoch 1
     assert result.ended == "budget"
@@ -94,8 +105,9 @@ def test_a_scheduler_named_as_in_a_config() -> None:
     by_factory, _, _ = train(LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2)))
     by_spec, _, _ = train(LRSchedule({"type": "StepLR", "args": {"step_size": 2}}))
     by_snake_case, _, _ = train(LRSchedule({"type": "step_lr", "args": {"step_size": 2}}))
-    from_toml = tomllib.loads('scheduler = { type = "StepLR", args = { step_size = 2 } }\n'
-                              'interval = "step"')
+    from_toml = tomllib.loads(
+        'scheduler = { type = "StepLR", args = { step_size = 2 } }\ninterval = "step"'
+    )
     by_toml, _, _ = train(LRSchedule(**from_toml))
     assert by_factory == by_spec == by_snake_case == by_toml
     assert by_factory == pytest.approx([0.1, 0.1, 0.01, 0.01, 1e-3, 1e-3, 1e-4, 1e-4])
@@ -107,8 +119,9 @@ def test_an_instance_for_the_models_own_optimizer() -> None:
     torch.manual_seed(0)
     module = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=nn.MSELoss(),
-                                           train_data=make_data(), device="cpu")
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=nn.MSELoss(), train_data=make_data(), device="cpu"
+    )
     pack = LRSchedule(lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=2))
     used, _, _ = train(pack, epochs=1, model=model)
     assert used == pytest.approx([0.05, 0.075, 0.1, 0.1])
@@ -130,17 +143,17 @@ def test_a_train_step_of_the_models_own_steps_the_scheduler_after_each_step() ->
 
 
 def test_with_grad_accumulation_it_counts_optimizer_steps() -> None:
-    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
-                      warmup_steps=3)
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5), warmup_steps=3)
     used, _, _ = train(GradAccumulation(2), pack)
     # 4 optimizer steps, each for 2 steps (micro-batches); the warm-up is 3 of them
-    per_optimizer_step = [0.1 * 0.5 ** k * min(1.0, (k + 1) / 3) for k in range(4)]
+    per_optimizer_step = [0.1 * 0.5**k * min(1.0, (k + 1) / 3) for k in range(4)]
     assert used == pytest.approx([lr for lr in per_optimizer_step for _ in range(2)], rel=1e-12)
     assert pack.optimizer_steps == 4
     assert pack.state_dict()["scheduler"]["last_epoch"] == 4
 
 
 # -- warm-up -------------------------------------------------------------------------------------
+
 
 def test_warmup_alone_rises_linearly_to_the_lr() -> None:
     used, result, _ = train(LRSchedule(warmup_steps=4), epochs=2)
@@ -151,8 +164,7 @@ def test_warmup_alone_rises_linearly_to_the_lr() -> None:
 
 def test_warmup_scales_the_scheduled_lr_without_compounding() -> None:
     # StepLR reads the group's lr at each step: the warm-up must not leak into it
-    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
-                      warmup_steps=3)
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5), warmup_steps=3)
     used, _, _ = train(pack)
     expected = [0.1 * 0.5 ** (k // 2) * min(1.0, (k + 1) / 3) for k in range(8)]
     assert used == pytest.approx(expected, rel=1e-12)
@@ -160,21 +172,27 @@ def test_warmup_scales_the_scheduled_lr_without_compounding() -> None:
 
 
 def test_warmup_with_an_epoch_scheduler() -> None:
-    pack = LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch",
-                      warmup_steps=6)
+    pack = LRSchedule(
+        lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch", warmup_steps=6
+    )
     used, _, _ = train(pack, epochs=3)
     scheduled = [0.1] * 4 + [0.05] * 4 + [0.025] * 4
-    assert used == pytest.approx([lr * min(1.0, (k + 1) / 6) for k, lr in enumerate(scheduled)],
-                                 rel=1e-12)
+    assert used == pytest.approx(
+        [lr * min(1.0, (k + 1) / 6) for k, lr in enumerate(scheduled)], rel=1e-12
+    )
 
 
 # -- with other packs ----------------------------------------------------------------------------
 
+
 def test_plateau_reads_the_eval_metric_evaluate_puts_there() -> None:
     # mode="max" on a falling loss: every epoch after the first is "worse", so with
     # patience=0 the lr halves at the end of epochs 1 and 2
-    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
-        opt, mode="max", factor=0.5, patience=0), interval="epoch", metric="eval_loss")
+    pack = LRSchedule(
+        lambda opt: lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=0),
+        interval="epoch",
+        metric="eval_loss",
+    )
     losses: list[float] = []
     engine = runmodel.Engine()
     engine.attach(pack, Evaluate())  # attached after it: the order comes from the options
@@ -186,8 +204,9 @@ def test_plateau_reads_the_eval_metric_evaluate_puts_there() -> None:
 
 
 def test_a_missing_metric_fails_at_the_first_epoch_end_naming_the_metrics() -> None:
-    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch",
-                      metric="val_score")  # undeclared, and close to no declared name
+    pack = LRSchedule(
+        lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch", metric="val_score"
+    )  # undeclared, and close to no declared name
     engine = runmodel.Engine()
     engine.attach(pack, Evaluate())
     steps = lrs_used(engine)
@@ -196,18 +215,23 @@ def test_a_missing_metric_fails_at_the_first_epoch_end_naming_the_metrics() -> N
     assert str(caught.value) == (
         "LRSchedule(metric='val_score'): no metric 'val_score' in state.metrics at the end of "
         "epoch 0. There are: eval_loss, lr (attach Evaluate() for eval_loss and the other "
-        "eval_ metrics; a hook that puts a metric there can declare it with writes=)")
+        "eval_ metrics; a hook that puts a metric there can declare it with writes=)"
+    )
     assert len(steps) == 4
 
 
 def test_a_misspelt_metric_stops_the_run_at_setup() -> None:
-    pack = LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch",
-                      metric="eval_los")
+    pack = LRSchedule(
+        lambda opt: lr_scheduler.ReduceLROnPlateau(opt), interval="epoch", metric="eval_los"
+    )
     engine = runmodel.Engine()
     engine.attach(pack, Evaluate())
     steps = lrs_used(engine)
-    with pytest.raises(ValueError, match=r"^LRSchedule reads the metric 'eval_los', .* Did you "
-                                         r"mean 'eval_loss' \(written by Evaluate\)\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"^LRSchedule reads the metric 'eval_los', .* Did you "
+        r"mean 'eval_loss' \(written by Evaluate\)\?",
+    ):
         engine.run(Tiny(), epochs=3)
     assert steps == []
 
@@ -216,25 +240,28 @@ def test_with_unfreeze_each_stage_keeps_its_scale() -> None:
     model = Tiny(hidden=8)  # Sequential: "0" (Linear), "1" (ReLU), "2" (Linear)
     engine = runmodel.Engine()
     # attached first, still built after Unfreeze regrouped the optimizer
-    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
-                             interval="epoch"),
-                  Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}))
+    engine.attach(
+        LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch"),
+        Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}),
+    )
     seen: list[float] = []
-    engine.on("epoch_start", lambda e: seen.extend(
-        g["lr"] for g in e.model.optimizer.param_groups))
+    engine.on("epoch_start", lambda e: seen.extend(g["lr"] for g in e.model.optimizer.param_groups))
     engine.run(model, epochs=3)
     assert seen == pytest.approx([0.1, 0.01, 0.05, 0.005, 0.025, 0.0025], rel=1e-12)
 
 
 def test_tensorboard_logs_the_lr_as_train_lr(tmp_path: Path) -> None:
     engine = runmodel.Engine()
-    engine.attach(LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5),
-                             interval="epoch"), TensorBoard(tmp_path))
+    engine.attach(
+        LRSchedule(lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.5), interval="epoch"),
+        TensorBoard(tmp_path),
+    )
     engine.run(Tiny(), epochs=3)
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    logged = {tag: [(s.step, s.value) for s in events.Scalars(tag)]
-              for tag in events.Tags()["scalars"]}
+    logged = {
+        tag: [(s.step, s.value) for s in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
     as_f32 = [torch.tensor(v, dtype=torch.float32).item() for v in (0.1, 0.05, 0.025)]
     # each epoch's lr, as the optimizer's group shows it at the same moment
     assert logged["train/lr"] == list(zip((4, 8, 12), as_f32, strict=True))
@@ -243,9 +270,9 @@ def test_tensorboard_logs_the_lr_as_train_lr(tmp_path: Path) -> None:
 
 # -- resume ---------------------------------------------------------------------------------------
 
+
 def cosine_with_warmup() -> list[runmodel.Pack]:
-    return [LRSchedule(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=12),
-                       warmup_steps=6)]
+    return [LRSchedule(lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=12), warmup_steps=6)]
 
 
 def one_cycle() -> list[runmodel.Pack]:
@@ -253,33 +280,48 @@ def one_cycle() -> list[runmodel.Pack]:
 
 
 def halving_per_epoch() -> list[runmodel.Pack]:
-    return [LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
-                       interval="epoch", warmup_steps=3)]
+    return [
+        LRSchedule(
+            lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+            interval="epoch",
+            warmup_steps=3,
+        )
+    ]
 
 
 def plateau() -> list[runmodel.Pack]:
-    return [LRSchedule(lambda opt: lr_scheduler.ReduceLROnPlateau(
-        opt, mode="max", factor=0.5, patience=1), interval="epoch", metric="eval_loss"),
-        Evaluate()]
+    return [
+        LRSchedule(
+            lambda opt: lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=1),
+            interval="epoch",
+            metric="eval_loss",
+        ),
+        Evaluate(),
+    ]
 
 
 def accumulated() -> list[runmodel.Pack]:
     # optimizer steps after the 3rd and the 4th step of each epoch (a short last window)
-    return [GradAccumulation(3), LRSchedule(
-        lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.8), warmup_steps=3)]
+    return [
+        GradAccumulation(3),
+        LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=1, gamma=0.8), warmup_steps=3),
+    ]
 
 
-@pytest.mark.parametrize("packs", [cosine_with_warmup, one_cycle, halving_per_epoch, plateau,
-                                   accumulated])
+@pytest.mark.parametrize(
+    "packs", [cosine_with_warmup, one_cycle, halving_per_epoch, plateau, accumulated]
+)
 def test_a_resumed_run_continues_the_lr_curve_exactly(tmp_path: Path, packs: Any) -> None:
     def model() -> Tiny:
         return Tiny(hidden=8, optimizer=torch.optim.Adam, lr=0.01)
 
     straight_lrs, straight_result, straight = train(*packs(), epochs=4, model=model())
-    first_lrs, _, _ = train(*packs(), Checkpoint(tmp_path), epochs=4, model=model(),
-                            stop_after_epoch=2)
-    second_lrs, result, resumed = train(*packs(), Checkpoint(tmp_path / "again"), epochs=4,
-                                        model=model(), resume=tmp_path)
+    first_lrs, _, _ = train(
+        *packs(), Checkpoint(tmp_path), epochs=4, model=model(), stop_after_epoch=2
+    )
+    second_lrs, result, resumed = train(
+        *packs(), Checkpoint(tmp_path / "again"), epochs=4, model=model(), resume=tmp_path
+    )
     assert len(straight_lrs) == 16 and len(set(straight_lrs)) > 1
     assert first_lrs + second_lrs == straight_lrs  # exactly
     assert result.metrics["lr"] == straight_result.metrics["lr"]
@@ -292,41 +334,66 @@ def test_extending_a_run_whose_schedule_spans_its_length_is_refused(tmp_path: Pa
     engine = runmodel.Engine()
     engine.attach(*cosine_with_warmup(), Checkpoint(tmp_path))
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"extends the run it continues \(epochs 2 -> 4\), and "
-                                         r"its learning rate schedule CosineAnnealingLR is laid "
-                                         r"out over the run's total length"):
+    with pytest.raises(
+        ValueError,
+        match=r"extends the run it continues \(epochs 2 -> 4\), and "
+        r"its learning rate schedule CosineAnnealingLR is laid "
+        r"out over the run's total length",
+    ):
         engine.run(Tiny(), epochs=4, resume="auto")
     assert steps == []
     train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=2)
-    more, result, _ = train(*halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=3,
-                            resume=tmp_path / "b")  # a step schedule extends
+    more, result, _ = train(
+        *halving_per_epoch(), Checkpoint(tmp_path / "b"), epochs=3, resume=tmp_path / "b"
+    )  # a step schedule extends
     assert len(more) == 4 and result.epochs == 3
 
 
 # -- mistakes --------------------------------------------------------------------------------------
 
+
 def step_lr(opt: torch.optim.Optimizer) -> lr_scheduler.StepLR:
     return lr_scheduler.StepLR(opt, step_size=2)
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ({"scheduler": step_lr, "interval": "steps"}, ValueError,
-     r"interval=\) must be 'step' .* or 'epoch' .*; got 'steps'. Did you mean 'step'\?"),
-    ({"scheduler": step_lr, "warmup_steps": -1}, ValueError, r"warmup_steps=\) must be a whole"),
-    ({"scheduler": step_lr, "warmup_steps": 1.5}, ValueError, r"warmup_steps=\) must be a whole"),
-    ({}, ValueError, r"needs a scheduler, warmup_steps= or both"),
-    ({"scheduler": 42}, TypeError, r"takes a torch.optim.lr_scheduler scheduler, a factory"),
-    ({"scheduler": "StepLRR"}, ValueError, r"no torch.optim.lr_scheduler scheduler named "
-                                           r"'StepLRR'.*Did you mean 'StepLR'\?"),
-    ({"scheduler": "LambdaLR"}, ValueError, r"take Python functions: pass a factory"),
-    ({"scheduler": "StepLR"}, TypeError, r"StepLR\(optimizer, \*\*\{\}\) fails: .*step_size"),
-    ({"scheduler": {"type": "StepLR", "args": {"step_size": 2, "gama": 0.5}}}, TypeError,
-     r"StepLR\(optimizer, .*\) fails: .*'gama'"),
-    ({"scheduler": {"kind": "StepLR"}}, TypeError, r"a scheduler spec is \{'type'"),
-    ({"scheduler": step_lr, "metric": ""}, TypeError, r"metric=\) names a metric"),
-])
-def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str
-                                          ) -> None:
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (
+            {"scheduler": step_lr, "interval": "steps"},
+            ValueError,
+            r"interval=\) must be 'step' .* or 'epoch' .*; got 'steps'. Did you mean 'step'\?",
+        ),
+        (
+            {"scheduler": step_lr, "warmup_steps": -1},
+            ValueError,
+            r"warmup_steps=\) must be a whole",
+        ),
+        (
+            {"scheduler": step_lr, "warmup_steps": 1.5},
+            ValueError,
+            r"warmup_steps=\) must be a whole",
+        ),
+        ({}, ValueError, r"needs a scheduler, warmup_steps= or both"),
+        ({"scheduler": 42}, TypeError, r"takes a torch.optim.lr_scheduler scheduler, a factory"),
+        (
+            {"scheduler": "StepLRR"},
+            ValueError,
+            r"no torch.optim.lr_scheduler scheduler named "
+            r"'StepLRR'.*Did you mean 'StepLR'\?",
+        ),
+        ({"scheduler": "LambdaLR"}, ValueError, r"take Python functions: pass a factory"),
+        ({"scheduler": "StepLR"}, TypeError, r"StepLR\(optimizer, \*\*\{\}\) fails: .*step_size"),
+        (
+            {"scheduler": {"type": "StepLR", "args": {"step_size": 2, "gama": 0.5}}},
+            TypeError,
+            r"StepLR\(optimizer, .*\) fails: .*'gama'",
+        ),
+        ({"scheduler": {"kind": "StepLR"}}, TypeError, r"a scheduler spec is \{'type'"),
+        ({"scheduler": step_lr, "metric": ""}, TypeError, r"metric=\) names a metric"),
+    ],
+)
+def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match) as caught:
         LRSchedule(**args)
     assert "\n" not in str(caught.value)
@@ -334,8 +401,11 @@ def test_bad_options_fail_at_construction(args: dict[str, Any], error: type, mat
 
 def test_plateau_and_metric_are_checked_together() -> None:
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    with pytest.raises(ValueError, match=r"ReduceLROnPlateau steps on a metric at epoch ends; "
-                                         r"give interval='epoch' and metric="):
+    with pytest.raises(
+        ValueError,
+        match=r"ReduceLROnPlateau steps on a metric at epoch ends; "
+        r"give interval='epoch' and metric=",
+    ):
         LRSchedule(lr_scheduler.ReduceLROnPlateau(optimizer), metric="eval_loss")
     with pytest.raises(ValueError, match=r"metric='eval_loss'\) is for ReduceLROnPlateau; StepLR"):
         LRSchedule(lr_scheduler.StepLR(optimizer, 2), interval="epoch", metric="eval_loss")
@@ -348,14 +418,24 @@ def test_plateau_and_metric_are_checked_together() -> None:
     assert steps == []
 
 
-@pytest.mark.parametrize(("factory", "error", "match"), [
-    (lr_scheduler.StepLR, TypeError, r"the scheduler factory failed when called with the "
-                                     r"optimizer: .*step_size.*; a factory takes the optimizer"),
-    (lambda opt: torch.optim.SGD, TypeError, r"the factory returned type, not a "
-                                             r"torch.optim.lr_scheduler scheduler"),
-])
-def test_a_bad_factory_fails_before_the_first_step(factory: Any, error: type, match: str
-                                                   ) -> None:
+@pytest.mark.parametrize(
+    ("factory", "error", "match"),
+    [
+        (
+            lr_scheduler.StepLR,
+            TypeError,
+            r"the scheduler factory failed when called with the "
+            r"optimizer: .*step_size.*; a factory takes the optimizer",
+        ),
+        (
+            lambda opt: torch.optim.SGD,
+            TypeError,
+            r"the factory returned type, not a "
+            r"torch.optim.lr_scheduler scheduler",
+        ),
+    ],
+)
+def test_a_bad_factory_fails_before_the_first_step(factory: Any, error: type, match: str) -> None:
     engine = runmodel.Engine()
     engine.attach(LRSchedule(factory))
     steps = lrs_used(engine)
@@ -368,8 +448,11 @@ def test_an_instance_for_another_optimizer_is_refused_at_setup() -> None:
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     engine = runmodel.Engine()
     engine.attach(LRSchedule(lr_scheduler.StepLR(optimizer, 2)))
-    with pytest.raises(ValueError, match=r"made for another optimizer than the model's .* pass "
-                                         r"a factory instead"):
+    with pytest.raises(
+        ValueError,
+        match=r"made for another optimizer than the model's .* pass "
+        r"a factory instead",
+    ):
         engine.run(Tiny(), epochs=1)
 
 
@@ -377,11 +460,14 @@ def test_an_instance_made_before_unfreeze_regrouped_is_refused() -> None:
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
-    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=nn.MSELoss(),
-                                           train_data=make_data(), device="cpu")
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=nn.MSELoss(), train_data=make_data(), device="cpu"
+    )
     engine = runmodel.Engine()
-    engine.attach(Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}),
-                  LRSchedule(lr_scheduler.StepLR(optimizer, 2)))
+    engine.attach(
+        Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.1}),
+        LRSchedule(lr_scheduler.StepLR(optimizer, 2)),
+    )
     with pytest.raises(ValueError, match=r"made for 1 param group\(s\) but the optimizer has 2"):
         engine.run(model, epochs=1)
 

@@ -48,19 +48,30 @@ def test_its_record_survives_a_checkpoint_and_a_reset_forgets_it() -> None:
 
 def test_reading_a_missing_metric_names_the_reader_and_the_metrics_there_are() -> None:
     watcher = MetricWatcher("eval_los", owner="LRSchedule", reader="LRSchedule(metric='eval_los')")
-    with pytest.raises(ValueError, match=r"LRSchedule\(metric='eval_los'\): no metric 'eval_los' "
-                                         r"in state.metrics at the end of epoch 1. Did you mean "
-                                         r"'eval_loss'\? There are: eval_loss"):
+    with pytest.raises(
+        ValueError,
+        match=r"LRSchedule\(metric='eval_los'\): no metric 'eval_los' "
+        r"in state.metrics at the end of epoch 1. Did you mean "
+        r"'eval_loss'\? There are: eval_loss",
+    ):
         watcher.read(state(1, eval_loss=0.5))
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ({"metric": ""}, TypeError, r"Best\(metric=\) names a metric"),
-    ({"mode": "mx"}, ValueError, r"Best\(mode=\) must be 'min' .*; got 'mx'. Did you mean 'max'"),
-    ({"min_delta": -1}, ValueError, r"Best\(min_delta=\) must be a number >= 0"),
-    ({"patience": 0}, ValueError, r"Best\(patience=\) must be a whole number >= 1 or None"),
-])
-def test_bad_options_are_refused_in_the_owners_name(args: dict[str, object], error: type,
-                                                     match: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ({"metric": ""}, TypeError, r"Best\(metric=\) names a metric"),
+        (
+            {"mode": "mx"},
+            ValueError,
+            r"Best\(mode=\) must be 'min' .*; got 'mx'. Did you mean 'max'",
+        ),
+        ({"min_delta": -1}, ValueError, r"Best\(min_delta=\) must be a number >= 0"),
+        ({"patience": 0}, ValueError, r"Best\(patience=\) must be a whole number >= 1 or None"),
+    ],
+)
+def test_bad_options_are_refused_in_the_owners_name(
+    args: dict[str, object], error: type, match: str
+) -> None:
     with pytest.raises(error, match=match):
         MetricWatcher(**{"metric": "eval_loss", **args, "owner": "Best"})  # type: ignore[arg-type]

@@ -26,12 +26,17 @@ from helpers import Tiny
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A local MLflow store (SQLite) and its artifacts' folder, and a client of it."""
-    mlflow = pytest.importorskip("mlflow", reason="MLflow is not installed: pip install "
-                                 "'runmodel[mlflow]' (the dev extra has it)")
+    mlflow = pytest.importorskip(
+        "mlflow",
+        reason="MLflow is not installed: pip install 'runmodel[mlflow]' (the dev extra has it)",
+    )
     folder = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    return {"uri": uri, "artifacts": str(folder / "artifacts"),
-            "client": mlflow.MlflowClient(tracking_uri=uri)}
+    return {
+        "uri": uri,
+        "artifacts": str(folder / "artifacts"),
+        "client": mlflow.MlflowClient(tracking_uri=uri),
+    }
 
 
 def tracker(store: dict[str, Any], experiment: str, **options: Any) -> MLflow:
@@ -48,8 +53,7 @@ def history(store: dict[str, Any], run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value) for m in store["client"].get_metric_history(run_id, key))
 
 
-def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str, Any]
-                                                 ) -> None:
+def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str, Any]) -> None:
     """A run interrupted after 2 epochs (KILLED: resumable), then resumed to 4 epochs:
     one MLflow run, FINISHED, with the script's record, its params, every epoch's metrics
     and every other step's loss once each, the final metrics, and the checkpoints."""
@@ -57,11 +61,12 @@ def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str
     run_dir = tmp_path / "run"
 
     def run(epochs: int, interrupt_after: int | None = None) -> runmodel.RunResult:
-        engine = runmodel.Engine(Evaluate(), Checkpoint("checkpoint",
-                                                        best=("eval_accuracy", "max")),
-                                 tracker(store, experiment, every_steps=2,
-                                         params={"lr": 0.1, "layers": [4, 3]}),
-                                 progress=False)
+        engine = runmodel.Engine(
+            Evaluate(),
+            Checkpoint("checkpoint", best=("eval_accuracy", "max")),
+            tracker(store, experiment, every_steps=2, params={"lr": 0.1, "layers": [4, 3]}),
+            progress=False,
+        )
         if interrupt_after is not None:
             engine.on("epoch_end", lambda e: e.interrupt(), once=interrupt_after - 1)
         return engine.run(Tiny(classes=3), epochs=epochs, run_dir=run_dir, resume="auto")
@@ -90,8 +95,7 @@ def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str
     assert [step for step, _ in history(store, run_id, "loss_step")] == list(range(2, 17, 2))
     assert history(store, run_id, "lr/group0") == [(step, 0.1) for step in (4, 8, 12, 16)]
     saved = {Path(result.files[key]).name for key in ("best_checkpoint", "last_checkpoint")}
-    artifacts = {Path(a.path).name for a in store["client"].list_artifacts(run_id,
-                                                                           "checkpoints")}
+    artifacts = {Path(a.path).name for a in store["client"].list_artifacts(run_id, "checkpoints")}
     assert saved <= artifacts and "ckpt-00004-0000000016.pt" in artifacts
 
 
@@ -100,17 +104,31 @@ def test_config_run_logs_its_config_as_params(tmp_path: Path, store: dict[str, A
     shows it, as the MLflow run's params; the run named as its folder."""
     name, experiment = f"tiny_mlflow_{uuid.uuid4().hex[:8]}", f"config-{uuid.uuid4().hex[:8]}"
     runmodel.register_model(name, Classifier)
-    config = RunConfig.from_dict({
-        "model": name, "epochs": 1, "optimizer": {"type": "sgd", "args": {"lr": 0.1}},
-        "packs": [{"type": "mlflow", "args": {"tracking_uri": store["uri"],
-                                              "experiment": experiment,
-                                              "artifacts": False}}]})
+    config = RunConfig.from_dict(
+        {
+            "model": name,
+            "epochs": 1,
+            "optimizer": {"type": "sgd", "args": {"lr": 0.1}},
+            "packs": [
+                {
+                    "type": "mlflow",
+                    "args": {
+                        "tracking_uri": store["uri"],
+                        "experiment": experiment,
+                        "artifacts": False,
+                    },
+                }
+            ],
+        }
+    )
     _, run_dir = execute(config, tmp_path, progress=False)
     (logged,) = mlflow_runs(store, experiment)
-    params = {k: str(v) if not isinstance(v, str) else v
-              for k, v in flatten(config.to_dict()).items()}
+    params = {
+        k: str(v) if not isinstance(v, str) else v for k, v in flatten(config.to_dict()).items()
+    }
     assert {k: v for k, v in logged.data.params.items()} == {
-        k: ("null" if v == "None" else v) for k, v in params.items()}
+        k: ("null" if v == "None" else v) for k, v in params.items()
+    }
     assert logged.data.params["optimizer.args.lr"] == "0.1"
     assert logged.data.tags["mlflow.runName"] == run_dir.name
     assert "runmodel.script" not in logged.data.tags  # a config run: its config says it all
@@ -120,17 +138,18 @@ def test_config_run_logs_its_config_as_params(tmp_path: Path, store: dict[str, A
 class Classifier(Tiny):
     """Tiny's 3-class classifier, as a registered model builds it."""
 
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(device or "cpu", init_options, classes=3)
 
 
 def test_a_store_that_cannot_be_used_stops_the_run_at_setup(tmp_path: Path) -> None:
-    pytest.importorskip("mlflow", reason="MLflow is not installed: pip install "
-                        "'runmodel[mlflow]'")
+    pytest.importorskip("mlflow", reason="MLflow is not installed: pip install 'runmodel[mlflow]'")
     (tmp_path / "a-file").write_text("not a folder")
-    engine = runmodel.Engine(MLflow(f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"),
-                             progress=False)
+    engine = runmodel.Engine(
+        MLflow(f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"), progress=False
+    )
     steps: list[int] = []
     engine.on("runstep", lambda e: steps.append(e.state.step))
     with pytest.raises(ValueError, match=r"the tracking store 'sqlite:///.*' cannot be used"):

@@ -32,14 +32,16 @@ OPTIMIZERS = [torch.optim.SGD, torch.optim.Adam]
 NAN = float("nan")
 
 
-def mlp(optimizer: type[torch.optim.Optimizer] = torch.optim.SGD, batches: int = 4,
-        device: str = "cpu") -> Tiny:
+def mlp(
+    optimizer: type[torch.optim.Optimizer] = torch.optim.SGD, batches: int = 4, device: str = "cpu"
+) -> Tiny:
     """An MLP regression on ``batches`` batches of 8 an epoch."""
     return Tiny(device, hidden=8, batches=batches, optimizer=optimizer, lr=0.05)
 
 
 def nan_loss_at(engine: runmodel.Engine, step: int) -> None:
     """Step ``step``'s inputs NaN: its loss and gradients are NaN."""
+
     @engine.on("step_start", once=step)
     def poison_inputs(engine: Any) -> None:
         x, y = engine.state.batch
@@ -49,14 +51,20 @@ def nan_loss_at(engine: runmodel.Engine, step: int) -> None:
 def nan_grad_at(engine: runmodel.Engine, step: int) -> None:
     """Step ``step``'s loss plus ``0 * sqrt(w - w)``: the same (finite) loss, and the
     gradient of the first layer's weight NaN (0 times the infinite slope of sqrt at 0)."""
+
     @engine.on("forward", once=step)
     def poison_gradient(engine: Any) -> None:
         w = engine.model.module[0].weight
         engine.state.loss = engine.state.loss + 0 * torch.sqrt(w - w.detach()).sum()
 
 
-def by_hand(epochs: int, batches: int = 4, optimizer: type[torch.optim.Optimizer] =
-            torch.optim.SGD, drop: tuple[int, ...] = (), k: int = 1) -> nn.Module:
+def by_hand(
+    epochs: int,
+    batches: int = 4,
+    optimizer: type[torch.optim.Optimizer] = torch.optim.SGD,
+    drop: tuple[int, ...] = (),
+    k: int = 1,
+) -> nn.Module:
     """``mlp()``'s training written out, without the steps in ``drop`` (run-wide step
     indices); with ``k``, each loss / k and a step every k-th batch of an epoch."""
     torch.manual_seed(0)
@@ -86,6 +94,7 @@ def finite(model: Tiny | dict[str, torch.Tensor]) -> bool:
 
 # -- construction ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("action", ["ignore", "Skip", None, 1, ""])
 def test_action_must_be_skip_or_stop(action: Any) -> None:
     with pytest.raises(ValueError, match=r"NaNGuard action= must be 'skip' .* or 'stop'"):
@@ -101,12 +110,16 @@ def test_every_must_be_a_whole_number_of_at_least_one(every: Any) -> None:
 def test_a_model_whose_train_step_is_its_own_is_refused_at_setup() -> None:
     engine = runmodel.Engine()
     engine.attach(NaNGuard())
-    with pytest.raises(TypeError, match="NaNGuard works in the backward and optimizer_step "
-                                        "phases, which Counting's train step does not fire"):
+    with pytest.raises(
+        TypeError,
+        match="NaNGuard works in the backward and optimizer_step "
+        "phases, which Counting's train step does not fire",
+    ):
         engine.run(Counting(), epochs=1)
 
 
 # -- skip ------------------------------------------------------------------------------------
+
 
 def test_without_a_guard_the_injected_nan_reaches_the_weights() -> None:
     model, engine = mlp(), runmodel.Engine()
@@ -120,15 +133,19 @@ def test_skip_leaves_the_bad_step_out_and_goes_on(optimizer: type[torch.optim.Op
     model, engine, guard = mlp(optimizer), runmodel.Engine(), NaNGuard("skip")
     engine.attach(guard)
     nan_loss_at(engine, 5)
-    with pytest.warns(RuntimeWarning, match=r"^NaNGuard: non-finite loss at step 5 \(epoch 1, "
-                                            r"batch 1\): the step is skipped; later skips"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"^NaNGuard: non-finite loss at step 5 \(epoch 1, "
+        r"batch 1\): the step is skipped; later skips",
+    ):
         result = engine.run(model, epochs=3)
     assert (result.ended, result.steps, result.metrics["nan_skipped"]) == ("completed", 12, 1)
     assert guard.skipped == 1
     assert guard.last == "NaNGuard: non-finite loss at step 5 (epoch 1, batch 1)"
     # exactly as if batch 1 of epoch 1 had not been there (Adam: not counted as a step)
-    torch.testing.assert_close(params(model), params(by_hand(3, optimizer=optimizer,
-                                                             drop=(5,))), rtol=0, atol=1e-7)
+    torch.testing.assert_close(
+        params(model), params(by_hand(3, optimizer=optimizer, drop=(5,))), rtol=0, atol=1e-7
+    )
     if optimizer is torch.optim.Adam:
         assert steps_taken(model) == 11
 
@@ -143,7 +160,8 @@ def test_skip_warns_once_per_run_and_counts_every_skip() -> None:
         result = engine.run(model, epochs=2)
     assert [str(w.message) for w in caught] == [
         "NaNGuard: non-finite loss at step 1 (epoch 0, batch 1): the step is skipped; later "
-        "skips are counted in metrics['nan_skipped'] without a warning"]
+        "skips are counted in metrics['nan_skipped'] without a warning"
+    ]
     assert guard.skipped == result.metrics["nan_skipped"] == 2
     assert guard.last == "NaNGuard: non-finite gradient of '0.weight' at step 6 (epoch 1, batch 2)"
     torch.testing.assert_close(params(model), params(by_hand(2, drop=(1, 6))), rtol=0, atol=1e-7)
@@ -151,9 +169,11 @@ def test_skip_warns_once_per_run_and_counts_every_skip() -> None:
 
 # -- stop ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=["sgd", "adam"])
 def test_stop_ends_the_run_naming_the_step_and_the_batch(
-        optimizer: type[torch.optim.Optimizer]) -> None:
+    optimizer: type[torch.optim.Optimizer],
+) -> None:
     model, engine = mlp(optimizer, batches=12), runmodel.Engine()
     engine.attach(NaNGuard("stop"))
     nan_loss_at(engine, 17)
@@ -172,13 +192,13 @@ def test_stop_on_a_gradient_names_the_parameter() -> None:
     engine.attach(NaNGuard("stop"))
     nan_grad_at(engine, 2)
     result = engine.run(model, epochs=2)
-    assert result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 2 (epoch 0, " \
-                            "batch 2)"
+    assert (
+        result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 2 (epoch 0, batch 2)"
+    )
     assert finite(model) and result.steps == 3
 
 
-def test_stop_keeps_the_last_checkpoint_good_and_resuming_from_it_works(
-        tmp_path: Path) -> None:
+def test_stop_keeps_the_last_checkpoint_good_and_resuming_from_it_works(tmp_path: Path) -> None:
     engine = runmodel.Engine()
     engine.attach(NaNGuard("stop"), Checkpoint(tmp_path, every="1ep", keep=None))
     nan_loss_at(engine, 6)  # epoch 1, batch 2
@@ -217,24 +237,28 @@ def test_skip_keeps_every_checkpoint_good(tmp_path: Path) -> None:
 
 # -- every= ----------------------------------------------------------------------------------
 
+
 def test_every_checks_only_every_nth_step() -> None:
     # every=2 checks steps 1, 3, 5, 7: a NaN at step 3 is caught...
     caught, engine = mlp(), runmodel.Engine()
     engine.attach(NaNGuard("stop", every=2))
     nan_loss_at(engine, 3)
-    assert engine.run(caught, epochs=2).reason == ("NaNGuard: non-finite loss at step 3 "
-                                                  "(epoch 0, batch 3)")
+    assert engine.run(caught, epochs=2).reason == (
+        "NaNGuard: non-finite loss at step 3 (epoch 0, batch 3)"
+    )
     assert finite(caught)
     # ...at step 2 it goes through, and the next check finds the weights NaN already
     missed, engine = mlp(), runmodel.Engine()
     engine.attach(NaNGuard("stop", every=2))
     nan_loss_at(engine, 2)
-    assert engine.run(missed, epochs=2).reason == ("NaNGuard: non-finite loss at step 3 "
-                                                  "(epoch 0, batch 3)")
+    assert engine.run(missed, epochs=2).reason == (
+        "NaNGuard: non-finite loss at step 3 (epoch 0, batch 3)"
+    )
     assert not finite(missed)
 
 
 # -- with a GradScaler, GradAccumulation and GradClip -----------------------------------------
+
 
 def test_with_a_grad_scaler_only_the_loss_is_checked() -> None:
     """ScaledAutocast (the amp backend's float16 pack) on the CPU with bfloat16: a NaN
@@ -275,8 +299,9 @@ def test_with_grad_accumulation_stop_mid_window_takes_no_step_at_the_epoch_end()
     engine.attach(NaNGuard("stop"), GradAccumulation(4))
     nan_grad_at(engine, 5)
     result = engine.run(model, epochs=2)
-    assert result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 5 (epoch 0, " \
-                            "batch 5)"
+    assert (
+        result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 5 (epoch 0, batch 5)"
+    )
     assert steps_taken(model) == 1 and finite(model)
     assert all(p.grad is None for p in model.module.parameters())
     reference = by_hand(1, batches=8, optimizer=torch.optim.Adam, drop=(4, 5, 6, 7), k=4)
@@ -290,8 +315,9 @@ def test_with_grad_accumulation_a_later_check_finds_an_unchecked_steps_gradient(
     engine.attach(NaNGuard("stop", every=2), GradAccumulation(4))
     nan_grad_at(engine, 4)
     result = engine.run(model, epochs=2)
-    assert result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 5 (epoch 0, " \
-                            "batch 5)"
+    assert (
+        result.reason == "NaNGuard: non-finite gradient of '0.weight' at step 5 (epoch 0, batch 5)"
+    )
     assert steps_taken(model) == 1 and finite(model)
 
 
@@ -299,8 +325,12 @@ def test_with_accumulation_clipping_and_a_scaler_in_any_attach_order() -> None:
     results = []
     for order in itertools.permutations(range(4)):
         model, engine, guard = mlp(torch.optim.Adam, batches=8), runmodel.Engine(), NaNGuard()
-        packs = [guard, GradAccumulation(4), GradClip(max_norm=0.5),
-                 ScaledAutocast("cpu", torch.bfloat16)]
+        packs = [
+            guard,
+            GradAccumulation(4),
+            GradClip(max_norm=0.5),
+            ScaledAutocast("cpu", torch.bfloat16),
+        ]
         engine.attach(*(packs[i] for i in order))
         nan_loss_at(engine, 9)
         with pytest.warns(RuntimeWarning):
@@ -320,6 +350,7 @@ def test_on_the_device_with_the_amp_backend(device: str) -> None:
 
 
 # -- resume, eval ------------------------------------------------------------------------------
+
 
 def test_the_count_continues_after_a_resume(tmp_path: Path) -> None:
     engine, guard = runmodel.Engine(), NaNGuard()

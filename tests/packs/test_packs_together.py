@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("sklearn")
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import os, signal
     import torch
     from sklearn.datasets import load_digits
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent('''
     torch.save(model.module.state_dict(), "final.pt")
     print(result.ended, result.steps, f"{result.metrics['eval_accuracy']:.4f}",
           f"{result.metrics['lr']:.6f}")
-''')
+""")
 TIMEOUT = 180
 
 
@@ -63,8 +63,14 @@ def run_script(folder: Path, kill: str = "") -> subprocess.CompletedProcess[str]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "train.py").write_text(SCRIPT)
     env = {**os.environ, "KILL_AT": kill}
-    return subprocess.run([sys.executable, "train.py"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +85,8 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 # 23 batches an epoch: step 50 is mid-epoch 2, 1ep the end of epoch 1 after its checkpoint
 @pytest.mark.parametrize("kill", ["runstep:50st", "epoch_end:1ep"])
 def test_killed_and_rerun_the_packs_end_as_one_straight_run(
-        tmp_path: Path, straight: tuple[Path, str], kill: str) -> None:
+    tmp_path: Path, straight: tuple[Path, str], kill: str
+) -> None:
     reference, printed = straight
     killed = run_script(tmp_path, kill)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -95,4 +102,5 @@ def test_killed_and_rerun_the_packs_end_as_one_straight_run(
     assert all(torch.equal(got[k], want[k]) for k in want)
     # the best two by accuracy and the newest two, the same files as the straight run's
     assert sorted(os.listdir(tmp_path / "checkpoints")) == sorted(
-        os.listdir(reference / "checkpoints"))
+        os.listdir(reference / "checkpoints")
+    )

@@ -68,9 +68,13 @@ def run_on_a_terminal(refresh: float) -> str:
     """The script's standard error, written to a real pseudo-terminal."""
     main, side = pty.openpty()
     fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(ROOT / "tests"), str(refresh)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=side,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(ROOT / "tests"), str(refresh)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=side,
+        cwd=ROOT,
+    )
     os.close(side)
     chunks = []
     while True:

@@ -36,8 +36,9 @@ class Failing(Tiny):
 def read(directory: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(directory))
     events.Reload()
-    return {tag: [(s.step, s.value) for s in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}
+    return {
+        tag: [(s.step, s.value) for s in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
 
 
 def as_float32(value: float) -> float:
@@ -62,12 +63,16 @@ def test_train_run_logs_loss_step_loss_and_lr(tmp_path: Path) -> None:
     assert sorted(scalars) == ["lr/group0", "train/loss", "train/loss_step"]
     # the epoch-end loss is the epoch's mean (issue 28: not its last step's), at the global
     # step; summed in float64 as the run sums it on its device
-    assert scalars["train/loss"] == [(n, as_float32(sum(losses[n - 4:n]) / 4))
-                                     for n in (4, 8, 12)]
+    assert scalars["train/loss"] == [
+        (n, as_float32(sum(losses[n - 4 : n]) / 4)) for n in (4, 8, 12)
+    ]
     # every 2nd step, labelled with the number of steps done
     assert scalars["train/loss_step"] == [(n, losses[n - 1]) for n in (2, 4, 6, 8, 10, 12)]
-    assert scalars["lr/group0"] == [(4, as_float32(0.1 / 2)), (8, as_float32(0.1 / 3)),
-                                    (12, as_float32(0.1 / 4))]
+    assert scalars["lr/group0"] == [
+        (4, as_float32(0.1 / 2)),
+        (8, as_float32(0.1 / 3)),
+        (12, as_float32(0.1 / 4)),
+    ]
     assert losses[-1] < losses[0]
 
 
@@ -106,7 +111,8 @@ def eval_run(tmp_path: Path) -> tuple[runmodel.RunResult, dict[str, list[tuple[i
 
 
 def test_eval_run_logs_its_metrics(
-        eval_run: tuple[runmodel.RunResult, dict[str, list[tuple[int, float]]]]) -> None:
+    eval_run: tuple[runmodel.RunResult, dict[str, list[tuple[int, float]]]],
+) -> None:
     result, scalars = eval_run
     assert sorted(result.metrics) == ["accuracy", "loss"]
     assert result.steps == 4
@@ -117,7 +123,8 @@ def test_eval_run_logs_its_metrics(
 
 
 def test_eval_loss_is_logged_once_as_the_metric(
-        eval_run: tuple[runmodel.RunResult, dict[str, list[tuple[int, float]]]]) -> None:
+    eval_run: tuple[runmodel.RunResult, dict[str, list[tuple[int, float]]]],
+) -> None:
     result, scalars = eval_run
     assert scalars["eval/loss"] == [(4, as_float32(result.metrics["loss"]))]
 

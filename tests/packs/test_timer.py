@@ -26,8 +26,7 @@ def test_timer_times_phases_and_hooks_into_the_result() -> None:
     assert phases["runstep"]["total_ms"] >= hooks[("runstep", "slow")]["total_ms"]
     assert phases["runstep"]["total_ms"] > phases["forward"]["total_ms"]
     assert result.timings["hooks"][0]["hook"] == "slow"  # slowest first
-    assert set(result.timings["phases"][0]) == {"phase", "hook", "calls", "total_ms",
-                                                "mean_us"}
+    assert set(result.timings["phases"][0]) == {"phase", "hook", "calls", "total_ms", "mean_us"}
 
 
 def test_timer_comes_off_after_the_run_and_counts_afresh() -> None:

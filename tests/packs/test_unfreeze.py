@@ -49,8 +49,10 @@ def staged(lr: float = 0.01) -> Tiny:
 def snapshot(model: Tiny) -> dict[str, torch.Tensor]:
     """Each module's parameters, flattened into one copy."""
     module = model.module
-    return {n: torch.cat([p.detach().flatten() for p in getattr(module, n).parameters()]).clone()
-            for n in NAMES}
+    return {
+        n: torch.cat([p.detach().flatten() for p in getattr(module, n).parameters()]).clone()
+        for n in NAMES
+    }
 
 
 def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
@@ -63,8 +65,9 @@ def with_state(model: Tiny) -> set[str]:
     return {n for n in NAMES if any(p in state for p in getattr(model.module, n).parameters())}
 
 
-def run_and_watch(pack: Unfreeze, epochs: int, model: Tiny | None = None
-                  ) -> tuple[Tiny, list[dict[str, Any]]]:
+def run_and_watch(
+    pack: Unfreeze, epochs: int, model: Tiny | None = None
+) -> tuple[Tiny, list[dict[str, Any]]]:
     """Train with ``pack``; per epoch: which modules changed in it, which have optimizer
     state at its end, which were trainable in it."""
     model = model or staged()
@@ -76,13 +79,19 @@ def run_and_watch(pack: Unfreeze, epochs: int, model: Tiny | None = None
     @engine.on("epoch_start", priority=-10)  # after Unfreeze's (priority 100)
     def before(engine: runmodel.Engine) -> None:
         start["params"] = snapshot(model)
-        start["trainable"] = {n for n in NAMES if all(
-            p.requires_grad for p in getattr(model.module, n).parameters())}
+        start["trainable"] = {
+            n for n in NAMES if all(p.requires_grad for p in getattr(model.module, n).parameters())
+        }
 
     @engine.on("epoch_end")
     def after(engine: runmodel.Engine) -> None:
-        seen.append({"changed": changed(start["params"], snapshot(model)),
-                     "state": with_state(model), "trainable": start["trainable"]})
+        seen.append(
+            {
+                "changed": changed(start["params"], snapshot(model)),
+                "state": with_state(model),
+                "trainable": start["trainable"],
+            }
+        )
 
     engine.run(model, epochs=epochs)
     return model, seen
@@ -90,11 +99,11 @@ def run_and_watch(pack: Unfreeze, epochs: int, model: Tiny | None = None
 
 # -- the frozen set follows the schedule ------------------------------------------------------
 
+
 def test_frozen_modules_stay_bit_identical_and_stateless_until_their_epoch() -> None:
     pack = Unfreeze({0: ["head"], 1: ["layer10"], 2: "all"})
     model, seen = run_and_watch(pack, epochs=3)
-    assert [s["trainable"] for s in seen] == [
-        {"head"}, {"head", "layer10"}, set(NAMES)]
+    assert [s["trainable"] for s in seen] == [{"head"}, {"head", "layer10"}, set(NAMES)]
     # Adam with weight decay: a frozen parameter it stepped at all would have moved
     assert [s["changed"] for s in seen] == [s["trainable"] for s in seen]
     assert [s["state"] for s in seen] == [s["trainable"] for s in seen]
@@ -108,12 +117,15 @@ def test_modules_never_listed_train_only_with_all() -> None:
     assert seen[-1]["state"] == {"head", "layer2"}
 
 
-@pytest.mark.parametrize(("names", "trainable"), [
-    (["layer1"], {"layer1"}),  # exact: layer1, not layer10
-    (["layer"], {"layer1", "layer2", "layer10"}),  # no module 'layer': a prefix
-    (["layer1", "head"], {"layer1", "head"}),
-    ("layer10", {"layer10"}),  # one name alone
-])
+@pytest.mark.parametrize(
+    ("names", "trainable"),
+    [
+        (["layer1"], {"layer1"}),  # exact: layer1, not layer10
+        (["layer"], {"layer1", "layer2", "layer10"}),  # no module 'layer': a prefix
+        (["layer1", "head"], {"layer1", "head"}),
+        ("layer10", {"layer10"}),  # one name alone
+    ],
+)
 def test_exact_names_and_prefixes(names: Any, trainable: set[str]) -> None:
     _, seen = run_and_watch(Unfreeze({0: names}), epochs=1)
     assert seen[0]["trainable"] == trainable
@@ -134,8 +146,9 @@ def test_a_config_s_string_keys_mean_the_same() -> None:
     assert args["schedule"] == {"0": ["head"], "1": "all"}  # TOML keys are strings
     _, by_int = run_and_watch(Unfreeze({0: ["head"], 1: "all"}), epochs=2)
     _, by_str = run_and_watch(Unfreeze(**args), epochs=2)
-    assert [s["changed"] for s in by_int] == [s["changed"] for s in by_str] == [
-        {"head"}, set(NAMES)]
+    assert (
+        [s["changed"] for s in by_int] == [s["changed"] for s in by_str] == [{"head"}, set(NAMES)]
+    )
 
 
 def test_a_stale_gradient_of_a_frozen_parameter_is_dropped() -> None:
@@ -187,6 +200,7 @@ def test_a_resumed_run_freezes_by_its_epoch_and_ends_bit_identical(tmp_path: Pat
 
 # -- lr_scale --------------------------------------------------------------------------------
 
+
 class HandGrouped(Tiny):
     """``staged()``, but its setup builds by hand the groups lr_scale={2: 0.1} makes."""
 
@@ -194,8 +208,9 @@ class HandGrouped(Tiny):
         super().setup(setup_options)
         head = list(self.module.head.parameters())
         rest = [p for p in self.module.parameters() if all(p is not h for h in head)]
-        self.optimizer = torch.optim.Adam([{"params": head}, {"params": rest, "lr": 0.001}],
-                                          lr=0.01, weight_decay=0.1)
+        self.optimizer = torch.optim.Adam(
+            [{"params": head}, {"params": rest, "lr": 0.001}], lr=0.01, weight_decay=0.1
+        )
 
 
 def test_lr_scale_regroups_the_optimizer_like_groups_made_by_hand() -> None:
@@ -203,9 +218,16 @@ def test_lr_scale_regroups_the_optimizer_like_groups_made_by_hand() -> None:
     engine = runmodel.Engine()
     engine.attach(Unfreeze({0: ["head"], 2: "all"}, lr_scale={2: 0.1}))
     groups: list[list[tuple[float, float, int, Any]]] = []
-    engine.on("setup", lambda e: groups.append([
-        (g["lr"], g["weight_decay"], len(g["params"]), g["unfreeze_epoch"])
-        for g in e.model.optimizer.param_groups]), priority=-100)
+    engine.on(
+        "setup",
+        lambda e: groups.append(
+            [
+                (g["lr"], g["weight_decay"], len(g["params"]), g["unfreeze_epoch"])
+                for g in e.model.optimizer.param_groups
+            ]
+        ),
+        priority=-100,
+    )
     engine.run(scaled, epochs=3)
     assert groups == [[(0.01, 0.1, 2, 0), (0.01 * 0.1, 0.1, 6, 2)]]
 
@@ -226,7 +248,10 @@ def test_lr_scale_keeps_each_groups_options_and_unlisted_stages_keep_their_lr() 
     engine.run(model, epochs=2)
     groups = model.optimizer.param_groups
     assert [(g["lr"], g["unfreeze_epoch"], len(g["params"])) for g in groups] == [
-        (0.02, 0, 2), (0.01, 1, 6), (0.01, None, 2)]
+        (0.02, 0, 2),
+        (0.01, 1, 6),
+        (0.01, None, 2),
+    ]
     assert all(g["betas"] == (0.9, 0.999) and g["weight_decay"] == 0.1 for g in groups)
     assert not any(p in model.optimizer.state for p in model.module.extra.parameters())
 
@@ -236,8 +261,9 @@ def test_a_second_run_of_the_same_optimizer_does_not_scale_twice() -> None:
     module = Staged()
     optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
     # from parts: setup() keeps this optimizer, so the second run finds it regrouped
-    model = runmodel.TorchModel.from_parts(module, optimizer=optimizer, loss_fn=nn.MSELoss(),
-                                           train_data=make_data(), device="cpu")
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=nn.MSELoss(), train_data=make_data(), device="cpu"
+    )
     engine = runmodel.Engine()
     engine.attach(Unfreeze({0: ["head"], 1: "all"}, lr_scale={1: 0.5}))
     for _ in range(2):
@@ -267,26 +293,31 @@ def test_lr_scale_resumes_into_the_regrouped_optimizer(tmp_path: Path) -> None:
 
 # -- mistakes ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("schedule", "lr_scale", "error", "match"), [
-    ({}, None, TypeError, r"takes a dict of epochs to module names or 'all'"),
-    (["head"], None, TypeError, r"takes a dict of epochs"),
-    ({0: []}, None, ValueError, r"names no module"),
-    ({0: [], 3: ()}, None, ValueError, r"names no module"),
-    ({-1: ["head"]}, None, ValueError, r"keys are epochs, whole numbers >= 0 .* got -1"),
-    ({1.5: ["head"]}, None, ValueError, r"keys are epochs.* got 1.5"),
-    ({True: ["head"]}, None, ValueError, r"keys are epochs.* got True"),
-    ({"two": ["head"]}, None, ValueError, r"keys are epochs.* got 'two'"),
-    ({2: ["head"], "2": "all"}, None, ValueError, r"epoch 2 appears twice"),
-    ({0: 3}, None, TypeError, r"schedule\[0\] must be a module name, a list"),
-    ({0: ["head", ""]}, None, TypeError, r"schedule\[0\] must be a module name"),
-    ({0: ["head"]}, {5: 0.1}, ValueError, r"lr_scale names epoch 5, which is not a stage"),
-    ({0: ["head"]}, {0: 0}, ValueError, r"lr_scale\[0\] must be a number > 0"),
-    ({0: ["head"]}, {0: "x"}, ValueError, r"lr_scale\[0\] must be a number > 0"),
-    ({0: ["head"]}, {0: float("nan")}, ValueError, r"lr_scale\[0\] must be a number > 0"),
-    ({0: ["head"]}, 0.1, TypeError, r"lr_scale=\) takes a dict of schedule epochs"),
-])
-def test_bad_schedules_fail_at_construction(schedule: Any, lr_scale: Any, error: type,
-                                            match: str) -> None:
+
+@pytest.mark.parametrize(
+    ("schedule", "lr_scale", "error", "match"),
+    [
+        ({}, None, TypeError, r"takes a dict of epochs to module names or 'all'"),
+        (["head"], None, TypeError, r"takes a dict of epochs"),
+        ({0: []}, None, ValueError, r"names no module"),
+        ({0: [], 3: ()}, None, ValueError, r"names no module"),
+        ({-1: ["head"]}, None, ValueError, r"keys are epochs, whole numbers >= 0 .* got -1"),
+        ({1.5: ["head"]}, None, ValueError, r"keys are epochs.* got 1.5"),
+        ({True: ["head"]}, None, ValueError, r"keys are epochs.* got True"),
+        ({"two": ["head"]}, None, ValueError, r"keys are epochs.* got 'two'"),
+        ({2: ["head"], "2": "all"}, None, ValueError, r"epoch 2 appears twice"),
+        ({0: 3}, None, TypeError, r"schedule\[0\] must be a module name, a list"),
+        ({0: ["head", ""]}, None, TypeError, r"schedule\[0\] must be a module name"),
+        ({0: ["head"]}, {5: 0.1}, ValueError, r"lr_scale names epoch 5, which is not a stage"),
+        ({0: ["head"]}, {0: 0}, ValueError, r"lr_scale\[0\] must be a number > 0"),
+        ({0: ["head"]}, {0: "x"}, ValueError, r"lr_scale\[0\] must be a number > 0"),
+        ({0: ["head"]}, {0: float("nan")}, ValueError, r"lr_scale\[0\] must be a number > 0"),
+        ({0: ["head"]}, 0.1, TypeError, r"lr_scale=\) takes a dict of schedule epochs"),
+    ],
+)
+def test_bad_schedules_fail_at_construction(
+    schedule: Any, lr_scale: Any, error: type, match: str
+) -> None:
     with pytest.raises(error, match=match) as caught:
         Unfreeze(schedule, lr_scale=lr_scale)
     assert "\n" not in str(caught.value)
@@ -308,7 +339,8 @@ def test_an_unknown_name_fails_when_the_run_starts_with_a_did_you_mean() -> None
     assert str(error) == (
         "Unfreeze: schedule[2] names 'layr10', but Staged has no module or parameter of that "
         "name or starting with it. Did you mean 'layer10'? Its modules: layer1, layer2, "
-        "layer10, head")
+        "layer10, head"
+    )
     assert steps == 0
     assert all(p.requires_grad for p in model.module.parameters())  # nothing left frozen
 

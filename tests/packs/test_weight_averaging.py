@@ -62,6 +62,7 @@ def test_the_comparison_can_fail() -> None:
 def test_swa_equals_torch_recipe_with_swalr_and_update_bn() -> None:
     """torch's SWA recipe by hand: from epoch 1, average at each epoch's end, SWALR stepped
     after it, update_bn over the training data."""
+
     def make() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
@@ -86,8 +87,9 @@ def test_swa_equals_torch_recipe_with_swalr_and_update_bn() -> None:
             update_bn(data, averaged)
             scheduler.step()
     assert swa.averaged is not None
-    for (key, value), theirs in zip(swa.averaged.state_dict().items(),
-                                    averaged.state_dict().values(), strict=True):
+    for (key, value), theirs in zip(
+        swa.averaged.state_dict().items(), averaged.state_dict().values(), strict=True
+    ):
         assert torch.equal(value, theirs), key
     assert model.optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 0.01
     assert int(swa.averaged.n_averaged) == 3
@@ -113,8 +115,10 @@ def test_use_averaged_evaluates_the_average_and_checkpoints_keep_it(tmp_path: Pa
     weights = averaged_weights(Path(result.files["last_checkpoint"]))
     for key, value in ema.averaged.module.state_dict().items():
         assert torch.equal(weights[key], value)
-    assert torch.equal(model_state(result.files["best_checkpoint"], averaged=True)["module"][
-        "0.weight"], ema.averaged.module[0].weight)
+    assert torch.equal(
+        model_state(result.files["best_checkpoint"], averaged=True)["module"]["0.weight"],
+        ema.averaged.module[0].weight,
+    )
     _, out = export(tmp_path, tmp_path / "averaged.pt", averaged=True)
     assert torch.equal(torch.load(out, weights_only=True)["2.bias"], ema.averaged.module[2].bias)
     plain = torch.load(export(tmp_path, tmp_path / "plain.pt")[1], weights_only=True)
@@ -130,6 +134,7 @@ def test_before_swa_starts_evaluate_measures_the_module_s_own_weights() -> None:
     def both(engine: runmodel.Engine) -> None:
         seen.append(engine.state.metrics["eval_loss"])
         own.append(runmodel.evaluate(engine.model)["loss"])
+
     engine.on("epoch_end", both, priority=-10)
     engine.run(Tiny(classes=3, hidden=8), epochs=4)
     assert seen[:3] == own[:3]  # epochs 0 and 1: none; epoch 2: one epoch averaged
@@ -153,14 +158,19 @@ def test_resume_after_sigkill_is_exact_with_ema_and_swa(tmp_path: Path) -> None:
     """A run killed (SIGKILL) after step 12 of 15 and resumed ends with the weights, both
     averages and the learning rate of a straight run, bit for bit."""
     script = str(HERE / "averaging_run.py")
-    straight = subprocess.Popen([sys.executable, script, str(tmp_path / "a"),
-                                 str(tmp_path / "straight.pt")])
-    killed = subprocess.run([sys.executable, script, str(tmp_path / "b"), "unused", "12"],
-                            timeout=300)
+    straight = subprocess.Popen(
+        [sys.executable, script, str(tmp_path / "a"), str(tmp_path / "straight.pt")]
+    )
+    killed = subprocess.run(
+        [sys.executable, script, str(tmp_path / "b"), "unused", "12"], timeout=300
+    )
     assert killed.returncode == -9
     assert straight.wait(timeout=300) == 0
-    subprocess.run([sys.executable, script, str(tmp_path / "b"), str(tmp_path / "resumed.pt")],
-                   timeout=300, check=True)
+    subprocess.run(
+        [sys.executable, script, str(tmp_path / "b"), str(tmp_path / "resumed.pt")],
+        timeout=300,
+        check=True,
+    )
     a = torch.load(tmp_path / "straight.pt", weights_only=True)
     b = torch.load(tmp_path / "resumed.pt", weights_only=True)
     assert a["lr"] == b["lr"] != 1e-2
@@ -206,11 +216,22 @@ def test_refused_under_fsdp_with_the_reason(tmp_path: Path) -> None:
         "try:\n"
         "    runmodel.Engine(EMA()).run(Tiny(hidden=8), epochs=1, backend='fsdp')\n"
         "except ValueError as error:\n"
-        "    print('refused:', error)\n")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
+        "    print('refused:', error)\n"
+    )
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
-    assert "refused: EMA is refused under the fsdp backend: the module's parameters are " \
-           "sharded" in done.stdout
+    assert (
+        "refused: EMA is refused under the fsdp backend: the module's parameters are "
+        "sharded" in done.stdout
+    )

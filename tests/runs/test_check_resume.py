@@ -75,11 +75,22 @@ def digests(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_the_digits_example_resumes_exactly(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_digits_example_resumes_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "check"
-    code = main(["check-resume", str(EXAMPLES / "digits.py"), "--steps", "6", "--at", "3",
-                 "--dir", str(folder)])
+    code = main(
+        [
+            "check-resume",
+            str(EXAMPLES / "digits.py"),
+            "--steps",
+            "6",
+            "--at",
+            "3",
+            "--dir",
+            str(folder),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert "saved at step 3 (mid-epoch: epoch 0, 3rd step of it)" in out  # of 23
@@ -96,8 +107,9 @@ def test_the_digits_example_resumes_exactly(tmp_path: Path,
     assert len({r["digest"] for r in straight}) == 6  # the weights change every step
 
 
-def test_dropout_with_its_own_generator_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_dropout_with_its_own_generator_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "noisy.py"
     source.write_text(OWN_DROPOUT)
     temporary = tmp_path / "tmp"
@@ -110,8 +122,10 @@ def test_dropout_with_its_own_generator_is_named(tmp_path: Path, monkeypatch: py
     assert "saved at step 5 (mid-epoch: epoch 1, 1st step of it)" in out
     assert "resumed: NOT exact" in out
     assert "first step whose state differs: step 6 (the first after the resume)" in out
-    assert "step 6 run again in the straight and the resumed run: first module whose " \
-           "output differs: 2 (OwnDropout), given the same input" in out
+    assert (
+        "step 6 run again in the straight and the resumed run: first module whose "
+        "output differs: 2 (OwnDropout), given the same input" in out
+    )
     assert "(2 modules before it agree)" in out  # the Linear and the ReLU
     assert "weights: 4 of 4 tensors differ, the first 0.weight" in out
     assert "the first exp_avg of 0.weight" in out  # Adam's state of that parameter
@@ -119,14 +133,18 @@ def test_dropout_with_its_own_generator_is_named(tmp_path: Path, monkeypatch: py
     assert list(temporary.iterdir()) == []  # the runs' folder is gone
 
 
-@pytest.mark.parametrize(("options", "said"), [
-    (["--steps", "1"], "--steps 1: the check saves at a step S and kills the run in step S+1"),
-    (["--steps", "6", "--at", "6"], "--at 6: save at a step from 1 to 5"),
-    (["--at", "0"], "--at 0: save at a step from 1 to 19"),
-    (["--backend", "fsdp"], "--backend fsdp is the backend of runs in several processes"),
-])
-def test_bad_input_is_refused_before_any_run(tmp_path: Path, options: list[str], said: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--steps", "1"], "--steps 1: the check saves at a step S and kills the run in step S+1"),
+        (["--steps", "6", "--at", "6"], "--at 6: save at a step from 1 to 5"),
+        (["--at", "0"], "--at 0: save at a step from 1 to 19"),
+        (["--backend", "fsdp"], "--backend fsdp is the backend of runs in several processes"),
+    ],
+)
+def test_bad_input_is_refused_before_any_run(
+    tmp_path: Path, options: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "check"
     code = main(["check-resume", str(EXAMPLES / "digits.py"), "--dir", str(folder), *options])
     assert code == 2
@@ -134,18 +152,22 @@ def test_bad_input_is_refused_before_any_run(tmp_path: Path, options: list[str],
     assert not folder.exists()
 
 
-def test_a_folder_holding_files_is_refused(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_folder_holding_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "old.txt").write_text("")
     assert main(["check-resume", str(EXAMPLES / "digits.py"), "--dir", str(tmp_path)]) == 2
     assert f"--dir {tmp_path}: give a new or empty folder" in capsys.readouterr().err
 
 
-def test_a_source_that_does_not_load_is_bad_input(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_source_that_does_not_load_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "broken.py"
-    source.write_text("import runmodel\nclass M(runmodel.TorchModel):\n    pass\n"
-                      "raise ValueError('no data here')\n")
+    source.write_text(
+        "import runmodel\nclass M(runmodel.TorchModel):\n    pass\n"
+        "raise ValueError('no data here')\n"
+    )
     assert main(["check-resume", str(source), "--steps", "4"]) == 2
     assert "no data here" in capsys.readouterr().err
 
@@ -154,17 +176,19 @@ def _records(epochs: list[int]) -> list[dict[str, Any]]:
     return [{"step": n + 1, "epoch": e} for n, e in enumerate(epochs)]
 
 
-@pytest.mark.parametrize(("epochs", "chosen"), [
-    ([0] * 20, 10),                  # one epoch: the middle
-    ([0] * 5 + [1] * 5, 6),          # the first mid-epoch step of epoch 1, nearest the middle
-    ([0] * 4 + [1] * 4, 5),          # step 4 ends epoch 0: step 5 begins epoch 1
-    ([0] * 7 + [1] * 2, 8),          # epoch 1's one mid-epoch step, far from the middle
-    ([0, 1, 2, 3], 2),               # every step ends an epoch: the middle
-    ([0, 0], 1),
-    ([3] * 4 + [4] * 4, 5),          # a run resumed before: its first epoch is 3
-])
-def test_the_step_to_save_at_is_mid_epoch_near_the_middle(epochs: list[int],
-                                                         chosen: int) -> None:
+@pytest.mark.parametrize(
+    ("epochs", "chosen"),
+    [
+        ([0] * 20, 10),  # one epoch: the middle
+        ([0] * 5 + [1] * 5, 6),  # the first mid-epoch step of epoch 1, nearest the middle
+        ([0] * 4 + [1] * 4, 5),  # step 4 ends epoch 0: step 5 begins epoch 1
+        ([0] * 7 + [1] * 2, 8),  # epoch 1's one mid-epoch step, far from the middle
+        ([0, 1, 2, 3], 2),  # every step ends an epoch: the middle
+        ([0, 0], 1),
+        ([3] * 4 + [4] * 4, 5),  # a run resumed before: its first epoch is 3
+    ],
+)
+def test_the_step_to_save_at_is_mid_epoch_near_the_middle(epochs: list[int], chosen: int) -> None:
     assert choose_step(_records(epochs)) == chosen
 
 
@@ -198,10 +222,12 @@ def test_findings_are_said_once_when_every_process_agrees_else_per_rank() -> Non
         "check-resume m.py: 6 steps; saved at step 3 (mid-epoch: epoch 0, 3rd step of it), "
         "killed in step 4, resumed: NOT exact",
         "  rank 1: first step whose state differs: step 4",  # the steps first
-        "  rank 1: weights: 1 of 2 tensors differ, the first 0.weight"]
+        "  rank 1: weights: 1 of 2 tensors differ, the first 0.weight",
+    ]
     verdict.found(0, "weights: 1 of 2 tensors differ, the first 0.weight", "state")
     verdict.found(0, "first step whose state differs: step 4")
     assert verdict.text().splitlines()[1:] == [
         "  first step whose state differs: step 4",
         "  weights: 1 of 2 tensors differ, the first 0.weight",
-        "  (the same in each of the 2 processes)"]
+        "  (the same in each of the 2 processes)",
+    ]

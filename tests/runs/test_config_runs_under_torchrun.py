@@ -33,7 +33,8 @@ from helpers import with_child_net
 
 LIMIT_S = 180
 
-NET = with_child_net(textwrap.dedent('''
+NET = with_child_net(
+    textwrap.dedent('''
     """A tiny classifier, and which process is which."""
     import os
     import signal
@@ -80,7 +81,8 @@ NET = with_child_net(textwrap.dedent('''
             @engine.on("step_start", rank=who, once=step)
             def die(engine):  # as the OOM killer would
                 os.kill(os.getpid(), signal.SIGKILL)
-'''))
+''')
+)
 
 CONFIG = 'imports = ["{net}"]\nepochs = {epochs}\nseed = 0\n{backend}\n[model]\ntype = "tinynet"\n'
 
@@ -88,9 +90,15 @@ CONFIG = 'imports = ["{net}"]\nepochs = {epochs}\nseed = 0\n{backend}\n[model]\n
 def runmodel_command(cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     environ.pop("TORCHELASTIC_RUN_ID", None)
-    return subprocess.Popen([sys.executable, "-m", "runmodel", *args], cwd=cwd, env=environ,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # killed with its processes
+    return subprocess.Popen(
+        [sys.executable, "-m", "runmodel", *args],
+        cwd=cwd,
+        env=environ,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # killed with its processes
 
 
 def end(process: subprocess.Popen[str]) -> None:
@@ -121,8 +129,9 @@ class Runs:
         self.root = root
         (root / "net.py").write_text(NET)
         (root / "ddp.toml").write_text(CONFIG.format(net=root / "net.py", epochs=3, backend=""))
-        (root / "fsdp.toml").write_text(CONFIG.format(
-            net=root / "net.py", epochs=2, backend='backend = { type = "fsdp" }'))
+        (root / "fsdp.toml").write_text(
+            CONFIG.format(net=root / "net.py", epochs=2, backend='backend = { type = "fsdp" }')
+        )
         self.dirs = {name: root / name for name in ("straight", "fsdp", "killed")}
         for folder in self.dirs.values():
             folder.mkdir()
@@ -134,8 +143,15 @@ class Runs:
         self.threads = [
             self._start("straight", "run", str(root / "ddp.toml"), *common),
             self._start("fsdp", "run", str(root / "fsdp.toml"), *common),
-            self._start("killed", "run", str(root / "ddp.toml"), *common,
-                        KILL_RANK_AT="1:6", then=self._resume)]
+            self._start(
+                "killed",
+                "run",
+                str(root / "ddp.toml"),
+                *common,
+                KILL_RANK_AT="1:6",
+                then=self._resume,
+            ),
+        ]
 
     def _start(self, name: str, *args: str, then: Any = None, **env: str) -> threading.Thread:
         def await_it() -> None:
@@ -152,10 +168,10 @@ class Runs:
     def _resume(self) -> None:
         if self.closing:
             return
-        self.killed_status = json.loads(
-            (self.run_dir("killed") / "status.json").read_text())
-        process = runmodel_command(self.dirs["killed"], "resume", str(self.run_dir("killed")),
-                                   "--no-progress", "--json")
+        self.killed_status = json.loads((self.run_dir("killed") / "status.json").read_text())
+        process = runmodel_command(
+            self.dirs["killed"], "resume", str(self.run_dir("killed")), "--no-progress", "--json"
+        )
         self.processes.append(process)
         self.results["resumed"] = finish(process)
 
@@ -202,8 +218,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def test_a_ddp_config_run_in_2_processes_is_one_folder_that_rank_0_alone_wrote(
-        runs: Runs) -> None:
+def test_a_ddp_config_run_in_2_processes_is_one_folder_that_rank_0_alone_wrote(runs: Runs) -> None:
     result = runs.ok("straight")
     assert (result["ended"], result["steps"], result["epochs"]) == ("completed", 12, 3)
     run_dir = runs.run_dir("straight")
@@ -216,17 +231,25 @@ def test_a_ddp_config_run_in_2_processes_is_one_folder_that_rank_0_alone_wrote(
     assert len(log) == 5, log  # one writer: each line once
     assert log[0].endswith(" start train: 0 epochs, 0 steps done")
     assert [" ".join(line.split()[2:6]) for line in log[1:4]] == [
-        "epoch 1 step 4", "epoch 2 step 8", "epoch 3 step 12"]
+        "epoch 1 step 4",
+        "epoch 2 step 8",
+        "epoch 3 step 12",
+    ]
     assert log[4].endswith(" end: 3 epochs, 12 steps done")
     assert json.loads((run_dir / "config.json").read_text())["backend"]["type"] == "ddp"
     assert sorted(p.name for p in (run_dir / "checkpoint").iterdir()) == [
-        "ckpt-00002-0000000008.pt", "ckpt-00003-0000000012.pt"]
-    assert result["metrics"]["eval_accuracy"] == json.loads(
-        (run_dir / "metrics.json").read_text())["metrics"]["eval_accuracy"]
+        "ckpt-00002-0000000008.pt",
+        "ckpt-00003-0000000012.pt",
+    ]
+    assert (
+        result["metrics"]["eval_accuracy"]
+        == json.loads((run_dir / "metrics.json").read_text())["metrics"]["eval_accuracy"]
+    )
 
 
 def test_an_fsdp_run_leaves_plain_full_weights_and_runmodel_eval_uses_them(
-        runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = runs.ok("fsdp")
     run_dir = runs.run_dir("fsdp")
     status = json.loads((run_dir / "status.json").read_text())
@@ -240,8 +263,7 @@ def test_an_fsdp_run_leaves_plain_full_weights_and_runmodel_eval_uses_them(
         assert code == 0, err
         assert f"with {used}\n" in err
         evaluated = json.loads(out)["metrics"]
-        assert evaluated["accuracy"] == pytest.approx(result["metrics"]["eval_accuracy"],
-                                                      abs=1e-6)
+        assert evaluated["accuracy"] == pytest.approx(result["metrics"]["eval_accuracy"], abs=1e-6)
         assert evaluated["loss"] == pytest.approx(result["metrics"]["eval_loss"], rel=1e-5)
     module = registries["model"].get("tinynet")("cpu").module
     module.load_state_dict(weights(run_dir / "model.pt"))  # the bare module, strict
@@ -261,30 +283,41 @@ def test_a_killed_rank_fails_the_run_and_its_status_names_that_rank(runs: Runs) 
     assert status["error"] == "process rank 1 failed (killed by SIGKILL)"
 
 
-def test_resume_starts_again_in_2_processes_and_ends_as_the_uninterrupted_run(
-        runs: Runs) -> None:
+def test_resume_starts_again_in_2_processes_and_ends_as_the_uninterrupted_run(runs: Runs) -> None:
     result = runs.ok("resumed")
     assert (result["ended"], result["steps"], result["epochs"]) == ("completed", 12, 3)
     run_dir = runs.run_dir("killed")
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["world_size"]) == ("finished", 2)
     assert Path(status["resumed_from"]).parent.name == "checkpoint"
-    resumed, straight = weights(run_dir / "model.pt"), weights(
-        runs.run_dir("straight") / "model.pt")
+    resumed, straight = (
+        weights(run_dir / "model.pt"),
+        weights(runs.run_dir("straight") / "model.pt"),
+    )
     assert resumed.keys() == straight.keys()
     for name, value in resumed.items():
         assert torch.equal(value, straight[name]), name  # bit-identical
 
 
 def test_a_config_run_continues_in_another_number_of_processes_saying_so(
-        runs: Runs, tmp_path: Path) -> None:
+    runs: Runs, tmp_path: Path
+) -> None:
     """The fsdp run of 2 processes, extended by an epoch in 1: its checkpoint resharded
     (issue 22), the world-size line on stderr, the status saying 1 process."""
     runs.ok("fsdp")
     run_dir = tmp_path / "runs" / runs.run_dir("fsdp").name
     shutil.copytree(runs.run_dir("fsdp"), run_dir)  # the fsdp test reads the original
-    process = runmodel_command(tmp_path, "resume", str(run_dir), "--nproc-per-node", "1",
-                               "--epochs", "3", "--no-progress", "--json")
+    process = runmodel_command(
+        tmp_path,
+        "resume",
+        str(run_dir),
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "3",
+        "--no-progress",
+        "--json",
+    )
     code, out, err = finish(process)
     assert code == 0, err[-4000:]
     assert "runmodel: resuming in 1 process(es) a checkpoint written by 2" in err, err
@@ -295,14 +328,24 @@ def test_a_config_run_continues_in_another_number_of_processes_saying_so(
 
 
 def test_a_conflicting_backend_or_a_run_there_already_is_refused_with_exit_2(
-        runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["run", str(runs.root / "fsdp.toml"), "--nproc-per-node", "2",
-                     "--backend", "ddp"]) == 2
+    runs: Runs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        cli.main(["run", str(runs.root / "fsdp.toml"), "--nproc-per-node", "2", "--backend", "ddp"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--backend ddp: the config names backend 'fsdp'" in err
     runs.ok("straight")  # found by rank 0 once launched: exit 2 through the launcher too
-    again = runmodel_command(runs.dirs["straight"], "run", str(runs.root / "ddp.toml"),
-                             "--nproc-per-node", "2", "--runs-dir", "runs")
+    again = runmodel_command(
+        runs.dirs["straight"],
+        "run",
+        str(runs.root / "ddp.toml"),
+        "--nproc-per-node",
+        "2",
+        "--runs-dir",
+        "runs",
+    )
     code, _, err = finish(again)
     assert code == 2, err[-3000:]
     assert "holds a run of this config already" in err, err[-3000:]
@@ -332,7 +375,8 @@ nproc_per_node = 2
 
 
 def test_a_sweep_trial_in_2_processes_is_pruned_on_every_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("optuna")
     import runmodel
 
@@ -345,8 +389,12 @@ def test_a_sweep_trial_in_2_processes_is_pruned_on_every_process(
     logs = "".join(p.read_text() for p in sorted(result.directory.glob("trial-*.log")))
     assert (result.complete, result.pruned, result.failed) == (1, 1, 0), logs[-4000:]
     assert result.best is not None and result.best["params"] == {"optimizer.args.lr": 0.1}
-    pruned = [p for p in result.directory.iterdir() if (p / "config.json").is_file()
-              and json.loads((p / "status.json").read_text())["status"] == "pruned"]
+    pruned = [
+        p
+        for p in result.directory.iterdir()
+        if (p / "config.json").is_file()
+        and json.loads((p / "status.json").read_text())["status"] == "pruned"
+    ]
     assert len(pruned) == 1
     status = json.loads((pruned[0] / "status.json").read_text())
     assert (status["world_size"], status["backend"]) == (2, "ddp")

@@ -18,7 +18,7 @@ from runmodel.runs.evaluate import choose_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = f'''\
-imports = ["{ROOT / 'examples' / 'digits.py'}"]
+imports = ["{ROOT / "examples" / "digits.py"}"]
 epochs = 1
 seed = 0
 device = "cpu"
@@ -34,8 +34,9 @@ type = "checkpoint"
 type = "ema"
 args = {{ decay = 0.9 }}
 '''
-ONNX_MISSING = [name for name in ("onnx", "onnxscript", "onnxruntime")
-                if importlib.util.find_spec(name) is None]
+ONNX_MISSING = [
+    name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,18 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A config run of examples/digits.py, cut to one epoch, with an EMA pack."""
     folder = tmp_path_factory.mktemp("export")
     (folder / "digits.toml").write_text(CONFIG)
-    assert main(["run", str(folder / "digits.toml"), "--runs-dir", str(folder / "runs"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(folder / "digits.toml"),
+                "--runs-dir",
+                str(folder / "runs"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     [found] = (folder / "runs").iterdir()
     return found
 
@@ -73,7 +84,8 @@ def check_line(stderr: str, fmt: str) -> str:
 
 
 def test_pt2_export_of_the_digits_run_matches_the_module(
-        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "digits.pt2"
     assert main(["export", str(run_dir), str(out), "--format", "pt2"]) == 0
     check_line(capsys.readouterr().err, "pt2")
@@ -84,10 +96,14 @@ def test_pt2_export_of_the_digits_run_matches_the_module(
         assert program(batch[:5]).shape == (5, 10)
 
 
-@pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is not installed (no "
-                    f"{', '.join(ONNX_MISSING)}): pip install 'runmodel[onnx]'")
+@pytest.mark.skipif(
+    bool(ONNX_MISSING),
+    reason=f"the onnx extra is not installed (no "
+    f"{', '.join(ONNX_MISSING)}): pip install 'runmodel[onnx]'",
+)
 def test_onnx_export_of_the_digits_run_matches_the_module(
-        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import onnxruntime
 
     out = tmp_path / "digits.onnx"
@@ -98,13 +114,15 @@ def test_onnx_export_of_the_digits_run_matches_the_module(
     [name] = [i.name for i in session.get_inputs()]
     [logits] = session.run(None, {name: batch.numpy()})
     with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(logits), module(batch), rtol=1e-4,
-                                   atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(logits), module(batch), rtol=1e-4, atol=1e-5)
 
 
 def test_a_missing_onnx_extra_is_one_line_saying_what_to_install(
-        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)  # as if not installed
     assert main(["export", str(run_dir), str(tmp_path / "m.onnx"), "--format", "onnx"]) == 2
     err = capsys.readouterr().err
@@ -113,19 +131,26 @@ def test_a_missing_onnx_extra_is_one_line_saying_what_to_install(
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_a_program_needs_a_run_folder(run_dir: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_program_needs_a_run_folder(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     checkpoint = choose_weights(run_dir)
     assert main(["export", str(checkpoint), str(tmp_path / "m.pt2"), "--format", "pt2"]) == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line == (f"runmodel export: error: --format pt2 exports a run's model, made as the "
-                    f"run's config, model source or script makes it: PATH must be a run "
-                    f"folder, and {checkpoint} is not one (a checkpoint alone holds weights; "
-                    f"--format state_dict exports those)")
+    assert line == (
+        f"runmodel export: error: --format pt2 exports a run's model, made as the "
+        f"run's config, model source or script makes it: PATH must be a run "
+        f"folder, and {checkpoint} is not one (a checkpoint alone holds weights; "
+        f"--format state_dict exports those)"
+    )
     # the state dict stays the default, for any checkpoint
     assert main(["export", str(checkpoint), str(tmp_path / "m.pt")]) == 0
     assert set(torch.load(tmp_path / "m.pt", weights_only=True)) == {
-        "1.weight", "1.bias", "3.weight", "3.bias"}
+        "1.weight",
+        "1.bias",
+        "3.weight",
+        "3.bias",
+    }
 
 
 def test_averaged_exports_the_ema_weights(run_dir: Path, tmp_path: Path) -> None:
@@ -146,8 +171,9 @@ def test_averaged_exports_the_ema_weights(run_dir: Path, tmp_path: Path) -> None
     assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
 
 
-def test_eval_averaged_evaluates_the_ema_weights(run_dir: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_averaged_evaluates_the_ema_weights(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``runmodel eval RUN_DIR --averaged``: the EMA's weights, recorded apart in eval.json;
     a run without an average says so in one line."""
     assert main(["eval", str(run_dir), "--averaged", "--json"]) == 0

@@ -27,7 +27,7 @@ TIMEOUT = 120  # seconds for one child
 #: A script's training: ``build(directory, workers)`` makes the model and the engine; run
 #: as a program it trains 3 epochs of 20 steps with ``resume="auto"``, saying "ready" (and
 #: then going slowly, 20 ms a step) from step 25 on, so the test's Ctrl-C lands mid-epoch.
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys
     import time
 
@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent('''
                                                isinstance(e.state.error, KeyboardInterrupt),
                                                flush=True))
         engine.run(model, epochs=3, resume="auto")
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,15 @@ def straight(script: Path, tmp_path_factory: pytest.TempPathFactory) -> torch.Te
 def _ctrl_c_when_ready(args: list[str], cwd: Path, presses: int = 1) -> tuple[int, str, str]:
     """Run ``args``; once it prints "ready", Ctrl-C as a terminal sends it (to its whole
     process group) ``presses`` times; return its exit status, stdout and stderr."""
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=helpers.default_ctrl_c,
-                            start_new_session=True)  # its own group, as a terminal's job
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=helpers.default_ctrl_c,
+        start_new_session=True,
+    )  # its own group, as a terminal's job
     watchdog = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     try:
@@ -119,16 +125,19 @@ def _ctrl_c_when_ready(args: list[str], cwd: Path, presses: int = 1) -> tuple[in
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ctrl_c_saves_the_step_and_the_resume_is_exact(
-        workers: int, script: Path, straight: torch.Tensor, tmp_path: Path) -> None:
+    workers: int, script: Path, straight: torch.Tensor, tmp_path: Path
+) -> None:
     directory = tmp_path / "ckpt"
-    code, out, err = _ctrl_c_when_ready([sys.executable, str(script), str(directory),
-                                         str(workers)], tmp_path)
+    code, out, err = _ctrl_c_when_ready(
+        [sys.executable, str(script), str(directory), str(workers)], tmp_path
+    )
     assert code == -signal.SIGINT, err  # "killed by SIGINT": 130 in a shell
     assert "exception: Interrupted True" in out  # runmodel.Interrupted, a KeyboardInterrupt
     assert "During handling of the above exception" not in err
     assert "exited unexpectedly" not in err and "Error" not in err
     assert err.count("Traceback") == 1 and err.rstrip().splitlines()[-1].startswith(
-        "runmodel.Interrupted: interrupted: Ctrl-C")
+        "runmodel.Interrupted: interrupted: Ctrl-C"
+    )
     said = [line for line in err.splitlines() if "saved" in line]
     assert len(said) == 1 and 'resume="auto"' in said[0], err
     last = max(directory.glob("ckpt-*.pt"))
@@ -146,8 +155,9 @@ def test_ctrl_c_saves_the_step_and_the_resume_is_exact(
 def test_second_ctrl_c_stops_at_once(script: Path, tmp_path: Path) -> None:
     slow = tmp_path / "slow.py"  # a step that would take a minute
     slow.write_text(script.read_text().replace("time.sleep(0.02)", "time.sleep(60)"))
-    code, out, err = _ctrl_c_when_ready([sys.executable, str(slow), str(tmp_path / "ck"), "0"],
-                                        tmp_path, presses=2)
+    code, out, err = _ctrl_c_when_ready(
+        [sys.executable, str(slow), str(tmp_path / "ck"), "0"], tmp_path, presses=2
+    )
     assert code == -signal.SIGINT, err
     assert "exception: KeyboardInterrupt True" in out  # raised mid-step
     assert "During handling of the above exception" not in err

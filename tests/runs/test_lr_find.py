@@ -19,7 +19,7 @@ import runmodel
 from runmodel.cli import main
 from runmodel.runs.lr_find import suggest, valley
 
-MODEL = '''\
+MODEL = """\
 import torch
 from torch import nn
 
@@ -38,7 +38,7 @@ class Small(runmodel.TorchModel):
         x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
         y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
         self.train_data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
-'''
+"""
 
 
 def trained_model() -> runmodel.TorchModel:
@@ -48,11 +48,16 @@ def trained_model() -> runmodel.TorchModel:
     module = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
     x = torch.randn(96, 4, generator=torch.Generator().manual_seed(1))
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    data = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True,
-                      generator=torch.Generator().manual_seed(2))
+    data = DataLoader(
+        TensorDataset(x, y), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)
+    )
     model = runmodel.TorchModel.from_parts(
-        module, optimizer=torch.optim.Adam, loss_fn=nn.CrossEntropyLoss(), train_data=data,
-        device="cpu")
+        module,
+        optimizer=torch.optim.Adam,
+        loss_fn=nn.CrossEntropyLoss(),
+        train_data=data,
+        device="cpu",
+    )
     runmodel.Engine(progress=False).run(model, epochs=1)
     return model
 
@@ -131,7 +136,8 @@ def test_valley_is_fastais_rule() -> None:
 
 
 def test_the_command_prints_a_suggestion_and_writes_its_png(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "small.py"
     source.write_text(MODEL)
     png = tmp_path / "curve.png"
@@ -147,7 +153,9 @@ def test_bad_ranges_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     source.write_text(MODEL)
     assert main(["lr-find", str(source), "--start-lr", "1", "--end-lr", "0.1"]) == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line == ("runmodel lr-find: error: lr_find: end_lr (0.1) must be above start_lr "
-                    "(1): the test raises the learning rate")
+    assert line == (
+        "runmodel lr-find: error: lr_find: end_lr (0.1) must be above start_lr "
+        "(1): the test raises the learning rate"
+    )
     with pytest.raises(ValueError, match="steps must be a whole number >= 2"):
         runmodel.lr_find(trained_model(), steps=1)

@@ -75,18 +75,18 @@ MODEL = textwrap.dedent('''
                 time.sleep(0.05)
 ''')
 
-CONFIG = textwrap.dedent(f'''
+CONFIG = textwrap.dedent(f"""
     imports = ["tiny.py"]
     epochs = {EPOCHS}
     seed = 0
 
     [model]
     type = "tiny"
-''')
+""")
 
 #: The script: the same model, seeded as a config run seeds (``seed = 0``), the config
 #: run's default packs, in ``run_dir`` (argv[1]); continued with resume="auto".
-SCRIPT = textwrap.dedent(f'''
+SCRIPT = textwrap.dedent(f"""
     import os
     import random
     import sys
@@ -109,7 +109,7 @@ SCRIPT = textwrap.dedent(f'''
     preempt = os.environ.get("PREEMPT")  # a signal name: the run is preempted by it
     engine.run(tiny.Tiny(), epochs={EPOCHS}, run_dir=run_dir, resume="auto",
                preempt_signals=(preempt,) if preempt else ())
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +121,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _run(*args: str, cwd: Path, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT,
-                          env=env or ENV)
+def _run(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, env=env or ENV
+    )
 
 
 def _config_dir(project: Path, runs: str) -> Path:
@@ -143,14 +145,17 @@ def straight(project: Path) -> dict[str, Any]:
     model."""
     script = _run(sys.executable, "train.py", "runs-script/straight", cwd=project)
     assert script.returncode == 0, script.stderr
-    config = _run(*RUNMODEL, "run", "run.toml", "--runs-dir", "runs-config", "--no-progress",
-                  cwd=project)
+    config = _run(
+        *RUNMODEL, "run", "run.toml", "--runs-dir", "runs-config", "--no-progress", cwd=project
+    )
     assert config.returncode == 0, config.stderr
     source = _run(*SOURCE_RUN, "--runs-dir", "runs-source", cwd=project)
     assert source.returncode == 0, source.stderr
-    return {"script": project / "runs-script" / "straight",
-            "config": _config_dir(project, "runs-config"),
-            "source": _config_dir(project, "runs-source")}
+    return {
+        "script": project / "runs-script" / "straight",
+        "config": _config_dir(project, "runs-config"),
+        "source": _config_dir(project, "runs-source"),
+    }
 
 
 def _read(folder: Path, name: str) -> dict[str, Any]:
@@ -168,8 +173,7 @@ def _assert_same_weights(a: Path, b: Path) -> None:
     assert sorted(wa) == sorted(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_script_run_and_a_config_run_leave_the_same_folder(straight: dict[str, Any]
-                                                              ) -> None:
+def test_a_script_run_and_a_config_run_leave_the_same_folder(straight: dict[str, Any]) -> None:
     script, config = straight["script"], straight["config"]
     assert sorted(os.listdir(script)) == RUN_FOLDER
     assert sorted(os.listdir(config)) == sorted([*RUN_FOLDER, "config.json"])
@@ -178,7 +182,8 @@ def test_a_script_run_and_a_config_run_leave_the_same_folder(straight: dict[str,
     for key in ("status", "epochs", "steps", "extensions", "resumed_from", "files"):
         assert s_status[key] == c_status[key], key
     assert s_status["status"] == "finished" and s_status["files"]["last_checkpoint"] == (
-        "checkpoint/ckpt-00003-0000000024.pt")
+        "checkpoint/ckpt-00003-0000000024.pt"
+    )
     s_metrics, c_metrics = _read(script, "metrics.json"), _read(config, "metrics.json")
     assert sorted(s_metrics) == sorted(c_metrics)
     # measured once training is done, on the trained weights: the same numbers
@@ -191,17 +196,28 @@ def test_a_script_run_and_a_config_run_leave_the_same_folder(straight: dict[str,
     assert _read(config, "run.json")["kind"] == "config"
 
 
-def _ctrl_c_when_ready(args: list[str], cwd: Path, *, close_output: bool = False,
-                       send: signal.Signals = signal.SIGINT, env: dict[str, str] | None = None
-                       ) -> tuple[int, str]:
+def _ctrl_c_when_ready(
+    args: list[str],
+    cwd: Path,
+    *,
+    close_output: bool = False,
+    send: signal.Signals = signal.SIGINT,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """Run ``args`` with READY_AT; once it prints "ready", Ctrl-C it as a terminal does
     (SIGINT to its process group; or ``send`` that signal); its exit status and stderr.
     ``close_output``: its stdout and stderr are one pipe, which is closed before the
     Ctrl-C (``| tee`` ends on the same Ctrl-C)."""
-    proc = subprocess.Popen(args, cwd=cwd, env={**ENV, "READY_AT": str(READY_AT), **(env or {})},
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
-                            text=True, preexec_fn=default_ctrl_c, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env={**ENV, "READY_AT": str(READY_AT), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
+        text=True,
+        preexec_fn=default_ctrl_c,
+        start_new_session=True,
+    )
     watchdog = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     try:
@@ -250,19 +266,23 @@ def _tensorboard_points(folder: Path, tag: str) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["script", "config", "source"])
 def test_ctrl_c_ends_a_script_run_and_a_config_run_alike_and_both_resume_exactly(
-        kind: str, project: Path, straight: dict[str, Any]) -> None:
+    kind: str, project: Path, straight: dict[str, Any]
+) -> None:
     """``python train.py`` (``run_dir=``), ``runmodel run CONFIG`` and ``runmodel run
     tiny.py`` (a model source): the same outcome, exit 130 from the command line."""
     if kind == "script":
         folder = project / "runs-script" / "interrupted"
         code, err = _ctrl_c_when_ready([sys.executable, "train.py", str(folder)], project)
         assert code == -signal.SIGINT, err  # ended as Ctrl-C ends Python: 130 in a shell
-        assert err.rstrip().splitlines()[-1].startswith(
-            "runmodel.Interrupted: interrupted: Ctrl-C"), err
+        assert (
+            err.rstrip().splitlines()[-1].startswith("runmodel.Interrupted: interrupted: Ctrl-C")
+        ), err
     else:
         given = ["run.toml"] if kind == "config" else ["tiny.py", "--epochs", str(EPOCHS)]
-        code, err = _ctrl_c_when_ready([*RUNMODEL, "run", *given, "--runs-dir",
-                                        f"runs-interrupted-{kind}", "--no-progress"], project)
+        code, err = _ctrl_c_when_ready(
+            [*RUNMODEL, "run", *given, "--runs-dir", f"runs-interrupted-{kind}", "--no-progress"],
+            project,
+        )
         assert code == 130, err
         folder = _config_dir(project, f"runs-interrupted-{kind}")
         assert _read(folder, "run.json")["kind"] == kind
@@ -274,8 +294,11 @@ def test_ctrl_c_ends_a_script_run_and_a_config_run_alike_and_both_resume_exactly
         assert f"continue it with `runmodel resume {folder.relative_to(project)}`" in said[0]
         # seeded as a config run is (seed 0): the same model, trained the same
         _assert_same_weights(straight["source"], straight["config"])
-    again = (_run(sys.executable, "train.py", str(folder), cwd=project) if kind == "script"
-             else _run(*RUNMODEL, "resume", str(folder), "--no-progress", cwd=project))
+    again = (
+        _run(sys.executable, "train.py", str(folder), cwd=project)
+        if kind == "script"
+        else _run(*RUNMODEL, "resume", str(folder), "--no-progress", cwd=project)
+    )
     assert again.returncode == 0, again.stderr
     assert _read(folder, "status.json")["status"] == "finished"
     _assert_same_weights(folder, straight[kind])
@@ -283,27 +306,32 @@ def test_ctrl_c_ends_a_script_run_and_a_config_run_alike_and_both_resume_exactly
     assert [log.count(f" epoch {n} step") for n in (1, 2, 3)] == [1, 1, 1], log
     # one point per epoch: none for the partial epoch
     assert _tensorboard_points(folder, "train/eval_accuracy") == [8, 16, 24]
-    assert _read(folder, "metrics.json")["metrics"] == _read(
-        straight[kind], "metrics.json")["metrics"]
+    assert (
+        _read(folder, "metrics.json")["metrics"] == _read(straight[kind], "metrics.json")["metrics"]
+    )
 
 
-def test_a_closed_output_pipe_costs_neither_the_checkpoint_nor_the_status(
-        project: Path) -> None:
+def test_a_closed_output_pipe_costs_neither_the_checkpoint_nor_the_status(project: Path) -> None:
     folder = project / "runs-script" / "piped"
-    code, _ = _ctrl_c_when_ready([sys.executable, "train.py", str(folder)], project,
-                                 close_output=True)
+    code, _ = _ctrl_c_when_ready(
+        [sys.executable, "train.py", str(folder)], project, close_output=True
+    )
     assert code == -signal.SIGINT
     _assert_interrupted_mid_epoch(folder)
 
 
 def test_sigterm_preempts_a_script_run_that_watches_it_and_the_rerun_is_exact(
-        project: Path, straight: dict[str, Any]) -> None:
+    project: Path, straight: dict[str, Any]
+) -> None:
     folder = project / "runs-script" / "preempted"
-    code, err = _ctrl_c_when_ready([sys.executable, "train.py", str(folder)], project,
-                                   send=signal.SIGTERM, env={"PREEMPT": "SIGTERM"})
+    code, err = _ctrl_c_when_ready(
+        [sys.executable, "train.py", str(folder)],
+        project,
+        send=signal.SIGTERM,
+        env={"PREEMPT": "SIGTERM"},
+    )
     assert code == -signal.SIGTERM, err  # ended as SIGTERM ends it: 143 in a shell
-    assert err.rstrip().splitlines()[-1].startswith(
-        "runmodel.Preempted: preempted: SIGTERM"), err
+    assert err.rstrip().splitlines()[-1].startswith("runmodel.Preempted: preempted: SIGTERM"), err
     step = _assert_interrupted_mid_epoch(folder, "preempted")
     assert _read(folder, "status.json")["signal"] == "SIGTERM"
     assert f"SIGTERM stopped the run after step {step}; saved " in err
@@ -314,7 +342,8 @@ def test_sigterm_preempts_a_script_run_that_watches_it_and_the_rerun_is_exact(
 
 def test_without_preempt_signals_a_scripts_sigterm_ends_it_as_before(project: Path) -> None:
     folder = project / "runs-script" / "terminated"
-    code, _ = _ctrl_c_when_ready([sys.executable, "train.py", str(folder)], project,
-                                 send=signal.SIGTERM)
+    code, _ = _ctrl_c_when_ready(
+        [sys.executable, "train.py", str(folder)], project, send=signal.SIGTERM
+    )
     assert code == -signal.SIGTERM
     assert _read(folder, "status.json")["status"] == "running"  # killed: nothing recorded

@@ -15,7 +15,7 @@ import runmodel
 from runmodel import cli
 from runmodel.plot import load_runs
 
-MODEL = '''
+MODEL = """
 import torch
 from torch import nn
 
@@ -38,9 +38,9 @@ class Tiny(runmodel.TorchModel):
 
 
 runmodel.register_model({name!r}, Tiny)
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 imports = ["tiny.py"]
 epochs = 3
 device = "cpu"
@@ -59,14 +59,15 @@ args = {{ every = "1ep", keep = 3 }}
 [[packs]]
 type = "lr_schedule"
 args = {{ scheduler = {{ type = "ExponentialLR", args = {{ gamma = 0.5 }} }}, interval = "epoch" }}
-'''
+"""
 
 #: (epoch, steps done, lr) at each epoch's end: the first epoch is 1, its 4 steps used 0.4
 EXPECTED = [(1, 4, 0.4), (2, 8, 0.2), (3, 12, 0.1)]
 
 
 def test_progress_log_checkpoints_runs_and_plot_agree(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = f"count-{uuid.uuid4().hex[:8]}"
     (tmp_path / "tiny.py").write_text(MODEL.format(name=name))
     (tmp_path / "config.toml").write_text(CONFIG.format(name=name))
@@ -75,8 +76,10 @@ def test_progress_log_checkpoints_runs_and_plot_agree(
     assert (result.epochs, result.steps) == (3, 12)
 
     # the progress lines (off a terminal: one per epoch)
-    progress = [re.fullmatch(r"train epoch (\d)/3  step (\d+)  loss \S+  lr (\S+)  \(\S+s\)",
-                             line) for line in capsys.readouterr().err.splitlines()]
+    progress = [
+        re.fullmatch(r"train epoch (\d)/3  step (\d+)  loss \S+  lr (\S+)  \(\S+s\)", line)
+        for line in capsys.readouterr().err.splitlines()
+    ]
     assert all(progress), progress
     assert [(int(m[1]), int(m[2]), float(m[3])) for m in progress if m] == EXPECTED
 
@@ -89,7 +92,8 @@ def test_progress_log_checkpoints_runs_and_plot_agree(
 
     # checkpoint names: epochs and steps done
     assert sorted(p.name for p in (directory / "checkpoint").glob("ckpt-*.pt")) == [
-        f"ckpt-{epoch:05d}-{steps:010d}.pt" for epoch, steps, _ in EXPECTED]
+        f"ckpt-{epoch:05d}-{steps:010d}.pt" for epoch, steps, _ in EXPECTED
+    ]
 
     # runmodel runs
     assert cli.main(["runs", str(tmp_path / "runs")]) == 0
@@ -101,4 +105,5 @@ def test_progress_log_checkpoints_runs_and_plot_agree(
     assert run.curves["train/loss"].steps == (4, 8, 12)
     lrs = run.curves["lr/group0"]
     assert list(zip(lrs.steps, lrs.values, strict=True)) == [
-        (steps, pytest.approx(lr)) for _, steps, lr in EXPECTED]
+        (steps, pytest.approx(lr)) for _, steps, lr in EXPECTED
+    ]

@@ -70,7 +70,7 @@ class Tiny(runmodel.TorchModel):
 runmodel.register_model({name!r}, Tiny)
 '''
 
-CONFIG = '''\
+CONFIG = """\
 imports = ["tiny.py"]
 epochs = 3
 device = "cpu"
@@ -88,7 +88,7 @@ args = {{ every_steps = 2 }}
 
 [[packs]]
 type = "evaluate"
-'''
+"""
 
 #: --set options of each run, and the label each should get (lr and epochs differ)
 RUNS = {
@@ -110,8 +110,16 @@ def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for options in RUNS:
         before = set((folder / "runs").glob("*"))
         sets = [arg for option in options for arg in ("--set", option)]
-        code = runmodel.cli.main(["run", str(folder / "config.toml"), *sets, "--no-progress",
-                                  "--runs-dir", str(folder / "runs")])
+        code = runmodel.cli.main(
+            [
+                "run",
+                str(folder / "config.toml"),
+                *sets,
+                "--no-progress",
+                "--runs-dir",
+                str(folder / "runs"),
+            ]
+        )
         assert code == 0
         [new] = set((folder / "runs").glob("*")) - before
         made.append(new)
@@ -141,7 +149,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_train_and_eval_values_of_a_quantity_share_its_panel_a_colour_per_run(
-        run_dirs: list[Path]) -> None:
+    run_dirs: list[Path],
+) -> None:
     fig = figure(run_dirs)
     # the loss first; the learning rates only when asked for; no train/ or eval_ prefix
     assert [axes.get_title() for axes in fig.axes] == ["loss", "loss per step", "accuracy"]
@@ -149,7 +158,8 @@ def test_train_and_eval_values_of_a_quantity_share_its_panel_a_colour_per_run(
     loss, per_step, accuracy = fig.axes
     expected_labels = list(RUNS.values())
     assert [line.get_label() for line in loss.get_lines()] == [
-        f"{label} ({kind})" for label in expected_labels for kind in ("train", "eval")]
+        f"{label} ({kind})" for label in expected_labels for kind in ("train", "eval")
+    ]
     assert [line.get_linestyle() for line in loss.get_lines()] == ["-", "--"] * 3
     colours = [line.get_color() for line in loss.get_lines()]
     assert colours[0::2] == colours[1::2] and len(set(colours)) == 3  # one colour per run
@@ -165,8 +175,11 @@ def test_train_and_eval_values_of_a_quantity_share_its_panel_a_colour_per_run(
     for index, (run_dir, epochs) in enumerate(zip(run_dirs, (3, 3, 2), strict=True)):
         log = logged(run_dir)
         assert set(log) == {"loss", "eval_loss", "eval_accuracy"}
-        lines = {"loss": loss.get_lines()[2 * index], "eval_loss": loss.get_lines()[2 * index + 1],
-                 "eval_accuracy": accuracy.get_lines()[index]}
+        lines = {
+            "loss": loss.get_lines()[2 * index],
+            "eval_loss": loss.get_lines()[2 * index + 1],
+            "eval_accuracy": accuracy.get_lines()[index],
+        }
         for name, line in lines.items():
             steps, values = list(line.get_xdata()), list(line.get_ydata())
             assert steps == log[name][0] == [4 * (e + 1) for e in range(epochs)]
@@ -201,8 +214,7 @@ def test_metrics_choose_the_panels_in_their_order(run_dirs: list[Path]) -> None:
     assert [axes.get_title() for axes in fig.axes] == ["accuracy", "learning rate, group0"]
     assert [axes.get_ylabel() for axes in fig.axes] == ["accuracy", "learning rate"]
     rates = [list(line.get_ydata()) for line in fig.axes[1].get_lines()]
-    assert rates == [pytest.approx([0.05] * 3), pytest.approx([0.3] * 3),
-                     pytest.approx([0.3] * 2)]
+    assert rates == [pytest.approx([0.05] * 3), pytest.approx([0.3] * 3), pytest.approx([0.3] * 2)]
 
 
 def test_one_run_is_labelled_by_its_name(run_dirs: list[Path]) -> None:
@@ -217,17 +229,27 @@ def test_one_run_is_labelled_by_its_name(run_dirs: list[Path]) -> None:
 
 
 def test_labels_say_what_differs() -> None:
-    a = {"model": {"type": "mlp", "args": {"hidden": 128}}, "optimizer": {"args": {"lr": 0.01}},
-         "seed": 0}
-    b = {"model": {"type": "mlp", "args": {"hidden": 256}}, "optimizer": {"args": {"lr": 0.01}},
-         "seed": 0}
-    c = {"model": {"type": "mlp", "args": {"hidden": 256, "lr": 1}},
-         "optimizer": {"args": {"lr": 0.1}}, "seed": 0}
+    a = {
+        "model": {"type": "mlp", "args": {"hidden": 128}},
+        "optimizer": {"args": {"lr": 0.01}},
+        "seed": 0,
+    }
+    b = {
+        "model": {"type": "mlp", "args": {"hidden": 256}},
+        "optimizer": {"args": {"lr": 0.01}},
+        "seed": 0,
+    }
+    c = {
+        "model": {"type": "mlp", "args": {"hidden": 256, "lr": 1}},
+        "optimizer": {"args": {"lr": 0.1}},
+        "seed": 0,
+    }
     assert labels([a, b], ["ra", "rb"]) == ["hidden=128", "hidden=256"]
     # two keys end in "lr": each is named by the shortest ending that tells them apart
     assert labels([a, c], ["ra", "rc"]) == [
         "hidden=128, model.args.lr=-, optimizer.args.lr=0.01",
-        "hidden=256, model.args.lr=1, optimizer.args.lr=0.1"]
+        "hidden=256, model.args.lr=1, optimizer.args.lr=0.1",
+    ]
     # nothing differs, or two runs alike among others: their names
     assert labels([a, a], ["ra", "ra2"]) == ["ra", "ra2"]
     assert labels([a, a, b], ["x", "y", "z"]) == ["x", "y", "hidden=256"]
@@ -250,14 +272,21 @@ def test_a_resumed_runs_repeated_steps_count_once(tmp_path: Path) -> None:
     assert curve.values == (11.0, 12.0, 23.0, 24.0, 25.0)
 
 
-def test_bad_input_is_a_one_line_error_naming_what_is_there(run_dirs: list[Path],
-                                                           tmp_path: Path) -> None:
+def test_bad_input_is_a_one_line_error_naming_what_is_there(
+    run_dirs: list[Path], tmp_path: Path
+) -> None:
     root = run_dirs[0].parent
-    with pytest.raises(ValueError, match=r"is not a run directory but holds 3 runs: give "
-                       r"them, as in `runmodel plot .*/\*`"):
+    with pytest.raises(
+        ValueError,
+        match=r"is not a run directory but holds 3 runs: give "
+        r"them, as in `runmodel plot .*/\*`",
+    ):
         load_runs([root])
-    with pytest.raises(ValueError, match=r"checkpoint is not a run directory \(no config.json "
-                       r"or run.json; it holds nothing\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"checkpoint is not a run directory \(no config.json "
+        r"or run.json; it holds nothing\)",
+    ):
         (tmp_path / "checkpoint").mkdir()
         load_runs([tmp_path / "checkpoint"])
     with pytest.raises(ValueError, match=r"does not exist"):
@@ -271,37 +300,49 @@ def test_bad_input_is_a_one_line_error_naming_what_is_there(run_dirs: list[Path]
         load_runs([bare])
     with pytest.raises(ValueError) as raised:
         figure(run_dirs, ["loss", "accuracy", "f1"])
-    assert str(raised.value) == ("no run has 'accuracy', 'f1'; the runs have train/loss, "
-                                 "train/loss_step, train/eval_loss, train/eval_accuracy, "
-                                 "lr/group0")
+    assert str(raised.value) == (
+        "no run has 'accuracy', 'f1'; the runs have train/loss, "
+        "train/loss_step, train/eval_loss, train/eval_accuracy, "
+        "lr/group0"
+    )
 
 
 def test_the_command_prints_the_path(run_dirs: list[Path], tmp_path: Path) -> None:
-    done = subprocess.run([*PLOT, *map(str, run_dirs), "-o", "runs.png",
-                           "--metrics", "loss, eval_loss"], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*PLOT, *map(str, run_dirs), "-o", "runs.png", "--metrics", "loss, eval_loss"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "runs.png\n", "")
     assert png_size(tmp_path / "runs.png") == (500, 350)  # train and eval loss: one panel
 
 
-def test_the_command_says_what_is_wrong_in_one_line(run_dirs: list[Path], tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_says_what_is_wrong_in_one_line(
+    run_dirs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     output = tmp_path / "plot.png"
     args = parser.parse_args([str(run_dirs[0]), "--metrics", "acc", "-o", str(output)])
     assert main(args) == 2
-    assert capsys.readouterr() == ("", "runmodel plot: error: no run has 'acc'; the runs have "
-                                   "train/loss, train/loss_step, train/eval_loss, "
-                                   "train/eval_accuracy, lr/group0\n")
+    assert capsys.readouterr() == (
+        "",
+        "runmodel plot: error: no run has 'acc'; the runs have "
+        "train/loss, train/loss_step, train/eval_loss, "
+        "train/eval_accuracy, lr/group0\n",
+    )
     assert not output.exists()
     with pytest.raises(SystemExit):
         parser.parse_args([str(run_dirs[0]), "--metrics", " , "])
     assert "give metric names, as in --metrics loss,eval_accuracy" in capsys.readouterr().err
 
 
-def test_runmodel_plot_in_the_command(run_dirs: list[Path], tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_runmodel_plot_in_the_command(
+    run_dirs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "cli.png"
     assert runmodel.cli.main(["plot", *map(str, run_dirs), "-o", str(out)]) == 0
     assert capsys.readouterr().out == f"{out}\n"
@@ -312,8 +353,10 @@ def test_runmodel_plot_in_the_command(run_dirs: list[Path], tmp_path: Path,
 
 # -- where a run's events are ------------------------------------------------------------------
 
+
 def test_a_script_runs_events_are_found_where_its_tensorboard_pack_wrote_them(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A script run whose own TensorBoard pack writes to ``tb`` (relative: inside the run
     folder), not the default ``tensorboard/``."""
     engine = runmodel.Engine(progress=False)
@@ -339,8 +382,9 @@ def test_the_run_record_names_event_folders_outside_the_run_folder(tmp_path: Pat
     writer.close()
     (run_dir / "tensorboard").mkdir()  # empty: the record wins, not this
     for named in (str(elsewhere), [str(elsewhere)], "../../logs/tb"):
-        (run_dir / "run.json").write_text(json.dumps(
-            {"script": str(tmp_path / "train.py"), "argv": [], "tensorboard": named}))
+        (run_dir / "run.json").write_text(
+            json.dumps({"script": str(tmp_path / "train.py"), "argv": [], "tensorboard": named})
+        )
         [found] = event_folders(run_dir)
         assert found.resolve() == elsewhere
         curve = load_runs([run_dir])[0].curves["train/loss"]
@@ -349,26 +393,42 @@ def test_the_run_record_names_event_folders_outside_the_run_folder(tmp_path: Pat
 
 # -- a sweep's figure ----------------------------------------------------------------------------
 
+
 def test_a_sweeps_categorical_axis_is_sorted_and_counts_have_whole_number_ticks(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Trials that drew a choice out of order: the axis lists the choices in order, and
     an ``int`` space and the trial count have whole-number ticks."""
     folder = tmp_path / "search"
     folder.mkdir()
-    (folder / "sweep.json").write_text(json.dumps({
-        "metric": "eval_accuracy", "direction": "max",
-        "params": {"optimizer.args.lr": {"choice": [0.3, 0.01, 0.1]},
-                   "model.args.hidden": {"int": [16, 19]}}}))
+    (folder / "sweep.json").write_text(
+        json.dumps(
+            {
+                "metric": "eval_accuracy",
+                "direction": "max",
+                "params": {
+                    "optimizer.args.lr": {"choice": [0.3, 0.01, 0.1]},
+                    "model.args.hidden": {"int": [16, 19]},
+                },
+            }
+        )
+    )
     drawn = [(0.3, 17, 0.5), (0.01, 16, 0.7), (0.1, 19, 0.6), (0.01, 18, 0.8)]
     for number, (lr, hidden, accuracy) in enumerate(drawn):
         trial = folder / f"trial-{number}"
         trial.mkdir()
-        (trial / "config.json").write_text(json.dumps({
-            "model": {"type": "tiny", "args": {"hidden": hidden}},
-            "optimizer": {"type": "sgd", "args": {"lr": lr}}}))
+        (trial / "config.json").write_text(
+            json.dumps(
+                {
+                    "model": {"type": "tiny", "args": {"hidden": hidden}},
+                    "optimizer": {"type": "sgd", "args": {"lr": lr}},
+                }
+            )
+        )
         (trial / "metrics.json").write_text(json.dumps({"metrics": {"eval_accuracy": accuracy}}))
-        (trial / "status.json").write_text(json.dumps({"status": "finished",
-                                                       "started": 100.0 + number}))
+        (trial / "status.json").write_text(
+            json.dumps({"status": "finished", "started": 100.0 + number})
+        )
     lr, hidden, best = sweep_figure(folder).axes
     assert [label.get_text() for label in lr.get_xticklabels()] == ["0.01", "0.1", "0.3"]
     positions = [tuple(p) for p in lr.collections[0].get_offsets()]

@@ -30,8 +30,12 @@ from helpers import RUN_FOLDER, dropout_mlp, train_with_checkpoints
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_CONFIG = ROOT / "examples" / "configs" / "digits.toml"
 TIMEOUT = 180
-ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "PYTHONIOENCODING": "utf-8",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+}
 RUNMODEL = (sys.executable, "-m", "runmodel")
 
 pytest.importorskip("sklearn", reason="the digits example needs scikit-learn")
@@ -39,7 +43,7 @@ pytest.importorskip("sklearn", reason="the digits example needs scikit-learn")
 #: A training script, not a model source (its model comes from the digits example):
 #: ``python train.py EPOCHS RUN_DIR [HIDDEN]``. With RUNMODEL_TEST_HOLD=FILE, its setup
 #: waits until FILE exists (a live run for a second process to meet).
-SCRIPT = f'''\
+SCRIPT = f"""\
 import json, os, sys, time
 from pathlib import Path
 sys.path.insert(0, {str(ROOT / "examples")!r})
@@ -66,22 +70,34 @@ try:
 finally:
     print("steps run:", len(steps))
 print(json.dumps({{"metrics": result.metrics, "files": result.files}}))
-'''
+"""
 
 
-def run(*command: str, cwd: Path, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, env=env or ENV, capture_output=True, text=True,
-                          timeout=TIMEOUT, check=False)
+def run(
+    *command: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``directory``: size and modification time."""
-    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 # -- a script run: its folder and the rules ----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def script_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
@@ -91,9 +107,14 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     (cwd / "train.py").write_text(SCRIPT)
     seen: dict[str, Any] = {"cwd": cwd, "run_dir": cwd / "runs" / "digits"}
     hold = cwd / "hold"
-    first = subprocess.Popen([sys.executable, "train.py", "2", "runs/digits"], cwd=cwd,
-                             env={**ENV, "RUNMODEL_TEST_HOLD": str(hold)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "train.py", "2", "runs/digits"],
+        cwd=cwd,
+        env={**ENV, "RUNMODEL_TEST_HOLD": str(hold)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + TIMEOUT
         while not Path(f"{hold}.started").exists():
@@ -111,13 +132,15 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     run_dir = seen["run_dir"]
     seen["files"] = snapshot(run_dir)
     seen["again"] = run(sys.executable, "train.py", "2", "runs/digits", cwd=cwd)
-    seen["wider"] = run(sys.executable, "train.py", "2", "runs/digits", "48", cwd=cwd,
-                        env={**ENV, "RESUME": "auto"})
+    seen["wider"] = run(
+        sys.executable, "train.py", "2", "runs/digits", "48", cwd=cwd, env={**ENV, "RESUME": "auto"}
+    )
     seen["files_after"] = snapshot(run_dir)
     seen["runs"] = run(*RUNMODEL, "runs", "runs", cwd=cwd)
     (cwd / "runs" / "profile-x").mkdir()  # a folder that is no run, among the glob's
-    seen["plot"] = run(*RUNMODEL, "plot", "runs/digits", "runs/profile-x", "-o", "plot.png",
-                       cwd=cwd)
+    seen["plot"] = run(
+        *RUNMODEL, "plot", "runs/digits", "runs/profile-x", "-o", "plot.png", cwd=cwd
+    )
     seen["eval"] = run(*RUNMODEL, "eval", "runs/digits", "--json", cwd=cwd)
     seen["describe"] = run(*RUNMODEL, "describe", "train.py", "2", "runs/other", cwd=cwd)
     yield seen
@@ -139,11 +162,11 @@ def test_a_script_run_gets_a_run_folder(script_run: dict[str, Any]) -> None:
     # best and last: public, in the result and the status (named inside the folder there);
     # relative folders inside run_dir
     assert {k: str(run_dir / v) for k, v in status["files"].items()} == {
-        k: str(script_run["cwd"] / v) for k, v in result["files"].items()}
+        k: str(script_run["cwd"] / v) for k, v in result["files"].items()
+    }
     assert Path(result["files"]["best_checkpoint"]).parent == Path("runs/digits/checkpoint")
     assert Path(result["files"]["last_checkpoint"]).name == "ckpt-00002-0000000046.pt"
-    saved = torch.load(script_run["cwd"] / result["files"]["last_checkpoint"],
-                       weights_only=True)
+    saved = torch.load(script_run["cwd"] / result["files"]["last_checkpoint"], weights_only=True)
     assert saved["engine"]["run"]["id"] == record["id"]  # every checkpoint names its run
 
 
@@ -151,12 +174,14 @@ def test_a_second_process_stops_naming_the_live_ones_pid(script_run: dict[str, A
     second = script_run["while_running"]
     assert second.returncode != 0
     assert f"is the folder of a run that is running now (pid {script_run['first_pid']}" in (
-        second.stderr)
+        second.stderr
+    )
     assert "steps run: 0" in second.stdout  # refused before the run began
 
 
 def test_a_second_run_into_the_folder_stops_at_setup_changing_nothing(
-        script_run: dict[str, Any]) -> None:
+    script_run: dict[str, Any],
+) -> None:
     again = script_run["again"]
     assert again.returncode != 0
     last = again.stderr.strip().splitlines()[-1]
@@ -166,17 +191,18 @@ def test_a_second_run_into_the_folder_stops_at_setup_changing_nothing(
     assert script_run["files_after"] == script_run["files"]  # sizes and mtimes
 
 
-def test_a_mismatched_model_names_the_parameter_and_both_shapes(
-        script_run: dict[str, Any]) -> None:
+def test_a_mismatched_model_names_the_parameter_and_both_shapes(script_run: dict[str, Any]) -> None:
     wider = script_run["wider"]
     assert wider.returncode != 0
-    assert ("the first parameter that differs is 1.weight: checkpoint (32, 64), Digits "
-            "(48, 64)") in wider.stderr, wider.stderr
+    assert (
+        "the first parameter that differs is 1.weight: checkpoint (32, 64), Digits (48, 64)"
+    ) in wider.stderr, wider.stderr
     assert "steps run: 0" in wider.stdout
 
 
 def test_the_cli_lists_plots_evaluates_and_describes_a_script_run(
-        script_run: dict[str, Any]) -> None:
+    script_run: dict[str, Any],
+) -> None:
     cwd, run_dir = script_run["cwd"], script_run["run_dir"]
     listed = script_run["runs"]
     assert listed.returncode == 0, listed.stderr
@@ -188,13 +214,14 @@ def test_the_cli_lists_plots_evaluates_and_describes_a_script_run(
     assert plotted.stderr.count("skipping") == 1 and "profile-x" in plotted.stderr
     evaluated = script_run["eval"]
     assert evaluated.returncode == 0, evaluated.stderr
-    result = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])  # after the script's
+    result = json.loads(evaluated.stdout[evaluated.stdout.index("{") :])  # after the script's
     metrics = json.loads((run_dir / "metrics.json").read_text())
     best = json.loads((run_dir / "status.json").read_text())["files"]["best_checkpoint"]
     assert Path(best).name.startswith("best-eval_accuracy=")
     assert result["mode"] == "eval" and set(result["metrics"]) == {"loss", "accuracy"}
     assert result["metrics"]["accuracy"] == pytest.approx(
-        float(Path(best).stem.split("=")[1].rsplit("-", 2)[0]), abs=1e-5)
+        float(Path(best).stem.split("=")[1].rsplit("-", 2)[0]), abs=1e-5
+    )
     assert metrics["metrics"]["eval_accuracy"] <= result["metrics"]["accuracy"] + 1e-6
     recorded = json.loads((run_dir / "eval.json").read_text())
     assert list(recorded) == [f"checkpoint/{Path(best).name}"]
@@ -208,6 +235,7 @@ def test_the_cli_lists_plots_evaluates_and_describes_a_script_run(
 
 
 # -- a config run: evaluated, then extended --------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def config_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -225,14 +253,16 @@ def config_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     seen["shortened"] = run(*RUNMODEL, "resume", str(run_dir), "--epochs", "1", cwd=cwd)
     seen["status_after_shortened"] = json.loads((run_dir / "status.json").read_text())
     seen["status_bytes_after_shortened"] = (run_dir / "status.json").read_bytes()
-    seen["extended"] = run(*RUNMODEL, "resume", str(run_dir), "--epochs", "4", "--no-progress",
-                           cwd=cwd)
+    seen["extended"] = run(
+        *RUNMODEL, "resume", str(run_dir), "--epochs", "4", "--no-progress", cwd=cwd
+    )
     seen["four"] = run(*RUNMODEL, "run", str(DIGITS_CONFIG), "--epochs", "4", *common, cwd=cwd)
     return seen
 
 
 def test_a_resume_refused_at_setup_exits_2_and_leaves_the_run_as_it_was(
-        config_run: dict[str, Any]) -> None:
+    config_run: dict[str, Any],
+) -> None:
     shortened = config_run["shortened"]
     assert shortened.returncode == 2, shortened.stderr
     assert "error: ValueError: epochs=1, but the run did 2 epochs already" in shortened.stderr
@@ -243,8 +273,7 @@ def test_a_resume_refused_at_setup_exits_2_and_leaves_the_run_as_it_was(
     assert config_run["status_bytes_after_shortened"] == config_run["status_before_shortened"]
 
 
-def test_runmodel_eval_reports_the_accuracy_the_run_reported(config_run: dict[str, Any]
-                                                             ) -> None:
+def test_runmodel_eval_reports_the_accuracy_the_run_reported(config_run: dict[str, Any]) -> None:
     assert config_run["two"].returncode == 0, config_run["two"].stderr
     evaluated = config_run["eval"]
     assert evaluated.returncode == 0, evaluated.stderr
@@ -252,15 +281,20 @@ def test_runmodel_eval_reports_the_accuracy_the_run_reported(config_run: dict[st
     result = json.loads(evaluated.stdout)
     reported = config_run["reported"]["eval_accuracy"]
     assert result["metrics"]["accuracy"] == pytest.approx(reported, abs=1e-6)
-    assert json.loads((run_dir / "eval.json").read_text())[
-        "checkpoint/ckpt-00002-0000000046.pt"]["metrics"] == result["metrics"]
+    assert (
+        json.loads((run_dir / "eval.json").read_text())["checkpoint/ckpt-00002-0000000046.pt"][
+            "metrics"
+        ]
+        == result["metrics"]
+    )
     assert list(result["metrics"]) == ["loss", "accuracy"]  # each metric once
     assert config_run["folders_after_eval"] == config_run["folders"]  # no new folder
     assert "eval.json" in json.dumps(result["files"])
 
 
 def test_an_extended_config_run_equals_a_run_started_with_the_larger_number(
-        config_run: dict[str, Any]) -> None:
+    config_run: dict[str, Any],
+) -> None:
     extended = config_run["extended"]
     assert extended.returncode == 0, extended.stderr
     assert "after 92 steps, 4 epochs" in extended.stdout
@@ -279,6 +313,7 @@ def test_an_extended_config_run_equals_a_run_started_with_the_larger_number(
 
 
 # -- the rules, in this process -----------------------------------------------------------------
+
 
 def test_best_and_last_are_public_and_keep_0_keeps_only_the_best(tmp_path: Path) -> None:
     engine = runmodel.Engine()
@@ -301,14 +336,18 @@ def test_best_and_last_are_public_and_keep_0_keeps_only_the_best(tmp_path: Path)
 
 
 def test_continuing_with_fewer_epochs_is_an_error_and_as_many_trains_nothing(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     train_with_checkpoints(tmp_path, epochs=2)
     steps: list[int] = []
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path))
     engine.on("runstep", lambda e: steps.append(e.state.step))
-    with pytest.raises(ValueError, match=r"epochs=1, but the run did 2 epochs already .*ask "
-                                         r"for 2 or more"):
+    with pytest.raises(
+        ValueError,
+        match=r"epochs=1, but the run did 2 epochs already .*ask "
+        r"for 2 or more",
+    ):
         engine.run(dropout_mlp(), epochs=1, resume="auto")
     with pytest.raises(ValueError, match=r"steps=5, but the run did 8 steps already"):
         engine.run(dropout_mlp(), steps=5, resume="auto")
@@ -319,8 +358,7 @@ def test_continuing_with_fewer_epochs_is_an_error_and_as_many_trains_nothing(
     assert len(said) == 1 and "has done its 2 epochs (8 steps) already" in said[0]
 
 
-def test_the_checkpoint_folder_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                     ) -> None:
+def test_the_checkpoint_folder_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "new"))
     engine.run(dropout_mlp(), epochs=1, resume="auto")  # an empty folder: start, saying so
@@ -330,9 +368,12 @@ def test_the_checkpoint_folder_rules(tmp_path: Path, capsys: pytest.CaptureFixtu
     before = sorted((tmp_path / "new").iterdir())
     fresh = runmodel.Engine()
     fresh.attach(Checkpoint(tmp_path / "new"))
-    with pytest.raises(FileExistsError, match=r'holds the checkpoints of run \w+, started .*'
-                                              r'resume="auto", give this run another folder, '
-                                              r'or use Checkpoint\(.*overwrite=True\)'):
+    with pytest.raises(
+        FileExistsError,
+        match=r"holds the checkpoints of run \w+, started .*"
+        r'resume="auto", give this run another folder, '
+        r"or use Checkpoint\(.*overwrite=True\)",
+    ):
         fresh.run(dropout_mlp(), epochs=1)
     assert sorted((tmp_path / "new").iterdir()) == before
     # a checkpoint written before runs had records counts as one run's: it continues
@@ -342,7 +383,7 @@ def test_the_checkpoint_folder_rules(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert engine.run(dropout_mlp(), epochs=2, resume="auto").steps == 8
 
 
-LINE = '''
+LINE = """
 import torch
 from torch import nn
 import runmodel
@@ -359,11 +400,12 @@ class Line(runmodel.TorchModel):
         self.eval_data = self.train_data
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
         self.loss_fn = nn.MSELoss()
-'''
+"""
 
 
 def test_eval_mode_without_trained_weights_warns_once_and_a_folder_of_no_run_is_refused(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from runmodel.cli import main
     from runmodel.runs.script import is_script
 
@@ -387,8 +429,10 @@ def test_a_continued_run_reports_the_checkpoints_learning_rate(tmp_path: Path) -
 
     def engine() -> runmodel.Engine:
         made = runmodel.Engine()
-        made.attach(LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)),
-                    Checkpoint(tmp_path))
+        made.attach(
+            LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)),
+            Checkpoint(tmp_path),
+        )
         return made
 
     trained = engine().run(dropout_mlp(), epochs=2)

@@ -62,14 +62,14 @@ MODEL = textwrap.dedent('''
                         pass
 ''')
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     imports = ["wide.py"]
     epochs = 3
     seed = 0
 
     [model]
     type = "wide"
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,17 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _runmodel(*args: str, cwd: Path, env: dict[str, str] | None = None
-              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*RUNMODEL, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT, env={**ENV, **(env or {})})
+def _runmodel(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RUNMODEL, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**ENV, **(env or {})},
+    )
 
 
 def _only_run(root: Path) -> Path:
@@ -108,11 +115,16 @@ def small_disk(tmp_path: Path) -> object:
     """An 8 MB tmpfs, mounted here for the test (as root), unmounted after."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
-        pytest.skip(f"a small tmpfs cannot be mounted here ({made.stderr.strip()}): the "
-                    f"full-disk test needs root and mount(2)")
+        pytest.skip(
+            f"a small tmpfs cannot be mounted here ({made.stderr.strip()}): the "
+            f"full-disk test needs root and mount(2)"
+        )
     try:
         yield mount
     finally:
@@ -120,11 +132,18 @@ def small_disk(tmp_path: Path) -> object:
 
 
 def test_a_full_disk_fails_the_run_with_a_valid_status_and_the_resume_is_exact(
-        project: Path, straight: Path, small_disk: Path) -> None:
+    project: Path, straight: Path, small_disk: Path
+) -> None:
     runs, filler = small_disk / "runs", small_disk / "filler"
-    failed = _runmodel("run", str(project / "run.toml"), "--runs-dir", str(runs),
-                       "--no-progress", cwd=project,
-                       env={"FILL": str(filler), "FILL_AT": "1"})
+    failed = _runmodel(
+        "run",
+        str(project / "run.toml"),
+        "--runs-dir",
+        str(runs),
+        "--no-progress",
+        cwd=project,
+        env={"FILL": str(filler), "FILL_AT": "1"},
+    )
     assert failed.returncode == 1, failed.stderr
     assert "DiskFullError" in failed.stderr and "No space left on device" in failed.stderr
     folder = _only_run(runs)
@@ -144,7 +163,8 @@ def test_a_full_disk_fails_the_run_with_a_valid_status_and_the_resume_is_exact(
 
 
 def test_a_damaged_status_reads_damaged_and_the_run_still_resumes(
-        project: Path, straight: Path, tmp_path: Path) -> None:
+    project: Path, straight: Path, tmp_path: Path
+) -> None:
     folder = tmp_path / straight.name
     shutil.copytree(straight, folder)
     (folder / "status.json").write_text('{"status": "runn')  # cut short
@@ -156,7 +176,8 @@ def test_a_damaged_status_reads_damaged_and_the_run_still_resumes(
 
 
 def test_resuming_a_run_whose_checkpoints_are_all_unreadable_is_refused_leaving_it_as_it_was(
-        project: Path, straight: Path, tmp_path: Path) -> None:
+    project: Path, straight: Path, tmp_path: Path
+) -> None:
     folder = tmp_path / straight.name
     shutil.copytree(straight, folder)
     for checkpoint in (folder / "checkpoint").glob("ckpt-*.pt"):

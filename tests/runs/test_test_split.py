@@ -26,8 +26,9 @@ from helpers import Tiny, make_data, params
 class WithTestSplit(Tiny):
     """Tiny's 3-class classifier with a test split of 2 batches of other data (seed 7)."""
 
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(device or "cpu", init_options, classes=3)
 
     def setup(self, setup_options: dict[str, Any] | None = None) -> None:
@@ -65,8 +66,9 @@ def test_the_test_split_is_evaluated_once_with_the_best_weights(tmp_path: Path) 
     assert {k: recorded["metrics"][k] for k in expected} == expected
     assert recorded["files"]["test_weights"] == f"checkpoint/{best.name}"
     # the model keeps its trained weights
-    assert torch.equal(params(model), torch.cat([w.flatten() for w in model_state(last)[
-        "module"].values()]))
+    assert torch.equal(
+        params(model), torch.cat([w.flatten() for w in model_state(last)["module"].values()])
+    )
 
 
 def test_without_a_best_checkpoint_the_trained_weights_are_tested(tmp_path: Path) -> None:
@@ -78,12 +80,16 @@ def test_without_a_best_checkpoint_the_trained_weights_are_tested(tmp_path: Path
     assert recorded["files"]["test_weights"] == "model.pt"
 
 
-@pytest.mark.parametrize("attach", [
-    lambda e: e.attach(Checkpoint("c", best=("test_accuracy", "max"))),
-    lambda e: e.attach(EarlyStopping("test_loss", patience=2)),
-    lambda e: e.on("epoch_end", lambda e: None, reads=["test_loss"]),
-    lambda e: e.on("epoch_end", lambda e: None, writes=["test_score"]),
-], ids=["checkpoint-best", "early-stopping", "hook-reads", "hook-writes"])
+@pytest.mark.parametrize(
+    "attach",
+    [
+        lambda e: e.attach(Checkpoint("c", best=("test_accuracy", "max"))),
+        lambda e: e.attach(EarlyStopping("test_loss", patience=2)),
+        lambda e: e.on("epoch_end", lambda e: None, reads=["test_loss"]),
+        lambda e: e.on("epoch_end", lambda e: None, writes=["test_score"]),
+    ],
+    ids=["checkpoint-best", "early-stopping", "hook-reads", "hook-writes"],
+)
 def test_no_pack_or_hook_may_read_or_write_a_test_metric(tmp_path: Path, attach: Any) -> None:
     engine = runmodel.Engine(Evaluate(), progress=False)
     attach(engine)
@@ -104,10 +110,16 @@ def test_runmodel_eval_split_test(tmp_path: Path, capsys: pytest.CaptureFixture[
     the same (best) weights; recorded in eval.json beside the eval split's."""
     name = f"test_split_{uuid.uuid4().hex[:8]}"
     runmodel.register_model(name, WithTestSplit)
-    config = RunConfig.from_dict({
-        "model": name, "epochs": 2, "packs": [
-            {"type": "evaluate"},
-            {"type": "checkpoint", "args": {"best": ["eval_accuracy", "max"]}}]})
+    config = RunConfig.from_dict(
+        {
+            "model": name,
+            "epochs": 2,
+            "packs": [
+                {"type": "evaluate"},
+                {"type": "checkpoint", "args": {"best": ["eval_accuracy", "max"]}},
+            ],
+        }
+    )
     result, run_dir = execute(config, tmp_path, progress=False)
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--split", "test", "--json"]) == 0
@@ -122,18 +134,22 @@ def test_runmodel_eval_split_test(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_runmodel_eval_split_test_without_test_data_is_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = f"no_test_split_{uuid.uuid4().hex[:8]}"
     runmodel.register_model(name, WithoutTestSplit)
-    _, run_dir = execute(RunConfig.from_dict({"model": name, "epochs": 1}), tmp_path,
-                         progress=False)
+    _, run_dir = execute(
+        RunConfig.from_dict({"model": name, "epochs": 1}), tmp_path, progress=False
+    )
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--split", "test"]) == 2
-    assert ("WithoutTestSplit has no test_data to evaluate on (--split test)"
-            in capsys.readouterr().err)
+    assert (
+        "WithoutTestSplit has no test_data to evaluate on (--split test)" in capsys.readouterr().err
+    )
 
 
 class WithoutTestSplit(Tiny):
-    def __init__(self, device: str | None = None,
-                 init_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, device: str | None = None, init_options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(device or "cpu", init_options, classes=3)

@@ -100,16 +100,22 @@ def run_folders(folder: Path) -> list[Path]:
     return sorted(p.parent for p in folder.glob("*/config.json"))
 
 
-def command(*args: str, cwd: Path, prefix: tuple[str, ...] = (), output: Path | None = None,
-            **env: str) -> subprocess.Popen[str]:
+def command(
+    *args: str, cwd: Path, prefix: tuple[str, ...] = (), output: Path | None = None, **env: str
+) -> subprocess.Popen[str]:
     """``runmodel ARGS`` in a session of its own (killed with its trials); its stdout
     into ``output`` where given (a test reads it while it runs)."""
     out: Any = subprocess.PIPE if output is None else open(output, "w")  # noqa: SIM115
     try:
-        return subprocess.Popen([*prefix, sys.executable, "-m", "runmodel", *args], cwd=cwd,
-                                text=True, stdout=out, stderr=subprocess.PIPE,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                                start_new_session=True)
+        return subprocess.Popen(
+            [*prefix, sys.executable, "-m", "runmodel", *args],
+            cwd=cwd,
+            text=True,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+            start_new_session=True,
+        )
     finally:
         if output is not None:
             out.close()

@@ -34,7 +34,8 @@ TWO_TRIALS = TWO_PARAMS.replace("trials = 3", "trials = 2")
 
 
 def test_a_killed_sweep_stops_its_trial_and_a_restart_waits_for_it_then_resumes_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     config = write_config(tmp_path, TWO_TRIALS, epochs=2, gate=True)
     folder, gate, release = tmp_path / "runs" / "search", tmp_path / "gate", tmp_path / "go"
     gated = {"GATE": str(gate), "GATE_RELEASE": str(release)}
@@ -73,20 +74,36 @@ def _other_host() -> tuple[str, ...]:
     return prefix
 
 
-def test_a_machine_dying_mid_trial_leaves_its_trial_to_the_other_machine(
-        tmp_path: Path) -> None:
+def test_a_machine_dying_mid_trial_leaves_its_trial_to_the_other_machine(tmp_path: Path) -> None:
     other = _other_host()
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    config = write_config(tmp_path, TWO_TRIALS.replace("[sweep]", "[sweep]\nheartbeat = 1"),
-                          epochs=2, gate=True)
+    config = write_config(
+        tmp_path, TWO_TRIALS.replace("[sweep]", "[sweep]\nheartbeat = 1"), epochs=2, gate=True
+    )
     folder, gate = tmp_path / "runs" / "search", tmp_path / "gate"
     # this host's trials hold at their second epoch (the first saved); the other's pass
-    here = command("sweep", str(config), "--storage", storage, cwd=tmp_path, GATE=str(gate),
-                   GATE_HOST=socket.gethostname())
+    here = command(
+        "sweep",
+        str(config),
+        "--storage",
+        storage,
+        cwd=tmp_path,
+        GATE=str(gate),
+        GATE_HOST=socket.gethostname(),
+    )
     wait_for(lambda: lines(gate) >= 1, "this host's trial held in its second epoch")
     out = tmp_path / "other.txt"
-    there = command("sweep", str(config), "--storage", storage, cwd=tmp_path, prefix=other,
-                    output=out, GATE=str(gate), GATE_HOST=socket.gethostname())
+    there = command(
+        "sweep",
+        str(config),
+        "--storage",
+        storage,
+        cwd=tmp_path,
+        prefix=other,
+        output=out,
+        GATE=str(gate),
+        GATE_HOST=socket.gethostname(),
+    )
     wait_for(lambda: "started" in out.read_text(), "the other host's first trial")
     os.killpg(here.pid, signal.SIGKILL)  # this machine dies: its sweep and its trial
     finish(here)

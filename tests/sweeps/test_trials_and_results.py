@@ -26,8 +26,7 @@ import runmodel
 from runmodel.config.runconfig import load_config
 
 
-def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(
-        tmp_path: Path) -> None:
+def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(tmp_path: Path) -> None:
     config = write_config(tmp_path, TWO_PARAMS)  # 3 trials: an odd one for 2 jobs
     process = command("sweep", str(config), "--jobs", "2", cwd=tmp_path)
     out, err = finish(process)
@@ -46,8 +45,12 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(
     assert summary["best"]["value"] == max(values.values())
     assert Path(summary["best"]["run_dir"]).name == max(values, key=values.__getitem__)
     # listed best first, the swept values as columns
-    listed = subprocess.run([sys.executable, "-m", "runmodel", "runs", str(folder)],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = subprocess.run(
+        [sys.executable, "-m", "runmodel", "runs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert "model.args.hidden" in listed[0] and "optimizer.args.lr" in listed[0]
     shown = [line.split()[0] for line in listed[2:]]
     assert shown == sorted(values, key=lambda name: -values[name])
@@ -61,11 +64,16 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(
 
     content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
-    assert start.hparams["model.args.hidden"].number_value == summary["best"]["params"][
-        "model.args.hidden"]
+    assert (
+        start.hparams["model.args.hidden"].number_value
+        == summary["best"]["params"]["model.args.hidden"]
+    )
     assert [p.name for p in (tmp_path / best / "tensorboard").iterdir() if p.is_dir()] == []
-    plotted = subprocess.run([sys.executable, "-m", "runmodel", "plot", str(folder), "-o",
-                              str(tmp_path / "sweep.png")], capture_output=True, text=True)
+    plotted = subprocess.run(
+        [sys.executable, "-m", "runmodel", "plot", str(folder), "-o", str(tmp_path / "sweep.png")],
+        capture_output=True,
+        text=True,
+    )
     assert plotted.returncode == 0, plotted.stderr
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
@@ -94,8 +102,12 @@ def test_a_pruner_stops_trials_in_a_hopeless_region_and_marks_them(tmp_path: Pat
         run = Path(trial.user_attrs["run_dir"])
         assert json.loads((run / "status.json").read_text())["status"] == "pruned"
         assert json.loads((run / "metrics.json").read_text())["epochs"] == 1
-    listed = subprocess.run([sys.executable, "-m", "runmodel", "runs", str(tmp_path / "runs")],
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "runmodel", "runs", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert listed.count(" pruned ") == len(pruned)
 
 
@@ -106,15 +118,20 @@ def test_run_on_a_config_with_a_sweep_table_runs_the_base_config(tmp_path: Path)
 
 
 def test_trials_failing_in_a_row_stop_the_sweep_with_the_last_error(tmp_path: Path) -> None:
-    config = write_config(tmp_path, """[sweep]
+    config = write_config(
+        tmp_path,
+        """[sweep]
 metric = "eval_accuracy"
 trials = 5
 [sweep.params]
 "model.args.hidden" = { int = [-9, -1] }
-""")
+""",
+    )
     process = command("sweep", str(config), cwd=tmp_path)
     out, err = finish(process)
     assert process.returncode == 1, out + err
-    assert "3 trials failed in a row; the last: ValueError: init option 'hidden' must be at " \
-           "least 1" in err, err
+    assert (
+        "3 trials failed in a row; the last: ValueError: init option 'hidden' must be at "
+        "least 1" in err
+    ), err
     assert states(tmp_path / "runs" / "search") == ["FAIL"] * 3

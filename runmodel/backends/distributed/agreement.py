@@ -68,8 +68,10 @@ class EndAgreement:
         try:
             store = self._store or env.group_store()
             rank = env.rank()
-            store.set(f"{self._prefix}/failed/{rank}", f"{time.time()!r} "
-                      f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            store.set(
+                f"{self._prefix}/failed/{rank}",
+                f"{time.time()!r} {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+            )
             first = None
             for other in range(env.world_size()):
                 key = f"{self._prefix}/failed/{other}"
@@ -100,12 +102,14 @@ class EndAgreement:
         deadline = time.monotonic() + self.timeout
         while True:
             marks = {r: self._read(r) for r in others}
-            behind = [r for r, m in marks.items()
-                      if m is None or m[0] not in kinds or at(m) != here]
+            behind = [
+                r for r, m in marks.items() if m is None or m[0] not in kinds or at(m) != here
+            ]
             if not behind:
                 return
             if time.monotonic() >= deadline or any(
-                    m is not None and at(m) > here for m in marks.values()):
+                m is not None and at(m) > here for m in marks.values()
+            ):
                 break
             time.sleep(0.01)
         where = ", ".join(f"rank {r} " + _where(marks[r]) for r in behind)
@@ -114,7 +118,8 @@ class EndAgreement:
             f") at step {step}, and the others did not end with it within {self.timeout:g} s "
             f"({where}): a stop() that some processes reach and others do not; decide to "
             f"stop from values every process has (a reduced metric, the counters), or "
-            f"raise end_timeout= (DDP, FSDP) if the others were only slow")
+            f"raise end_timeout= (DDP, FSDP) if the others were only slow"
+        )
 
     def _read(self, rank: int) -> tuple[str, int, int] | None:
         key = f"{self._prefix}/{rank}"
@@ -136,6 +141,8 @@ def _where(mark: tuple[str, int, int] | None) -> str:
     if mark is None:
         return "had not begun an epoch"
     kind, epoch, step = mark
-    return {"start": f"was in epoch {epoch}, begun at step {step}",
-            "end": f"was ending epoch {epoch} at step {step}",
-            "done": f"ended at step {step}"}[kind]
+    return {
+        "start": f"was in epoch {epoch}, begun at step {step}",
+        "end": f"was ending epoch {epoch} at step {step}",
+        "done": f"ended at step {step}",
+    }[kind]

@@ -35,8 +35,17 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-__all__ = ["Chain", "DealingSampler", "DealtBatches", "EvalShard", "deal_rest", "padded", "remade",
-           "shard_eval_data", "shard_train_data"]
+__all__ = [
+    "Chain",
+    "DealingSampler",
+    "DealtBatches",
+    "EvalShard",
+    "deal_rest",
+    "padded",
+    "remade",
+    "shard_eval_data",
+    "shard_train_data",
+]
 
 #: An epoch dealt out in pieces: ``[world, count]`` for each part of it that ran in one
 #: number of processes (``count``: what each process drew of it, samples or batches),
@@ -57,21 +66,27 @@ def shard_train_data(data: Any, rank: int, world: int, seed: int) -> Any:
         if isinstance(data.sampler, DistributedSampler):
             return data  # dealt out already
         shuffle = _was_shuffled(data, "training")
-        sampler = DealingSampler(data.dataset, num_replicas=world, rank=rank, shuffle=shuffle,
-                                 seed=seed)
+        sampler = DealingSampler(
+            data.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed
+        )
         return remade(data, sampler)
     if isinstance(data, (list, tuple)):
         per_rank = len(data) // world
         if per_rank * world != len(data):
-            warnings.warn(f"the ddp backend deals {len(data)} training batches out to {world} "
-                          f"processes: the last {len(data) - per_rank * world} are left out, "
-                          f"so that every process runs as many steps", stacklevel=3)
+            warnings.warn(
+                f"the ddp backend deals {len(data)} training batches out to {world} "
+                f"processes: the last {len(data) - per_rank * world} are left out, "
+                f"so that every process runs as many steps",
+                stacklevel=3,
+            )
         return DealtBatches(data, rank, world)
-    warnings.warn(f"the ddp backend cannot deal out training data of type "
-                  f"{type(data).__name__}: every process reads all of it; give a DataLoader "
-                  f"over a map-style dataset, a list of batches, or data that reads this "
-                  f"process's part (torch.distributed.get_rank()) with DDP(shard_data=False)",
-                  stacklevel=3)
+    warnings.warn(
+        f"the ddp backend cannot deal out training data of type "
+        f"{type(data).__name__}: every process reads all of it; give a DataLoader "
+        f"over a map-style dataset, a list of batches, or data that reads this "
+        f"process's part (torch.distributed.get_rank()) with DDP(shard_data=False)",
+        stacklevel=3,
+    )
     return data
 
 
@@ -99,14 +114,15 @@ def padded(order: list[Any], world: int, drop_last: bool = False) -> list[Any]:
     if not order:
         return []
     if drop_last and len(order) % world:
-        return order[:(len(order) // world) * world]
+        return order[: (len(order) // world) * world]
     total = math.ceil(len(order) / world) * world
     missing = total - len(order)
     return order + (order * math.ceil(missing / len(order)))[:missing]
 
 
-def deal_rest(order: list[Any], chain: Chain, world: int, rank: int,
-              drop_last: bool = False) -> tuple[int, list[Any]]:
+def deal_rest(
+    order: list[Any], chain: Chain, world: int, rank: int, drop_last: bool = False
+) -> tuple[int, list[Any]]:
     """Process ``rank`` of ``world``'s share of what is left of an epoch whose (padded)
     ``order`` was dealt out in the parts of ``chain``: each part's processes drew the
     first ``world * count`` items of what was left (process r: positions r, r + world,
@@ -117,7 +133,7 @@ def deal_rest(order: list[Any], chain: Chain, world: int, rank: int,
     dealt = padded(order, chain[0][0], drop_last)
     for i, (part_world, count) in enumerate(chain):
         after = chain[i + 1][0] if i + 1 < len(chain) else world
-        dealt = padded(dealt[part_world * count:], after, drop_last)
+        dealt = padded(dealt[part_world * count :], after, drop_last)
     return sum(count for _, count in chain), dealt[rank::world]
 
 
@@ -143,8 +159,7 @@ class DealingSampler(DistributedSampler[int]):
     def deal(self, chain: Chain) -> None:
         """This epoch (``set_epoch`` first) was dealt out in the parts of ``chain`` before:
         yield the rest of it (``deal_rest``), once; the next epoch is dealt as ever."""
-        drawn, share = deal_rest(self.order(), chain, self.num_replicas, self.rank,
-                                 self.drop_last)
+        drawn, share = deal_rest(self.order(), chain, self.num_replicas, self.rank, self.drop_last)
         stand_in = share[0] if share else 0
         self._rest = (self.epoch, [stand_in] * drawn + share)
 
@@ -173,8 +188,8 @@ class DealtBatches(list[Any]):
 
     def __init__(self, batches: Sequence[Any], rank: int, world: int) -> None:
         per_rank = len(batches) // world
-        super().__init__(batches[rank:per_rank * world:world])
-        self.all, self.rank, self.world = list(batches[:per_rank * world]), rank, world
+        super().__init__(batches[rank : per_rank * world : world])
+        self.all, self.rank, self.world = list(batches[: per_rank * world]), rank, world
         self._rest: list[Any] | None = None
 
     def deal(self, chain: Chain) -> None:
@@ -211,39 +226,52 @@ class EvalShard(Sampler[int]):
 
 def remade(loader: DataLoader[Any], sampler: Sampler[Any]) -> DataLoader[Any]:
     """``loader`` made again with every setting it was made with, and ``sampler``."""
-    settings = {name: getattr(loader, name) for name in _loader_arguments()
-                if name not in _NOT_COPIED and hasattr(loader, name)}
+    settings = {
+        name: getattr(loader, name)
+        for name in _loader_arguments()
+        if name not in _NOT_COPIED and hasattr(loader, name)
+    }
     return DataLoader(loader.dataset, sampler=sampler, **settings)
 
 
 def _was_shuffled(loader: DataLoader[Any], what: str) -> bool:
     """Whether ``loader`` shuffles; a loader that cannot be dealt out is an error here."""
     if isinstance(loader.dataset, IterableDataset):
-        raise TypeError(f"the ddp backend cannot deal out {what} data from an "
-                        f"IterableDataset ({type(loader.dataset).__name__}); have it yield "
-                        f"this process's part (torch.distributed.get_rank()) and use "
-                        f"DDP(shard_data=False)")
+        raise TypeError(
+            f"the ddp backend cannot deal out {what} data from an "
+            f"IterableDataset ({type(loader.dataset).__name__}); have it yield "
+            f"this process's part (torch.distributed.get_rank()) and use "
+            f"DDP(shard_data=False)"
+        )
     if type(loader).__init__ is not DataLoader.__init__:
-        raise TypeError(f"the ddp backend makes the {what} DataLoader again with a "
-                        f"DistributedSampler, and {type(loader).__name__} has its own "
-                        f"__init__; give a plain DataLoader, or one with a DistributedSampler")
+        raise TypeError(
+            f"the ddp backend makes the {what} DataLoader again with a "
+            f"DistributedSampler, and {type(loader).__name__} has its own "
+            f"__init__; give a plain DataLoader, or one with a DistributedSampler"
+        )
     batch_sampler = loader.batch_sampler
     if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
-        raise TypeError(f"the {what} DataLoader has its own batch_sampler "
-                        f"({type(batch_sampler).__name__}), which the ddp backend cannot deal "
-                        f"out; give it a DistributedSampler yourself, or DDP(shard_data=False)")
+        raise TypeError(
+            f"the {what} DataLoader has its own batch_sampler "
+            f"({type(batch_sampler).__name__}), which the ddp backend cannot deal "
+            f"out; give it a DistributedSampler yourself, or DDP(shard_data=False)"
+        )
     sampler = loader.sampler
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
-            raise TypeError(f"the {what} DataLoader's RandomSampler draws with replacement or "
-                            f"a set number of samples, which a DistributedSampler cannot; "
-                            f"give it a DistributedSampler yourself, or DDP(shard_data=False)")
+            raise TypeError(
+                f"the {what} DataLoader's RandomSampler draws with replacement or "
+                f"a set number of samples, which a DistributedSampler cannot; "
+                f"give it a DistributedSampler yourself, or DDP(shard_data=False)"
+            )
         return True
     if isinstance(sampler, SequentialSampler):
         return False
-    raise TypeError(f"the {what} DataLoader has its own sampler ({type(sampler).__name__}), "
-                    f"which the ddp backend cannot deal out; give it a DistributedSampler "
-                    f"yourself, or DDP(shard_data=False)")
+    raise TypeError(
+        f"the {what} DataLoader has its own sampler ({type(sampler).__name__}), "
+        f"which the ddp backend cannot deal out; give it a DistributedSampler "
+        f"yourself, or DDP(shard_data=False)"
+    )
 
 
 def _loader_arguments() -> Sequence[str]:

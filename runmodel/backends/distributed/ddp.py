@@ -63,38 +63,63 @@ class DDP(Backend):
     is the script's to end.
     """
 
-    def __init__(self, process_group: str | None = None, timeout: float | None = None,
-                 seed: int | None = None, shard_data: bool = True,
-                 ddp_options: dict[str, Any] | None = None, end_timeout: float = 60.0,
-                 preempt_check_every: int = 10, **options: Any) -> None:
+    def __init__(
+        self,
+        process_group: str | None = None,
+        timeout: float | None = None,
+        seed: int | None = None,
+        shard_data: bool = True,
+        ddp_options: dict[str, Any] | None = None,
+        end_timeout: float = 60.0,
+        preempt_check_every: int = 10,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         who = type(self).__name__
         if process_group is not None and process_group not in ("gloo", "nccl", "mpi"):
-            raise ValueError(f"{who}(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
-                             f"(CUDA), 'mpi', or None to choose by the model's device")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"{who}(timeout={timeout!r}): give seconds > 0, or None for "
-                             f"torch's default")
-        if isinstance(end_timeout, bool) or not isinstance(end_timeout, (int, float)) or (
-                end_timeout <= 0):
-            raise ValueError(f"{who}(end_timeout={end_timeout!r}): give the seconds a process "
-                             f"that ended waits for the others to end too (> 0)")
-        if isinstance(preempt_check_every, bool) or not isinstance(
-                preempt_check_every, int) or preempt_check_every < 1:
-            raise ValueError(f"{who}(preempt_check_every={preempt_check_every!r}): give the "
-                             f"number of steps between the processes' checks for a signal "
-                             f"to stop at (a whole number >= 1)")
+            raise ValueError(
+                f"{who}(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
+                f"(CUDA), 'mpi', or None to choose by the model's device"
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ValueError(
+                f"{who}(timeout={timeout!r}): give seconds > 0, or None for torch's default"
+            )
+        if (
+            isinstance(end_timeout, bool)
+            or not isinstance(end_timeout, (int, float))
+            or (end_timeout <= 0)
+        ):
+            raise ValueError(
+                f"{who}(end_timeout={end_timeout!r}): give the seconds a process "
+                f"that ended waits for the others to end too (> 0)"
+            )
+        if (
+            isinstance(preempt_check_every, bool)
+            or not isinstance(preempt_check_every, int)
+            or preempt_check_every < 1
+        ):
+            raise ValueError(
+                f"{who}(preempt_check_every={preempt_check_every!r}): give the "
+                f"number of steps between the processes' checks for a signal "
+                f"to stop at (a whole number >= 1)"
+            )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"{who}(seed={seed!r}): give a whole number, or None to draw one")
         if not isinstance(shard_data, bool):
             raise TypeError(f"{who}(shard_data=) takes True or False, got {shard_data!r}")
         if ddp_options is not None and not isinstance(ddp_options, dict):
-            raise TypeError(f"{who}(ddp_options=) takes a dict of DistributedDataParallel "
-                            f"arguments, got {ddp_options!r}")
+            raise TypeError(
+                f"{who}(ddp_options=) takes a dict of DistributedDataParallel "
+                f"arguments, got {ddp_options!r}"
+            )
         if not torch.distributed.is_available():
-            raise RuntimeError(f"the {self.backend_name} backend needs torch.distributed, which "
-                               f"this build of torch ({torch.__version__}) does not have")
+            raise RuntimeError(
+                f"the {self.backend_name} backend needs torch.distributed, which "
+                f"this build of torch ({torch.__version__}) does not have"
+            )
         if not env.has_group():
             missing = env.missing_variables()
             if missing:
@@ -103,7 +128,8 @@ class DDP(Backend):
                     f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: "
                     f"start the run with `runmodel run SOURCE --nproc-per-node N` or "
                     f"`torchrun --nproc-per-node N script.py` (or make the default process "
-                    f"group yourself first)")
+                    f"group yourself first)"
+                )
         self.process_group, self.timeout, self.seed = process_group, timeout, seed
         self.end_timeout = float(end_timeout)
         self.preempt_check_every = preempt_check_every
@@ -118,16 +144,21 @@ class DDP(Backend):
         super().initialize(model, spec)
         module = getattr(model, "module", None)
         if not isinstance(module, torch.nn.Module):
-            raise ValueError(f"the {self.backend_name} backend wraps "
-                             f"{type(model).__name__}.module, and it is "
-                             f"{type(module).__name__}, not a torch.nn.Module")
+            raise ValueError(
+                f"the {self.backend_name} backend wraps "
+                f"{type(model).__name__}.module, and it is "
+                f"{type(module).__name__}, not a torch.nn.Module"
+            )
         device = model_device(model)
         if device.type == "cuda":
             device = torch.device("cuda", env.local_rank())
             torch.cuda.set_device(device)  # one GPU a process, whatever the model chose
         if not env.has_group():  # made once, for this run and the process's later ones
-            env.make_group(self.process_group or ("nccl" if device.type == "cuda" else "gloo"),
-                           self.timeout, device)
+            env.make_group(
+                self.process_group or ("nccl" if device.type == "cuda" else "gloo"),
+                self.timeout,
+                device,
+            )
         env.sync_ignite()  # ignite's metrics then add up across the processes
         run = self._run(model, module)
         self._pack = run
@@ -153,8 +184,12 @@ class DDP(Backend):
         """Make ``model.module`` (``inner``, on ``device``) distributed."""
         ids = [device.index] if device.type == "cuda" else None
         # DDP's constructor is a collective: every process gives process 0's weights
-        model.module = DistributedDataParallel(inner, device_ids=ids, output_device=(
-            None if ids is None else ids[0]), **self.ddp_options)
+        model.module = DistributedDataParallel(
+            inner,
+            device_ids=ids,
+            output_device=(None if ids is None else ids[0]),
+            **self.ddp_options,
+        )
 
     def pack(self) -> Pack | None:
         return self._pack
@@ -172,8 +207,9 @@ class DistributedRun(Pack):
 
     name = "ddp"
 
-    def __init__(self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0,
-                 check_every: int = 10) -> None:
+    def __init__(
+        self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0, check_every: int = 10
+    ) -> None:
         self.model, self.module = model, module
         self.device = getattr(model, "device", None)
         self.sampler: DistributedSampler[Any] | None = None
@@ -217,26 +253,47 @@ class DistributedRun(Pack):
 
     def hooks(self) -> Iterator[Hook]:
         # first: before any hook that could draw from the epoch's data
-        yield Hook(self.epoch_start, "epoch_start", HookOptions.of(
-            priority=1000, name=f"{self.name}.set_epoch"))
-        yield Hook(self.setup, "setup", HookOptions.of(
-            priority=1000, modes="train", name=f"{self.name}.setup"))
+        yield Hook(
+            self.epoch_start,
+            "epoch_start",
+            HookOptions.of(priority=1000, name=f"{self.name}.set_epoch"),
+        )
+        yield Hook(
+            self.setup,
+            "setup",
+            HookOptions.of(priority=1000, modes="train", name=f"{self.name}.setup"),
+        )
         if self.stop_check is not None:  # every process stops at one step after a signal
-            yield Hook(self.check_stop, "runstep", HookOptions.of(
-                every=self.check_every, modes="train", priority=5000,
-                name=f"{self.name}.stop_check"))
+            yield Hook(
+                self.check_stop,
+                "runstep",
+                HookOptions.of(
+                    every=self.check_every,
+                    modes="train",
+                    priority=5000,
+                    name=f"{self.name}.stop_check",
+                ),
+            )
         # first: before a rank-0 checkpoint, or an evaluation's collective
         for phase in ("epoch_start", "epoch_end"):
-            yield Hook(getattr(self.ending, phase), phase, HookOptions.of(
-                priority=10_000, name=f"{self.name}.{phase}_mark"))
-        yield Hook(self.failed, "exception", HookOptions.of(priority=10_000,
-                                                            name=f"{self.name}.failed"))
+            yield Hook(
+                getattr(self.ending, phase),
+                phase,
+                HookOptions.of(priority=10_000, name=f"{self.name}.{phase}_mark"),
+            )
+        yield Hook(
+            self.failed, "exception", HookOptions.of(priority=10_000, name=f"{self.name}.failed")
+        )
         # first of the teardown hooks: a final save under fsdp and the run folder's final
         # evaluation are collectives, which need every process to have ended normally
-        yield Hook(self.agree, "teardown", HookOptions.of(priority=10_000,
-                                                          name=f"{self.name}.agree"))
-        yield Hook(self.teardown, "teardown", HookOptions.of(priority=-10_000,
-                                                             name=f"{self.name}.teardown"))
+        yield Hook(
+            self.agree, "teardown", HookOptions.of(priority=10_000, name=f"{self.name}.agree")
+        )
+        yield Hook(
+            self.teardown,
+            "teardown",
+            HookOptions.of(priority=-10_000, name=f"{self.name}.teardown"),
+        )
 
     def check_stop(self, engine: Any) -> None:
         assert self.stop_check is not None
@@ -246,7 +303,8 @@ class DistributedRun(Pack):
         """Whether the run ends with an interrupt that every process took at the same
         step (the stop check's): an agreed end, not a failure."""
         return isinstance(engine.state.error, Interrupted) and (
-            self.stop_check is not None and self.stop_check.fired)
+            self.stop_check is not None and self.stop_check.fired
+        )
 
     def failed(self, engine: Any) -> None:
         # first of all: the processes this one's failure brings down fail later, so the
@@ -290,7 +348,8 @@ class DistributedRun(Pack):
             f"{env.world_size()}: the rest of the epoch is dealt out anew only for training "
             f"data the {self.name} backend deals out itself (a DataLoader it makes again, a "
             f"list of batches), and this run's are {why}. Resume in {saved} process(es), or "
-            f"from a checkpoint taken at an epoch's end (Checkpoint(every='1ep'))")
+            f"from a checkpoint taken at an epoch's end (Checkpoint(every='1ep'))"
+        )
 
     def dealt_kind(self) -> str:
         return "a list of batches" if isinstance(self.dealt, DealtBatches) else "a DataLoader"
@@ -316,7 +375,8 @@ class DistributedRun(Pack):
         anew."""
         s, record = engine.state, engine.run_record
         record["id"], record["started"] = env.broadcast_from_0(
-            (record.get("id"), record.get("started")))
+            (record.get("id"), record.get("started"))
+        )
         why = self.why_not_dealt()
         record["data"] = "dealt" if why is None else why
         drawn, loaded = self.drawn(s), self.loaded
@@ -386,9 +446,13 @@ class DistributedRun(Pack):
         except TypeError:
             batches = None
         state: dict[str, Any] = {
-            "world": env.world_size(), "epoch": self.epoch, "skipped_before": self.skipped_before,
-            "chain": [list(part) for part in self.chain], "epoch_batches": batches,
-            "dealt": None if self.dealt is None else self.dealt_kind()}
+            "world": env.world_size(),
+            "epoch": self.epoch,
+            "skipped_before": self.skipped_before,
+            "chain": [list(part) for part in self.chain],
+            "epoch_batches": batches,
+            "dealt": None if self.dealt is None else self.dealt_kind(),
+        }
         if self.sampler is not None:
             state["seed"] = int(self.sampler.seed)
         return state

@@ -27,10 +27,28 @@ from typing import Any, TypeVar
 from ...core.continuing import world_size as _world_size
 from ...core.state import current_rank
 
-__all__ = ["GROUP_CAPTURING_MODULES", "STORE_WAIT", "TORCHRUN_VARIABLES", "broadcast_from_0",
-           "end_distributed", "gloo_group", "group_store", "has_group", "launch_world", "launched",
-           "local_rank", "make_group", "missing_variables", "rank", "restart_count", "restarted",
-           "several", "store", "sync_ignite", "world_size"]
+__all__ = [
+    "GROUP_CAPTURING_MODULES",
+    "STORE_WAIT",
+    "TORCHRUN_VARIABLES",
+    "broadcast_from_0",
+    "end_distributed",
+    "gloo_group",
+    "group_store",
+    "has_group",
+    "launch_world",
+    "launched",
+    "local_rank",
+    "make_group",
+    "missing_variables",
+    "rank",
+    "restart_count",
+    "restarted",
+    "several",
+    "store",
+    "sync_ignite",
+    "world_size",
+]
 
 T = TypeVar("T")
 
@@ -192,8 +210,9 @@ def gloo_group(purpose: str, timeout: float | None = None) -> Any:
         _made.side, _made.side_of = {}, world
     key = (purpose, timeout)
     if key not in _made.side:
-        _made.side[key] = dist.new_group(backend="gloo", timeout=None if timeout is None else
-                                         datetime.timedelta(seconds=timeout))
+        _made.side[key] = dist.new_group(
+            backend="gloo", timeout=None if timeout is None else datetime.timedelta(seconds=timeout)
+        )
     return _made.side[key]
 
 
@@ -217,11 +236,17 @@ def make_group(backend: str, timeout: float | None, device: Any = None) -> None:
         importlib.import_module(name)
     where: dict[str, Any] = {}
     if launched():
-        where = {"store": store(), "rank": int(os.environ["RANK"]),
-                 "world_size": int(os.environ["WORLD_SIZE"])}
+        where = {
+            "store": store(),
+            "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"]),
+        }
     dist.init_process_group(
-        backend, timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
-        device_id=device if backend == "nccl" else None, **where)
+        backend,
+        timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
+        device_id=device if backend == "nccl" else None,
+        **where,
+    )
     _made.group = dist.group.WORLD
     if not _made.ends_at_exit:
         # ended by an exit handler, while the interpreter is whole: its worker threads

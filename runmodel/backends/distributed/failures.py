@@ -34,10 +34,18 @@ def record_failure(error: BaseException) -> None:
     if not path or os.path.exists(path):
         return
     now = time.time()
-    data = {"message": {"message": f"{type(error).__name__}: {error}", "extraInfo": {
-        "py_callstack": "".join(traceback.format_exception(error)),
-        "timestamp": str(int(now)), "runmodel_time": now,
-        "runmodel_rank": os.environ.get("RANK"), "runmodel_world": os.environ.get("WORLD_SIZE")}}}
+    data = {
+        "message": {
+            "message": f"{type(error).__name__}: {error}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(error)),
+                "timestamp": str(int(now)),
+                "runmodel_time": now,
+                "runmodel_rank": os.environ.get("RANK"),
+                "runmodel_world": os.environ.get("WORLD_SIZE"),
+            },
+        }
+    }
     temporary = f"{path}.tmp{os.getpid()}"
     with open(temporary, "w") as file:
         json.dump(data, file)
@@ -52,11 +60,18 @@ def first_failure(failed: Any) -> tuple[int, str]:
     # a process killed from outside (SIGKILL, the OOM killer) records nothing, and the
     # others then fail (recording it) on the lost connection: the killed one came first;
     # SIGTERM is how torchrun ends the processes left after a failure
-    killed = sorted(rank for rank, failure in failed.failures.items()
-                    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
-                    and _failed_at(failure) is None)
-    timed = [(at, rank) for rank, failure in failed.failures.items()
-             if (at := _failed_at(failure)) is not None]
+    killed = sorted(
+        rank
+        for rank, failure in failed.failures.items()
+        if failure.exitcode < 0
+        and failure.exitcode != -signal.SIGTERM
+        and _failed_at(failure) is None
+    )
+    timed = [
+        (at, rank)
+        for rank, failure in failed.failures.items()
+        if (at := _failed_at(failure)) is not None
+    ]
     if killed:
         rank = killed[0]
         first = failed.failures[rank]
@@ -78,8 +93,9 @@ def first_failure(failed: Any) -> tuple[int, str]:
     else:
         ended = f"exit code {first.exitcode}"
     # a process that recorded its error may be ended by torchrun before it exits itself
-    return rank, (f"process rank {rank} failed: {why}" if why else
-                  f"process rank {rank} failed ({ended})")
+    return rank, (
+        f"process rank {rank} failed: {why}" if why else f"process rank {rank} failed ({ended})"
+    )
 
 
 def _failed_at(failure: Any) -> float | None:
@@ -114,16 +130,23 @@ def restarts() -> dict[str, Any]:
         return {}
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     attempts = Path(error_file).parents[2] if error_file else None
-    return {"restarts": count, "restarted_after": [
-        _failed_in(attempts / f"attempt_{attempt}" if attempts else None, attempt)
-        for attempt in range(count)]}
+    return {
+        "restarts": count,
+        "restarted_after": [
+            _failed_in(attempts / f"attempt_{attempt}" if attempts else None, attempt)
+            for attempt in range(count)
+        ],
+    }
 
 
 def _failed_in(folder: Path | None, attempt: int) -> dict[str, Any]:
     """Which process of one attempt failed first, from its error files (its processes'
     local ranks are their ranks when they were all on this machine)."""
-    unknown = {"attempt": attempt, "rank": "unknown", "why": "not known on this machine "
-               "(the processes ran on several)"}
+    unknown = {
+        "attempt": attempt,
+        "rank": "unknown",
+        "why": "not known on this machine (the processes ran on several)",
+    }
     if folder is None:
         return unknown
     try:
@@ -145,8 +168,12 @@ def _failed_in(folder: Path | None, attempt: int) -> dict[str, Any]:
         return unknown
     silent = [rank for rank in ranks if rank not in recorded]
     if recorded and silent:
-        return {"attempt": attempt, "rank": silent[0], "why": "ended from outside (killed: "
-                "it recorded no error, and the others recorded losing it)"}
+        return {
+            "attempt": attempt,
+            "rank": silent[0],
+            "why": "ended from outside (killed: "
+            "it recorded no error, and the others recorded losing it)",
+        }
     if recorded:
         rank = min(recorded, key=lambda r: (recorded[r][0], r))
         return {"attempt": attempt, "rank": rank, "why": recorded[rank][1]}

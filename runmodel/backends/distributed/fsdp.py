@@ -38,8 +38,14 @@ from .ddp import DDP, DistributedRun
 
 __all__ = ["FSDP", "PaddedEval", "rebuild_optimizer"]
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-           "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
 class FSDP(DDP):
@@ -59,30 +65,56 @@ class FSDP(DDP):
 
     backend_name = "fsdp"
 
-    def __init__(self, units: Sequence[str | type] | str | type | None = None,
-                 reshard_after_forward: bool = True, param_dtype: Any = None,
-                 reduce_dtype: Any = None, cpu_offload: bool = False,
-                 process_group: str | None = None, timeout: float | None = None,
-                 seed: int | None = None, shard_data: bool = True, end_timeout: float = 60.0,
-                 checkpoint_timeout: float = 600.0, **options: Any) -> None:
-        super().__init__(process_group=process_group, timeout=timeout, seed=seed,
-                         shard_data=shard_data, end_timeout=end_timeout, **options)
+    def __init__(
+        self,
+        units: Sequence[str | type] | str | type | None = None,
+        reshard_after_forward: bool = True,
+        param_dtype: Any = None,
+        reduce_dtype: Any = None,
+        cpu_offload: bool = False,
+        process_group: str | None = None,
+        timeout: float | None = None,
+        seed: int | None = None,
+        shard_data: bool = True,
+        end_timeout: float = 60.0,
+        checkpoint_timeout: float = 600.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            process_group=process_group,
+            timeout=timeout,
+            seed=seed,
+            shard_data=shard_data,
+            end_timeout=end_timeout,
+            **options,
+        )
         if isinstance(units, (str, type)):
             units = [units]
-        if units is not None and (not isinstance(units, (list, tuple)) or not units or not all(
-                isinstance(u, (str, type)) for u in units)):
-            raise TypeError(f"FSDP(units={units!r}): give module class names, submodule names "
-                            f"(as named_modules() names them) or classes, or None for each "
-                            f"direct child that holds parameters")
+        if units is not None and (
+            not isinstance(units, (list, tuple))
+            or not units
+            or not all(isinstance(u, (str, type)) for u in units)
+        ):
+            raise TypeError(
+                f"FSDP(units={units!r}): give module class names, submodule names "
+                f"(as named_modules() names them) or classes, or None for each "
+                f"direct child that holds parameters"
+            )
         if not isinstance(reshard_after_forward, bool):
-            raise TypeError(f"FSDP(reshard_after_forward=) takes True or False, got "
-                            f"{reshard_after_forward!r}")
+            raise TypeError(
+                f"FSDP(reshard_after_forward=) takes True or False, got {reshard_after_forward!r}"
+            )
         if not isinstance(cpu_offload, bool):
             raise TypeError(f"FSDP(cpu_offload=) takes True or False, got {cpu_offload!r}")
-        if isinstance(checkpoint_timeout, bool) or not isinstance(
-                checkpoint_timeout, (int, float)) or checkpoint_timeout <= 0:
-            raise ValueError(f"FSDP(checkpoint_timeout={checkpoint_timeout!r}): give the "
-                             f"seconds a checkpoint's collectives may wait (> 0)")
+        if (
+            isinstance(checkpoint_timeout, bool)
+            or not isinstance(checkpoint_timeout, (int, float))
+            or checkpoint_timeout <= 0
+        ):
+            raise ValueError(
+                f"FSDP(checkpoint_timeout={checkpoint_timeout!r}): give the "
+                f"seconds a checkpoint's collectives may wait (> 0)"
+            )
         self.units = None if units is None else list(units)
         self.reshard_after_forward, self.cpu_offload = reshard_after_forward, cpu_offload
         self.param_dtype = _dtype("param_dtype", param_dtype)
@@ -112,9 +144,11 @@ class FSDP(DDP):
         names = {id(p): name for name, p in inner.named_parameters()}
         options: dict[str, Any] = {
             "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype,
-                                              reduce_dtype=self.reduce_dtype),
-            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()}
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype
+            ),
+            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+        }
         if not sharded_before:
             for unit in shard_units(inner, self.units):
                 fully_shard(unit, **options)
@@ -142,16 +176,18 @@ class ShardedRun(DistributedRun):
 
     name = "fsdp"
 
-    def __init__(self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0,
-                 check_every: int = 10) -> None:
+    def __init__(
+        self, model: Any, module: torch.nn.Module, end_timeout: float = 60.0, check_every: int = 10
+    ) -> None:
         super().__init__(model, module, end_timeout, check_every)
         self.sharded: Sharded | None = None
 
     def shard(self, seed: int | None) -> None:
         super().shard(seed)
         if "eval_data" in self.data:
-            self.model.eval_data = padded_eval_data(self.model, self.data["eval_data"],
-                                                    env.rank(), env.world_size())
+            self.model.eval_data = padded_eval_data(
+                self.model, self.data["eval_data"], env.rank(), env.world_size()
+            )
 
     def agree(self, engine: Any) -> None:
         try:
@@ -160,8 +196,11 @@ class ShardedRun(DistributedRun):
             if self.sharded is not None:  # no collective save at the end
                 self.sharded.ended_together = False
             raise
-        if engine.state.error is not None and not self.stopped_together(engine) and (
-                self.sharded is not None):
+        if (
+            engine.state.error is not None
+            and not self.stopped_together(engine)
+            and (self.sharded is not None)
+        ):
             self.sharded.ended_together = False
 
     def restore(self) -> None:
@@ -177,8 +216,7 @@ class ShardedRun(DistributedRun):
 def shard_units(module: torch.nn.Module, units: list[str | type] | None) -> list[torch.nn.Module]:
     """The submodules to shard one by one, innermost first (the root comes after them)."""
     if units is None:
-        return [child for child in module.children()
-                if next(child.parameters(), None) is not None]
+        return [child for child in module.children() if next(child.parameters(), None) is not None]
     named = dict(module.named_modules())
     chosen: list[torch.nn.Module] = []
     for unit in units:
@@ -191,10 +229,12 @@ def shard_units(module: torch.nn.Module, units: list[str | type] | None) -> list
             found = [m for n, m in named.items() if n and type(m).__name__ == unit]
         if not found:
             classes = sorted({type(m).__name__ for m in named.values()})
-            raise ValueError(f"FSDP(units=): {unit!r} names no submodule of "
-                             f"{type(module).__name__}, by class or by name; its classes: "
-                             f"{', '.join(classes)}; its children: "
-                             f"{', '.join(n for n, _ in module.named_children())}")
+            raise ValueError(
+                f"FSDP(units=): {unit!r} names no submodule of "
+                f"{type(module).__name__}, by class or by name; its classes: "
+                f"{', '.join(classes)}; its children: "
+                f"{', '.join(n for n, _ in module.named_children())}"
+            )
         chosen += [m for m in found if all(m is not c for c in chosen)]
     depth = {id(m): n.count(".") for n, m in named.items()}
     return sorted(chosen, key=lambda m: -depth[id(m)])  # a unit inside another first
@@ -203,34 +243,45 @@ def shard_units(module: torch.nn.Module, units: list[str | type] | None) -> list
 # -- the optimizer -----------------------------------------------------------------------------
 
 
-def rebuild_optimizer(old: torch.optim.Optimizer, names: dict[int, str],
-                      module: torch.nn.Module) -> torch.optim.Optimizer:
+def rebuild_optimizer(
+    old: torch.optim.Optimizer, names: dict[int, str], module: torch.nn.Module
+) -> torch.optim.Optimizer:
     """``old``'s class, parameter groups and hyperparameters, over ``module``'s
     parameters as they are now (``names``: each old parameter's name in the module)."""
     if old.state:
-        raise ValueError(f"the fsdp backend makes the optimizer again over the sharded "
-                         f"parameters, and {type(old).__name__} has state already (it "
-                         f"stepped, or loaded a state dict in setup()); load state by "
-                         f"resuming from a checkpoint instead")
+        raise ValueError(
+            f"the fsdp backend makes the optimizer again over the sharded "
+            f"parameters, and {type(old).__name__} has state already (it "
+            f"stepped, or loaded a state dict in setup()); load state by "
+            f"resuming from a checkpoint instead"
+        )
     params = dict(module.named_parameters())
     groups = []
     for group in old.param_groups:
         missing = [p for p in group["params"] if id(p) not in names]
         if missing:
-            raise ValueError(f"the optimizer holds {len(missing)} parameter(s) that are not "
-                             f"the module's; under fsdp it can only optimize the module's "
-                             f"own parameters (found by name after sharding)")
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": [params[names[id(p)]] for p in group["params"]]})
+            raise ValueError(
+                f"the optimizer holds {len(missing)} parameter(s) that are not "
+                f"the module's; under fsdp it can only optimize the module's "
+                f"own parameters (found by name after sharding)"
+            )
+        groups.append(
+            {
+                **{k: v for k, v in group.items() if k != "params"},
+                "params": [params[names[id(p)]] for p in group["params"]],
+            }
+        )
     accepted = inspect.signature(type(old).__init__).parameters
     defaults = {k: v for k, v in old.defaults.items() if k in accepted}
     try:
         return type(old)(groups, **defaults)
     except TypeError as error:
-        raise TypeError(f"the fsdp backend makes the optimizer again over the sharded "
-                        f"parameters as {type(old).__name__}(param_groups, **defaults), "
-                        f"which failed: {error}; give the backend an optimizer factory "
-                        f"(FSDP(optimizer=...))") from None
+        raise TypeError(
+            f"the fsdp backend makes the optimizer again over the sharded "
+            f"parameters as {type(old).__name__}(param_groups, **defaults), "
+            f"which failed: {error}; give the backend an optimizer factory "
+            f"(FSDP(optimizer=...))"
+        ) from None
 
 
 def follow_schedulers(model: Any, old: torch.optim.Optimizer, new: torch.optim.Optimizer) -> None:
@@ -269,8 +320,9 @@ class PaddedEval:
     process must run as many. The stand-in's outputs go to no metric (they are never
     yielded), so the metrics are those of the whole eval set, each sample once."""
 
-    def __init__(self, data: Iterable[Any], batches: int, most: int, model: Any,
-                 stand_in: Any) -> None:
+    def __init__(
+        self, data: Iterable[Any], batches: int, most: int, model: Any, stand_in: Any
+    ) -> None:
         self.data, self.batches, self.most = data, batches, most
         self.model, self.stand_in = model, stand_in
 
@@ -302,9 +354,12 @@ def padded_eval_data(model: Any, data: Any, rank: int, world: int) -> Any:
         most, stand_in = len(data[0::world]), data[0]
     else:
         if not isinstance(data, DataLoader):
-            warnings.warn(f"the fsdp backend cannot tell how many eval batches each process "
-                          f"has in {type(data).__name__}: every process must run as many "
-                          f"(each forward all-gathers the parameters)", stacklevel=3)
+            warnings.warn(
+                f"the fsdp backend cannot tell how many eval batches each process "
+                f"has in {type(data).__name__}: every process must run as many "
+                f"(each forward all-gathers the parameters)",
+                stacklevel=3,
+            )
         return share
     return PaddedEval(share, len(share), most, model, stand_in)
 
@@ -314,5 +369,7 @@ def _dtype(name: str, value: Any) -> torch.dtype | None:
         return value
     if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
         return _DTYPES[value.removeprefix("torch.")]
-    raise ValueError(f"FSDP({name}={value!r}): give 'bfloat16', 'float16', 'float32' (or a "
-                     f"torch dtype), or None to keep the parameters' own")
+    raise ValueError(
+        f"FSDP({name}={value!r}): give 'bfloat16', 'float16', 'float32' (or a "
+        f"torch dtype), or None to keep the parameters' own"
+    )

@@ -68,8 +68,9 @@ class StopCheck:
 
         self.group = group
         self.flag = torch.zeros(1, dtype=torch.int32)  # made once: a check allocates nothing
-        self.reduce = functools.partial(dist.all_reduce, self.flag, op=dist.ReduceOp.MAX,
-                                        group=group)
+        self.reduce = functools.partial(
+            dist.all_reduce, self.flag, op=dist.ReduceOp.MAX, group=group
+        )
         self.fired = False
 
     def __call__(self, engine: Any) -> None:

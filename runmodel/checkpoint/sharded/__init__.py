@@ -25,6 +25,16 @@ from .safe_reader import SafeReader, UnsafeCheckpointError, checked_reader
 from .saving import Sharded, ShardedWriter, save
 from .storage import ShardedStorage
 
-__all__ = ["FullModelState", "SafeReader", "Sharded", "ShardedModelState", "ShardedStorage",
-           "ShardedWriter", "UnsafeCheckpointError", "checked_reader", "read", "read_whole",
-           "save"]
+__all__ = [
+    "FullModelState",
+    "SafeReader",
+    "Sharded",
+    "ShardedModelState",
+    "ShardedStorage",
+    "ShardedWriter",
+    "UnsafeCheckpointError",
+    "checked_reader",
+    "read",
+    "read_whole",
+    "save",
+]

@@ -25,8 +25,9 @@ from .saving import Sharded
 __all__ = ["FullModelState", "ShardedModelState", "load", "read", "read_whole"]
 
 
-def load(path: str | os.PathLike[str], model: Any = None, sharded: Sharded | None = None
-         ) -> tuple[Path, dict[str, Any]]:
+def load(
+    path: str | os.PathLike[str], model: Any = None, sharded: Sharded | None = None
+) -> tuple[Path, dict[str, Any]]:
     """The checkpoint at ``path`` (a checkpoint file, a sharded checkpoint folder, or a
     folder of them: its newest readable one) as a snapshot to restore into ``model``,
     this run sharded as ``sharded`` (the fsdp backend's) or not (None). Its model part
@@ -58,8 +59,13 @@ def _to_own_backend(packs: dict[str, Any], model: Any, sharded: Sharded | None) 
     one process has no sampler to give it to (the resume's line says the data differ)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    own = "fsdp" if sharded is not None else "ddp" if isinstance(
-        getattr(model, "module", None), DistributedDataParallel) else None
+    own = (
+        "fsdp"
+        if sharded is not None
+        else "ddp"
+        if isinstance(getattr(model, "module", None), DistributedDataParallel)
+        else None
+    )
     for key in ("ddp", "fsdp"):
         if key != own and key in packs:
             state = packs.pop(key)
@@ -99,8 +105,9 @@ class ShardedModelState:
     parameter order. ``layout``: the optimizer's class and group sizes the save
     recorded (checked first)."""
 
-    def __init__(self, folder: Path, layout: dict[str, Any] | None = None,
-                 sharded: Sharded | None = None) -> None:
+    def __init__(
+        self, folder: Path, layout: dict[str, Any] | None = None, sharded: Sharded | None = None
+    ) -> None:
         self.folder, self.layout, self.sharded = folder, layout or {}, sharded
 
     def restore_into(self, model: Any) -> None:
@@ -112,11 +119,23 @@ class ShardedModelState:
             return
         if isinstance(optimizer, torch.optim.Optimizer):
             groups = self.layout.get("groups")
-            _check_optimizer(model, optimizer, {
-                "optimizer_class": self.layout.get("class"), "optimizer": {"param_groups": [
-                    {"params": range(n)} for n in (
-                        groups if groups is not None else
-                        [len(g["params"]) for g in optimizer.param_groups])]}})
+            _check_optimizer(
+                model,
+                optimizer,
+                {
+                    "optimizer_class": self.layout.get("class"),
+                    "optimizer": {
+                        "param_groups": [
+                            {"params": range(n)}
+                            for n in (
+                                groups
+                                if groups is not None
+                                else [len(g["params"]) for g in optimizer.param_groups]
+                            )
+                        ]
+                    },
+                },
+            )
         state = sharded.state()
         dcp.load(state, storage_reader=checked_reader(self.folder), process_group=sharded.group)
         sharded.set_state(state)
@@ -125,9 +144,13 @@ class ShardedModelState:
         optimizer = getattr(model, "optimizer", None)
         whole = read_whole(self.folder, optimizer=optimizer is not None)
         saved = whole.get("optimizer")
-        model.load_state_dict({"module": whole["module"],
-                               "optimizer": None if saved is None else _by_number(saved),
-                               "optimizer_class": self.layout.get("class")})
+        model.load_state_dict(
+            {
+                "module": whole["module"],
+                "optimizer": None if saved is None else _by_number(saved),
+                "optimizer_class": self.layout.get("class"),
+            }
+        )
 
     def __repr__(self) -> str:
         return f"ShardedModelState({str(self.folder)!r})"
@@ -158,12 +181,12 @@ class FullModelState:
         if self.state.get("module") is not None:
             set_model_state_dict(module, self.state["module"], options=options)
         if saved is not None and optimizer is not None:
-            set_optimizer_state_dict(module, optimizer, _by_name(saved, module, optimizer),
-                                     options=options)
+            set_optimizer_state_dict(
+                module, optimizer, _by_name(saved, module, optimizer), options=options
+            )
 
 
-def _check_optimizer(model: Any, optimizer: torch.optim.Optimizer,
-                     state: dict[str, Any]) -> None:
+def _check_optimizer(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """The plain resume's check (``TorchModel.load_state_dict``): the same optimizer
     class and parameter-group layout, or an error naming both."""
     check_same_optimizer(optimizer, state, type(model).__name__)
@@ -174,14 +197,22 @@ def _by_name(saved: dict[str, Any], module: Any, optimizer: Any) -> dict[str, An
     names = {id(p): n for n, p in module.named_parameters()}
     groups = saved.get("param_groups", [])
     if len(groups) != len(optimizer.param_groups) or any(
-            len(g["params"]) != len(o["params"]) for g, o in zip(groups, optimizer.param_groups,
-                                                                 strict=True)):
-        raise ValueError("the checkpoint's optimizer has other parameter groups than this "
-                         "run's optimizer: it cannot be loaded into the sharded one")
-    fqn = {number: names[id(p)] for g, o in zip(groups, optimizer.param_groups, strict=True)
-           for number, p in zip(g["params"], o["params"], strict=True)}
-    return {"state": {fqn[number]: state for number, state in saved.get("state", {}).items()},
-            "param_groups": [{**g, "params": [fqn[n] for n in g["params"]]} for g in groups]}
+        len(g["params"]) != len(o["params"])
+        for g, o in zip(groups, optimizer.param_groups, strict=True)
+    ):
+        raise ValueError(
+            "the checkpoint's optimizer has other parameter groups than this "
+            "run's optimizer: it cannot be loaded into the sharded one"
+        )
+    fqn = {
+        number: names[id(p)]
+        for g, o in zip(groups, optimizer.param_groups, strict=True)
+        for number, p in zip(g["params"], o["params"], strict=True)
+    }
+    return {
+        "state": {fqn[number]: state for number, state in saved.get("state", {}).items()},
+        "param_groups": [{**g, "params": [fqn[n] for n in g["params"]]} for g in groups],
+    }
 
 
 def _by_number(saved: dict[str, Any]) -> dict[str, Any]:
@@ -189,9 +220,10 @@ def _by_number(saved: dict[str, Any]) -> dict[str, Any]:
     number as ``Optimizer.state_dict`` numbers them: in group order."""
     groups = saved.get("param_groups", [])
     number = {name: i for i, name in enumerate(n for g in groups for n in g["params"])}
-    return {"state": {number[name]: state for name, state in saved.get("state", {}).items()},
-            "param_groups": [{**g, "params": [number[n] for n in g["params"]]}
-                             for g in groups]}
+    return {
+        "state": {number[name]: state for name, state in saved.get("state", {}).items()},
+        "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in groups],
+    }
 
 
 def read_whole(folder: str | os.PathLike[str], optimizer: bool = True) -> dict[str, Any]:
@@ -203,12 +235,15 @@ def read_whole(folder: str | os.PathLike[str], optimizer: bool = True) -> dict[s
 
     reader = checked_reader(folder)
     keys = {"module"}
-    if optimizer and any(k.startswith("optimizer.") or k == "optimizer"
-                         for k in reader.read_metadata().state_dict_metadata):
+    if optimizer and any(
+        k.startswith("optimizer.") or k == "optimizer"
+        for k in reader.read_metadata().state_dict_metadata
+    ):
         keys.add("optimizer")
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=reader,
-                     planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
+    _load_state_dict(
+        state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True
+    )
     if not isinstance(state.get("module"), dict):
         raise ValueError(f"{str(folder)!r} holds no model weights")
     return {key: _whole(value) for key, value in state.items()}

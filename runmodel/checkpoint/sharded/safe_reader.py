@@ -26,8 +26,15 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 _ALLOWED = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -49,7 +56,8 @@ class _AllowListUnpickler(pickle.Unpickler):
         raise UnsafeCheckpointError(
             f"the checkpoint's metadata names {module}.{name}, which is not among the "
             f"records a torch.distributed.checkpoint index holds; it was not loaded (a "
-            f"checkpoint from an untrusted source, or one written by another library)")
+            f"checkpoint from an untrusted source, or one written by another library)"
+        )
 
 
 @functools.cache

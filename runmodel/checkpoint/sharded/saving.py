@@ -43,7 +43,12 @@ class Sharded:
 
     def __init__(self, model: Any, group: Any, rank: int, world: int, token: str) -> None:
         self.model, self.group, self.rank, self.world, self.token = (
-            model, group, rank, world, token)
+            model,
+            group,
+            rank,
+            world,
+            token,
+        )
         self.ended_together = True
 
     def state(self) -> dict[str, Any]:
@@ -66,8 +71,12 @@ class Sharded:
         if optimizer is None or "optimizer" not in state:
             set_model_state_dict(module, state["module"])
         else:
-            set_state_dict(module, optimizer, model_state_dict=state["module"],
-                           optim_state_dict=state["optimizer"])
+            set_state_dict(
+                module,
+                optimizer,
+                model_state_dict=state["module"],
+                optim_state_dict=state["optimizer"],
+            )
 
 
 def save(path: str | os.PathLike[str], snapshot: dict[str, Any], sharded: Sharded) -> Path:
@@ -82,10 +91,18 @@ def save(path: str | os.PathLike[str], snapshot: dict[str, Any], sharded: Sharde
     staging = _staging(path, sharded)
     with contextlib.ExitStack() as lock:  # held while this process writes: it is alive
         failure = _attempt(lock.enter_context, shared_lock(staging))
-        failure = failure or _attempt(_write_run_state, staging,
-                                      _run_state(snapshot, sharded), sharded.rank)
-        failure = _attempt(dcp.save, sharded.state(), storage_writer=_writer(staging),
-                           process_group=sharded.group) or failure
+        failure = failure or _attempt(
+            _write_run_state, staging, _run_state(snapshot, sharded), sharded.rank
+        )
+        failure = (
+            _attempt(
+                dcp.save,
+                sharded.state(),
+                storage_writer=_writer(staging),
+                process_group=sharded.group,
+            )
+            or failure
+        )
         agree(failure, sharded, staging, path)
         if sharded.rank == 0:  # every process wrote, and the metadata is there
             publish(staging, path, sharded.world)
@@ -124,9 +141,11 @@ def agree(failure: BaseException | None, sharded: Sharded, staging: Path, path: 
         raise DiskFullError(worst, str(path)) from None
     if failure is not None:
         raise failure
-    raise RuntimeError(f"the sharded checkpoint {str(path)!r} was not saved: another process "
-                       f"failed to write its part (its error says why); the checkpoints "
-                       f"before it are kept")
+    raise RuntimeError(
+        f"the sharded checkpoint {str(path)!r} was not saved: another process "
+        f"failed to write its part (its error says why); the checkpoints "
+        f"before it are kept"
+    )
 
 
 def _full_disk(error: BaseException | None) -> OSError | None:
@@ -147,9 +166,11 @@ def _staging(path: Path, sharded: Sharded) -> Path:
 
 
 def _run_state(snapshot: dict[str, Any], sharded: Sharded) -> dict[str, Any]:
-    return {**{key: value for key, value in snapshot.items() if key != "model"},
-            "world_size": sharded.world,
-            "optimizer_layout": optimizer_layout(snapshot.get("model"))}
+    return {
+        **{key: value for key, value in snapshot.items() if key != "model"},
+        "world_size": sharded.world,
+        "optimizer_layout": optimizer_layout(snapshot.get("model")),
+    }
 
 
 def _write_run_state(staging: Path, run_state: dict[str, Any], rank: int) -> None:
@@ -163,9 +184,12 @@ def optimizer_layout(model_state: Any) -> dict[str, Any] | None:
     ``state_dict()``: ``TorchModel``'s ``optimizer_class`` and ``optimizer``)."""
     if not isinstance(model_state, dict) or not isinstance(model_state.get("optimizer"), dict):
         return None
-    return {"class": model_state.get("optimizer_class"),
-            "groups": [len(g.get("params", ())) for g in
-                       model_state["optimizer"].get("param_groups", [])]}
+    return {
+        "class": model_state.get("optimizer_class"),
+        "groups": [
+            len(g.get("params", ())) for g in model_state["optimizer"].get("param_groups", [])
+        ],
+    }
 
 
 def _writer(staging: Path) -> Any:
@@ -180,14 +204,18 @@ def publish(staging: Path, path: Path, world: int, timeout: float = 60.0) -> Non
     folder becomes ``path`` in one rename (a folder already there, from an earlier run,
     is moved aside first)."""
     if not (staging / METADATA).is_file():
-        raise RuntimeError(f"the sharded checkpoint {str(path)!r} has no {METADATA} after "
-                           f"every process wrote it")
+        raise RuntimeError(
+            f"the sharded checkpoint {str(path)!r} has no {METADATA} after every process wrote it"
+        )
     deadline = time.monotonic() + timeout
-    while missing := [r for r in range(world)
-                      if not (staging / RUN_STATE.format(rank=r)).is_file()]:
+    while missing := [
+        r for r in range(world) if not (staging / RUN_STATE.format(rank=r)).is_file()
+    ]:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the sharded checkpoint {str(path)!r} lacks the run state of "
-                               f"rank(s) {missing} {timeout:g} s after its shards were written")
+            raise RuntimeError(
+                f"the sharded checkpoint {str(path)!r} lacks the run state of "
+                f"rank(s) {missing} {timeout:g} s after its shards were written"
+            )
         time.sleep(0.01)
     old = None
     if path.exists():
@@ -228,8 +256,12 @@ class ShardedWriter:
     def busy(self) -> bool:
         return self._done is not None and self._done.is_alive()
 
-    def submit(self, path: str | os.PathLike[str], snapshot: dict[str, Any],
-               then: Callable[[], None] | None = None) -> None:
+    def submit(
+        self,
+        path: str | os.PathLike[str],
+        snapshot: dict[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> None:
         self.wait()
         path = self._path = Path(path)
         staging = _staging(path, self.sharded)
@@ -244,44 +276,66 @@ class ShardedWriter:
             self._done = threading.Thread(
                 target=self._finish,
                 args=(staged, events, staging, run_state, path, then, lock, failure),
-                name=f"runmodel sharded checkpoint {path.name}", daemon=True)
+                name=f"runmodel sharded checkpoint {path.name}",
+                daemon=True,
+            )
             self._done.start()
         except BaseException:
             lock.close()
             raise
 
-    def _stage_dtensor(self, tensor: torch.Tensor,
-                       stage_tensor: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+    def _stage_dtensor(
+        self, tensor: torch.Tensor, stage_tensor: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor | None:
         """A DTensor's staged copy: its local shard's, under a DTensor of the same mesh,
         placements and global shape, kept for the next saves; None for other classes."""
         DTensor = self._dtensor
         if not isinstance(tensor, DTensor):
             return None
         local = stage_tensor(tensor.to_local())
-        mesh, placements, shape, stride = (tensor.device_mesh, tensor.placements, tensor.shape,
-                                           tensor.stride())
+        mesh, placements, shape, stride = (
+            tensor.device_mesh,
+            tensor.placements,
+            tensor.shape,
+            tensor.stride(),
+        )
         key = (id(local), mesh, placements, shape, stride)  # the staged shards are kept
         wrapper = self._wrappers.get(key)
         if wrapper is None:
             wrapper = self._previous.pop(key, None)
             if wrapper is None:
-                wrapper = DTensor.from_local(local, mesh, placements, run_check=False,
-                                             shape=shape, stride=stride)
+                wrapper = DTensor.from_local(
+                    local, mesh, placements, run_check=False, shape=shape, stride=stride
+                )
             self._wrappers[key] = wrapper
         return wrapper
 
-    def _finish(self, staged: dict[str, Any], events: list[Any], staging: Path,
-                run_state: dict[str, Any], path: Path, then: Callable[[], None] | None,
-                lock: contextlib.ExitStack, failure: BaseException | None) -> None:
+    def _finish(
+        self,
+        staged: dict[str, Any],
+        events: list[Any],
+        staging: Path,
+        run_state: dict[str, Any],
+        path: Path,
+        then: Callable[[], None] | None,
+        lock: contextlib.ExitStack,
+        failure: BaseException | None,
+    ) -> None:
         import torch.distributed.checkpoint as dcp
 
         try:
             for event in events:  # the copies from a GPU are done
                 event.synchronize()
-            failure = failure or _attempt(_write_run_state, staging, run_state,
-                                          self.sharded.rank)
-            failure = _attempt(dcp.save, staged, storage_writer=_writer(staging),
-                               process_group=self.sharded.group) or failure
+            failure = failure or _attempt(_write_run_state, staging, run_state, self.sharded.rank)
+            failure = (
+                _attempt(
+                    dcp.save,
+                    staged,
+                    storage_writer=_writer(staging),
+                    process_group=self.sharded.group,
+                )
+                or failure
+            )
             agree(failure, self.sharded, staging, path)
             if self.sharded.rank == 0:
                 publish(staging, path, self.sharded.world)

@@ -48,8 +48,9 @@ class ShardedStorage:
     def best_name(self, metric: str, value: float, epoch: int, step: int) -> str:
         return folder_name(epoch, step)  # the save itself is kept
 
-    def save(self, path: Path, snapshot: dict[str, Any],
-             then: Callable[[], None] | None = None) -> None:
+    def save(
+        self, path: Path, snapshot: dict[str, Any], then: Callable[[], None] | None = None
+    ) -> None:
         save(path, snapshot, self.sharded)
         if self.leads and then is not None:
             then()
@@ -76,8 +77,9 @@ class ShardedStorage:
             get_model_state_dict,
         )
 
-        state = get_model_state_dict(model.module, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(
+            model.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         return dict(state) if self.sharded.rank == 0 else None
 
     def __repr__(self) -> str:

@@ -42,7 +42,8 @@ EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an e
 #: A run that hangs fails the test here rather than never ending.
 LIMIT_S = 240
 
-MODEL = with_child_net(textwrap.dedent('''
+MODEL = with_child_net(
+    textwrap.dedent('''
     """A small classifier, and the hooks the ddp tests look at."""
     import os
     import signal
@@ -130,7 +131,8 @@ MODEL = with_child_net(textwrap.dedent('''
             if engine.state.error is None:
                 torch.save(engine.model.state_dict()["module"], f"{out}/final.pt")
 
-'''))
+''')
+)
 
 RESUME = textwrap.dedent('''
     """Started by torchrun itself: resume the straight run from a checkpoint (a path), or
@@ -198,9 +200,15 @@ def torchrun_env(**extra: str) -> dict[str, str]:
 
 
 def launch(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, cwd=cwd, env=torchrun_env(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # killed with its processes
+    return subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=torchrun_env(**env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # killed with its processes
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str, float]:
@@ -227,12 +235,28 @@ class Runs:
         self.killed_dir, self.restarted_dir = root / "killed", root / "restarted"
         self.preempted_dir, self.one_dir = root / "preempted", root / "in-one-process"
         self.own_sampler_dir = root / "own-sampler"
-        for folder in (self.straight_dir, self.failing_dir, self.killed_dir,
-                       self.restarted_dir, self.preempted_dir, self.one_dir,
-                       self.own_sampler_dir):
+        for folder in (
+            self.straight_dir,
+            self.failing_dir,
+            self.killed_dir,
+            self.restarted_dir,
+            self.preempted_dir,
+            self.one_dir,
+            self.own_sampler_dir,
+        ):
             folder.mkdir()
-        cli = [sys.executable, "-m", "runmodel", "run", str(root / "net.py"), "--nproc-per-node",
-               "2", "--epochs", str(EPOCHS), "--no-progress"]
+        cli = [
+            sys.executable,
+            "-m",
+            "runmodel",
+            "run",
+            str(root / "net.py"),
+            "--nproc-per-node",
+            "2",
+            "--epochs",
+            str(EPOCHS),
+            "--no-progress",
+        ]
         self._straight = launch([*cli, "--json"], self.straight_dir)
         self._failing = launch(cli, self.failing_dir, FAIL_AT_STEP="3")
         self._killed = launch(cli, self.killed_dir, KILL_AT_STEP="12")
@@ -251,23 +275,51 @@ class Runs:
     def _start_resume(self) -> None:
         checkpoint = self.straight_dir / "ckpt" / self.mid_epoch_checkpoint()
         deadline = time.monotonic() + LIMIT_S
-        while not checkpoint.exists() and self._straight.poll() is None and (
-                time.monotonic() < deadline):
+        while (
+            not checkpoint.exists()
+            and self._straight.poll() is None
+            and (time.monotonic() < deadline)
+        ):
             time.sleep(0.1)  # checkpoints are renamed into place: there means complete
         if not checkpoint.exists():
             return
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-        self._resume = launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node", "2", str(self.root / "resume.py"),
-                               str(checkpoint)], self.straight_dir, PYTHONPATH=path)
+        self._resume = launch(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(self.root / "resume.py"),
+                str(checkpoint),
+            ],
+            self.straight_dir,
+            PYTHONPATH=path,
+        )
 
-    def train(self, cwd: Path, *options: str, processes: int = 2, args: tuple[str, ...] = (),
-              **env: str) -> subprocess.Popen[str]:
+    def train(
+        self, cwd: Path, *options: str, processes: int = 2, args: tuple[str, ...] = (), **env: str
+    ) -> subprocess.Popen[str]:
         """train.py under torchrun, from ``cwd`` (its run folder is ``cwd/run``)."""
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-        return launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       "--nproc-per-node", str(processes), *options,
-                       str(self.root / "train.py"), *args], cwd, PYTHONPATH=path, **env)
+        return launch(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(processes),
+                *options,
+                str(self.root / "train.py"),
+                *args,
+            ],
+            cwd,
+            PYTHONPATH=path,
+            **env,
+        )
 
     def _restart_and_preempt(self) -> None:
         """Once the killed run ended: the run whose rank 1 is killed under torchrun's
@@ -278,8 +330,9 @@ class Runs:
         self._cache["killed_exited"] = time.time()  # when it ended, not when a test asked
         try:
             if not self._closing:
-                self._restarted = self.train(self.restarted_dir, "--max-restarts", "1",
-                                             KILL_AT_STEP="12")
+                self._restarted = self.train(
+                    self.restarted_dir, "--max-restarts", "1", KILL_AT_STEP="12"
+                )
         finally:
             self._restart_started.set()
         if not self._closing:
@@ -291,30 +344,38 @@ class Runs:
         the one after step 11 (they check every 3 steps): the run stops at step 12. Then
         it is resumed, in 2 processes, and from its step-12 checkpoint in 1."""
         folder = self.preempted_dir
-        process = self.train(folder, "--shutdown-timeout", str(LIMIT_S), PREEMPT_AT_STEP="9",
-                             RECORD_INDICES="1")
+        process = self.train(
+            folder, "--shutdown-timeout", str(LIMIT_S), PREEMPT_AT_STEP="9", RECORD_INDICES="1"
+        )
         self._later.append(process)
         deadline = time.monotonic() + LIMIT_S
-        while not (folder / "ready").exists() and process.poll() is None and (
-                time.monotonic() < deadline):
+        while (
+            not (folder / "ready").exists()
+            and process.poll() is None
+            and (time.monotonic() < deadline)
+        ):
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(process)
         self._cache["preempted_checkpoints"] = [
-            c.name for c in reversed(checkpoints_in(folder / "ckpt"))]
+            c.name for c in reversed(checkpoints_in(folder / "ckpt"))
+        ]
         # what the processes and the run folder said, before the resume writes there again
         self._cache["preempted_stopped"] = [
-            (folder / f"stopped-{rank}").read_text() if (folder / f"stopped-{rank}").exists()
-            else None for rank in (0, 1)]
+            (folder / f"stopped-{rank}").read_text()
+            if (folder / f"stopped-{rank}").exists()
+            else None
+            for rank in (0, 1)
+        ]
         self._cache["preempted_status"] = json.loads((folder / "run" / "status.json").read_text())
         checkpoint = folder / "ckpt" / "ckpt-00001-0000000012.pt"
         if self._closing:
             return
         resumed = self.train(folder)
-        one = self.train(self.one_dir, processes=1, args=(str(checkpoint),),
-                         RECORD_INDICES="1")
-        own = self.train(self.own_sampler_dir, processes=1, args=(str(checkpoint),),
-                         OWN_SAMPLER="1")
+        one = self.train(self.one_dir, processes=1, args=(str(checkpoint),), RECORD_INDICES="1")
+        own = self.train(
+            self.own_sampler_dir, processes=1, args=(str(checkpoint),), OWN_SAMPLER="1"
+        )
         self._later += [resumed, one, own]
         self._cache["preempted_resumed"] = finish(resumed)
         self._cache["in_one_process"] = finish(one)
@@ -360,12 +421,25 @@ class Runs:
         if "killed" not in self._cache:
             self._cache["killed"] = finish(self._killed)
             self._cache["killed_checkpoints"] = [
-                c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))]
+                c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))
+            ]
             path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-            self._cache["killed_resumed"] = finish(launch(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", "2", str(self.root / "resume.py"), "auto"],
-                self.killed_dir, PYTHONPATH=path))
+            self._cache["killed_resumed"] = finish(
+                launch(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        "--nproc-per-node",
+                        "2",
+                        str(self.root / "resume.py"),
+                        "auto",
+                    ],
+                    self.killed_dir,
+                    PYTHONPATH=path,
+                )
+            )
         result: tuple[int, str, str, float] = self._cache["killed"]
         return result
 
@@ -387,8 +461,7 @@ class Runs:
     def close(self) -> None:
         self._resume_starter.join()
         self._closing = True  # the preemption's thread starts nothing more
-        for process in (self._straight, self._failing, self._killed, self._resume,
-                        self._restarted):
+        for process in (self._straight, self._failing, self._killed, self._resume, self._restarted):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
@@ -439,8 +512,9 @@ def one_process_reference(root: Path, seed: int) -> Any:
     class Reference(net.Net):  # type: ignore[misc, name-defined]
         def setup(self, setup_options: Any = None) -> None:
             super().setup({"batch_size": 2 * BATCH})
-            self.train_data = DataLoader(self.train_data.dataset, batch_size=2 * BATCH,
-                                         sampler=sampler)
+            self.train_data = DataLoader(
+                self.train_data.dataset, batch_size=2 * BATCH, sampler=sampler
+            )
 
     engine = runmodel.Engine()
     engine.on("epoch_start", lambda engine: setattr(sampler, "epoch", engine.state.epoch))
@@ -507,11 +581,16 @@ def test_checkpoints_tensorboard_and_run_log_are_written_by_rank_0_alone(runs: R
     metrics = json.loads(out)["metrics"]
     folder = runs.straight_dir
     assert [c.name for c in reversed(checkpoints_in(folder / "ckpt"))] == [
-        f"ckpt-{step // 8:05d}-{step:010d}.pt" for step in (5, 10, 15, 20)]
+        f"ckpt-{step // 8:05d}-{step:010d}.pt" for step in (5, 10, 15, 20)
+    ]
     log = (folder / "run.log").read_text().splitlines()
     assert [line.split(" ", 2)[2].split(" loss")[0] for line in log] == [
-        "start train: 0 epochs, 0 steps done", "epoch 1 step 8", "epoch 2 step 16",
-        "epoch 3 step 24", "end: 3 epochs, 24 steps done"]
+        "start train: 0 epochs, 0 steps done",
+        "epoch 1 step 8",
+        "epoch 2 step 16",
+        "epoch 3 step 24",
+        "end: 3 epochs, 24 steps done",
+    ]
     events = list((folder / "tb").glob("events.out.tfevents.*"))
     assert len(events) == 1, events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -580,8 +659,10 @@ def test_an_error_in_rank_1_ends_both_processes_and_is_reported(runs: Runs) -> N
     code, out, err, _ = runs.failing()
     assert code == 1, err[-3000:]
     assert out == ""  # no result printed
-    assert ("runmodel run: error: process rank 1 failed: RuntimeError: rank 1 "
-            "fails on purpose at step 3; every process was ended") in err
+    assert (
+        "runmodel run: error: process rank 1 failed: RuntimeError: rank 1 "
+        "fails on purpose at step 3; every process was ended"
+    ) in err
     # rank 1's own report, with where it was raised
     assert "runmodel run [rank 1]: error: RuntimeError: rank 1 fails on purpose at step 3" in err
     assert "raised in phase 'step_start', hook 'fail'" in err
@@ -593,7 +674,8 @@ def test_an_error_in_rank_1_ends_both_processes_and_is_reported(runs: Runs) -> N
 
 
 def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exact(
-        runs: Runs) -> None:
+    runs: Runs,
+) -> None:
     """Rank 1 is SIGKILLed at step 12: rank 0 fails on the lost connection at once, the
     launcher ends with 1 naming rank 1, and resume="auto" finishes the run from its step-10
     checkpoint with the straight run's weights, bit for bit."""
@@ -605,7 +687,9 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exac
     killed_at = float((runs.killed_dir / "killed-at").read_text())
     assert ended - killed_at < 20, f"the run took {ended - killed_at:.1f}s to end"
     assert runs._cache["killed_checkpoints"] == [
-        "ckpt-00000-0000000005.pt", "ckpt-00001-0000000010.pt"]
+        "ckpt-00000-0000000005.pt",
+        "ckpt-00001-0000000010.pt",
+    ]
     resumed_code, _, resumed_err, _ = runs._cache["killed_resumed"]
     assert resumed_code == 0, resumed_err[-3000:]
     assert "resuming from" in resumed_err and "ckpt-00001-0000000010.pt" in resumed_err
@@ -621,7 +705,8 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it_and_auto_resume_is_exac
 
 
 def test_sigterm_to_torchrun_stops_every_process_at_one_step_and_the_resume_is_exact(
-        runs: Runs) -> None:
+    runs: Runs,
+) -> None:
     """SIGTERM to the launcher, which sends it on to both processes: each handler records
     it, the processes' next check (after step 11) stops both after step 12 (mid-epoch 1),
     the Checkpoint pack saves that step, the run folder says preempted; run again, the
@@ -631,7 +716,10 @@ def test_sigterm_to_torchrun_stops_every_process_at_one_step_and_the_resume_is_e
     assert (folder / "ready").read_text() == "9"
     assert runs._cache["preempted_stopped"] == ["12 preempted"] * 2, err[-3000:]
     assert runs._cache["preempted_checkpoints"] == [
-        "ckpt-00000-0000000005.pt", "ckpt-00001-0000000010.pt", "ckpt-00001-0000000012.pt"]
+        "ckpt-00000-0000000005.pt",
+        "ckpt-00001-0000000010.pt",
+        "ckpt-00001-0000000012.pt",
+    ]
     assert err.count("runmodel: SIGTERM: the processes stop together") == 1  # rank 0's
     assert "runmodel: SIGTERM stopped the run after step 12; saved " in err
     status = runs._cache["preempted_status"]
@@ -650,38 +738,46 @@ def test_sigterm_to_torchrun_stops_every_process_at_one_step_and_the_resume_is_e
 
 
 def test_a_preempted_2_process_run_resumed_in_1_trains_on_each_sample_of_its_epoch_once(
-        runs: Runs) -> None:
+    runs: Runs,
+) -> None:
     """Stopped after 4 of epoch 1's 8 steps (2 processes, 4 samples each a step: 32 of
     the 64 samples drawn), resumed in 1 process: the 32 samples the 2 had not drawn are
     dealt out over the 1 (8 steps of 4), so over epoch 1 every sample index is trained on
     exactly once; epoch 2 is the 1-process run's own (16 steps)."""
     code, _, err, _ = runs.preempted("in_one_process")
     assert code == 0, err[-3000:]
-    assert ("what the 2 processes had not drawn of epoch 2 is dealt out over 1" in err
-            ), err[-3000:]
+    assert "what the 2 processes had not drawn of epoch 2 is dealt out over 1" in err, err[-3000:]
 
     def epochs(path: Path) -> list[tuple[int, list[int]]]:
         rows = [line.split(" ", 1) for line in path.read_text().splitlines()]
         return [(int(epoch), json.loads(batch)) for epoch, batch in rows]
 
-    before = [batch for rank in (0, 1)
-              for epoch, batch in epochs(runs.preempted_dir / f"indices-{rank}") if epoch == 1]
+    before = [
+        batch
+        for rank in (0, 1)
+        for epoch, batch in epochs(runs.preempted_dir / f"indices-{rank}")
+        if epoch == 1
+    ]
     after = epochs(runs.one_dir / "indices-0")
     assert len(before) == 2 * 4 and [e for e, _ in after].count(1) == 8
     assert [e for e, _ in after].count(2) == 16
     trained = sorted(i for batch in before for i in batch) + sorted(
-        i for epoch, batch in after if epoch == 1 for i in batch)
+        i for epoch, batch in after if epoch == 1 for i in batch
+    )
     assert sorted(trained) == list(range(64))
 
 
 def test_a_distributed_sampler_of_the_scripts_own_cannot_go_on_mid_epoch_in_another_world(
-        runs: Runs) -> None:
+    runs: Runs,
+) -> None:
     """Its order is its own: the rest of the 2 processes' epoch cannot be dealt out anew.
     Refused at setup, naming why and what would do, before any step."""
     code, _, err, _ = runs.preempted("own_sampler")
     assert code != 0
-    assert ("written by 2 process(es) in the middle of epoch 2 (after 4 of its batches), "
-            "and this run has 1") in err, err[-3000:]
+    assert (
+        "written by 2 process(es) in the middle of epoch 2 (after 4 of its batches), "
+        "and this run has 1"
+    ) in err, err[-3000:]
     assert "dealt out by the script's own DistributedSampler (in a DataLoader)" in err
     assert "Resume in 2 process(es), or from a checkpoint taken at an epoch's end" in err
     assert not (runs.own_sampler_dir / "setup-0").exists()  # no setup hook ran
@@ -689,7 +785,8 @@ def test_a_distributed_sampler_of_the_scripts_own_cannot_go_on_mid_epoch_in_anot
 
 
 def test_a_rank_killed_under_max_restarts_is_restarted_and_the_run_finishes_exactly(
-        runs: Runs) -> None:
+    runs: Runs,
+) -> None:
     """torchrun --max-restarts 1; rank 1 SIGKILLed at step 12 of the first attempt: torchrun
     starts both again, they continue from the step-10 checkpoint by themselves
     (resume="auto"), the launch exits 0, the run folder's status says finished, with one
@@ -713,12 +810,16 @@ def test_a_rank_killed_under_max_restarts_is_restarted_and_the_run_finishes_exac
 
 
 def test_the_ddp_backend_outside_torchrun_says_how_to_start_the_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     model = net_module_from_text(MODEL).Net("cpu")
-    with pytest.raises(RuntimeError, match=r"runs in processes started by torchrun.*"
-                       r"runmodel run SOURCE --nproc-per-node N"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"runs in processes started by torchrun.*"
+        r"runmodel run SOURCE --nproc-per-node N",
+    ):
         runmodel.Engine().run(model, epochs=1, backend="ddp")
     with pytest.raises(ValueError, match=r"process_group='tcp'"):
         DDP(process_group="tcp")
@@ -733,7 +834,8 @@ def net_module_from_text(text: str) -> ModuleType:
 
 
 def test_the_launcher_passes_torchruns_options_and_never_relaunches_under_torchrun(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from runmodel.cli import launch
     from runmodel.cli.parser import parser
 
@@ -745,19 +847,45 @@ def test_the_launcher_passes_torchruns_options_and_never_relaunches_under_torchr
     one_machine = parsed("--nproc-per-node", "2")
     assert launch.asked_for(one_machine)
     assert launch.torchrun_arguments(one_machine) == ["--nproc-per-node", "2", "--standalone"]
-    several = parsed("--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "c10d",
-                     "--rdzv-endpoint", "node0:29400", "--rdzv-id", "job42")
+    several = parsed(
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "job42",
+    )
     assert launch.torchrun_arguments(several) == [
-        "--nproc-per-node", "4", "--nnodes", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "node0:29400", "--rdzv-id", "job42"]
-    master = parsed("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-                    "--master-port", "29500")
+        "--nproc-per-node",
+        "4",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "job42",
+    ]
+    master = parsed(
+        "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29500"
+    )
     assert "--standalone" not in launch.torchrun_arguments(master)
     from torch.distributed.run import get_args_parser
 
-    options = get_args_parser().parse_args([*launch.torchrun_arguments(several), "-m",
-                                            "runmodel", "run", "model.py"])
-    assert (options.nnodes, options.nproc_per_node, options.rdzv_endpoint, options.module,
-            options.training_script) == ("2", "4", "node0:29400", True, "runmodel")
+    options = get_args_parser().parse_args(
+        [*launch.torchrun_arguments(several), "-m", "runmodel", "run", "model.py"]
+    )
+    assert (
+        options.nnodes,
+        options.nproc_per_node,
+        options.rdzv_endpoint,
+        options.module,
+        options.training_script,
+    ) == ("2", "4", "node0:29400", True, "runmodel")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")  # a process torchrun started
     assert not launch.asked_for(one_machine)

@@ -36,8 +36,9 @@ def test_data_that_cannot_be_dealt_out_is_refused_with_what_would_do() -> None:
         "IterableDataset": DataLoader(Stream()),
         "own sampler": DataLoader(dataset, sampler=WeightedRandomSampler([1.0] * 10, 10)),
         "own batch_sampler": DataLoader(dataset, batch_sampler=[[0, 1], [2, 3]]),
-        "with replacement": DataLoader(dataset, sampler=torch.utils.data.RandomSampler(
-            dataset, replacement=True)),
+        "with replacement": DataLoader(
+            dataset, sampler=torch.utils.data.RandomSampler(dataset, replacement=True)
+        ),
     }
     for what, loader in refused.items():
         with pytest.raises(TypeError, match=r"DDP\(shard_data=False\)"):
@@ -50,13 +51,23 @@ def test_a_loader_is_made_again_with_its_settings_and_a_distributed_sampler() ->
 
     dataset = TensorDataset(torch.arange(21.0))
     generator = torch.Generator().manual_seed(3)
-    loader = DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True,
-                        generator=generator, collate_fn=lambda rows: [r[0] for r in rows])
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        drop_last=True,
+        generator=generator,
+        collate_fn=lambda rows: [r[0] for r in rows],
+    )
     parts = [shard_train_data(loader, rank, 2, seed=7) for rank in (0, 1)]
     for part in parts:
         assert isinstance(part.sampler, DistributedSampler) and part.sampler.shuffle
         assert (part.batch_size, part.drop_last, part.generator, part.collate_fn) == (
-            4, True, generator, loader.collate_fn)
+            4,
+            True,
+            generator,
+            loader.collate_fn,
+        )
         assert len(part) == 2  # 11 samples (padded), batches of 4, the last dropped
     evaluated = [shard_eval_data(DataLoader(dataset, batch_size=4), rank, 2) for rank in (0, 1)]
     assert [len(list(e.sampler)) for e in evaluated] == [11, 10]  # no padding
@@ -71,10 +82,15 @@ def test_a_loader_is_made_again_with_its_settings_and_a_distributed_sampler() ->
 
 
 @settings(max_examples=300, deadline=None)
-@given(size=st.integers(1, 80), first=st.integers(1, 5), then=st.integers(1, 5),
-       drawn=st.integers(0, 30))
+@given(
+    size=st.integers(1, 80),
+    first=st.integers(1, 5),
+    then=st.integers(1, 5),
+    drawn=st.integers(0, 30),
+)
 def test_the_rest_of_an_epoch_goes_to_the_new_processes_and_nothing_drawn_comes_back(
-        size: int, first: int, then: int, drawn: int) -> None:
+    size: int, first: int, then: int, drawn: int
+) -> None:
     """N processes drew ``drawn`` items each of an epoch's padded order (process r:
     positions r, r + N, ...: together a prefix); M processes then share what is left,
     as many each. Every item is drawn, none of the drawn ones again unless as padding;
@@ -86,9 +102,9 @@ def test_the_rest_of_an_epoch_goes_to_the_new_processes_and_nothing_drawn_comes_
     assert {before for before, _ in shares} == {drawn}
     assert len({len(share) for _, share in shares}) == 1  # every process as many steps
     rest = [i for _, share in shares for i in share]
-    assert set(dealt[:first * drawn]) | set(rest) == set(order)
+    assert set(dealt[: first * drawn]) | set(rest) == set(order)
     if size % first == 0 and (size - first * drawn) % then == 0:
-        assert sorted(dealt[:first * drawn] + rest) == sorted(order)
+        assert sorted(dealt[: first * drawn] + rest) == sorted(order)
 
 
 def test_an_epoch_dealt_out_twice_anew_still_draws_every_sample_once() -> None:

@@ -17,8 +17,15 @@ import torch.distributed as dist
 import runmodel
 from runmodel.backends.distributed import env
 
-TORCHRUN = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN = (
+    "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @pytest.fixture
@@ -39,9 +46,14 @@ def free_port() -> int:
 @pytest.fixture
 def one_process(outside: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """torchrun's environment for a world of one; no group is left behind."""
-    for name, value in (("TORCHELASTIC_RUN_ID", "test"), ("RANK", "0"), ("WORLD_SIZE", "1"),
-                        ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", str(free_port()))):
+    for name, value in (
+        ("TORCHELASTIC_RUN_ID", "test"),
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(free_port())),
+    ):
         outside.setenv(name, value)
     try:
         yield outside
@@ -52,16 +64,27 @@ def one_process(outside: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 
 def test_outside_a_launch_this_process_is_rank_0_of_1(outside: pytest.MonkeyPatch) -> None:
     assert (env.launched(), env.several(), env.rank(), env.world_size(), env.local_rank()) == (
-        False, False, 0, 1, 0)
+        False,
+        False,
+        0,
+        1,
+        0,
+    )
     assert env.missing_variables() == list(env.TORCHRUN_VARIABLES)
     assert env.broadcast_from_0({"a": 1}) == {"a": 1}  # a world of one: no collective
     runmodel.end_distributed()  # nothing made: nothing to end
 
 
 def test_torchruns_environment_says_launched_several_rank_and_world(
-        outside: pytest.MonkeyPatch) -> None:
-    for name, value in (("TORCHELASTIC_RUN_ID", "job"), ("RANK", "3"), ("WORLD_SIZE", "4"),
-                        ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+    outside: pytest.MonkeyPatch,
+) -> None:
+    for name, value in (
+        ("TORCHELASTIC_RUN_ID", "job"),
+        ("RANK", "3"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+    ):
         outside.setenv(name, value)
     assert (env.launched(), env.several(), env.rank(), env.local_rank()) == (True, True, 3, 1)
     assert env.launch_world() == {"world_size": 4, "nproc_per_node": 2, "nnodes": 2}
@@ -71,8 +94,7 @@ def test_torchruns_environment_says_launched_several_rank_and_world(
     assert (env.launched(), env.several()) == (True, False)  # torchrun's, one of one
 
 
-def test_a_group_runmodel_made_lives_until_end_distributed(
-        one_process: pytest.MonkeyPatch) -> None:
+def test_a_group_runmodel_made_lives_until_end_distributed(one_process: pytest.MonkeyPatch) -> None:
     env.make_group("gloo", timeout=60)
     assert env.has_group() and dist.get_world_size() == 1
     assert env.broadcast_from_0("token") == "token"
@@ -81,20 +103,33 @@ def test_a_group_runmodel_made_lives_until_end_distributed(
     runmodel.end_distributed()  # once ended: nothing to do
 
 
-def test_a_group_the_script_made_is_the_scripts_to_end(one_process: pytest.MonkeyPatch,
-                                                       tmp_path: Path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
+def test_a_group_the_script_made_is_the_scripts_to_end(
+    one_process: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     runmodel.end_distributed()
     assert env.has_group()  # left alone
 
 
 def test_the_command_line_asks_without_importing_torch() -> None:
-    code = ("import sys; from runmodel.backends.distributed import env; "
-            "print(env.launched(), env.several(), 'torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, env={"PATH": "", "PYTHONPATH": ":".join(sys.path),
-                                             "TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "2"})
+    code = (
+        "import sys; from runmodel.backends.distributed import env; "
+        "print(env.launched(), env.several(), 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "",
+            "PYTHONPATH": ":".join(sys.path),
+            "TORCHELASTIC_RUN_ID": "job",
+            "WORLD_SIZE": "2",
+        },
+    )
     assert result.stdout.split() == ["True", "True", "False"], result.stderr
 
 
@@ -102,7 +137,8 @@ def test_the_command_line_asks_without_importing_torch() -> None:
 
 
 def test_a_restarted_groups_status_names_the_rank_each_restart_followed(
-        outside: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    outside: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """torchrun keeps each attempt's error files side by side (``attempt_N/LOCAL_RANK/
     error.json``); the processes write theirs with ``record_failure``. Attempt 0: rank 1
     killed (no record), rank 0 recorded losing it; attempt 1: both recorded, rank 0 first;
@@ -132,6 +168,9 @@ def test_a_restarted_groups_status_names_the_rank_each_restart_followed(
     recorded = restarts()
     assert recorded["restarts"] == 3
     assert [(r["attempt"], r["rank"]) for r in recorded["restarted_after"]] == [
-        (0, 1), (1, 0), (2, "unknown")]
+        (0, 1),
+        (1, 0),
+        (2, "unknown"),
+    ]
     assert "killed" in recorded["restarted_after"][0]["why"]
     assert recorded["restarted_after"][1]["why"] == "RuntimeError: rank 0 fails"

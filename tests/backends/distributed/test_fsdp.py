@@ -47,7 +47,8 @@ from helpers import with_child_net
 EPOCHS, BATCH = 4, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 LIMIT_S = 240
 
-MODEL = with_child_net(textwrap.dedent('''
+MODEL = with_child_net(
+    textwrap.dedent('''
     """A small classifier under fsdp, and the hooks the tests look at."""
     import os
     import signal
@@ -195,7 +196,8 @@ MODEL = with_child_net(textwrap.dedent('''
                               "metrics": result.metrics}))
         if os.environ.get("FSDP_TEST") == "straight":
             evaluate_and_gather(model)
-''')).replace("import os\n", "import json\nimport os\n", 1)
+''')
+).replace("import os\n", "import json\nimport os\n", 1)
 
 
 def torchrun_env(**extra: str) -> dict[str, str]:
@@ -205,17 +207,37 @@ def torchrun_env(**extra: str) -> dict[str, str]:
 
 
 def launch(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, cwd=cwd, env=torchrun_env(**env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # killed with its processes
+    return subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=torchrun_env(**env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # killed with its processes
 
 
-def torchrun(root: Path, cwd: Path, *args: str, options: tuple[str, ...] = (), **env: str
-             ) -> subprocess.Popen[str]:
+def torchrun(
+    root: Path, cwd: Path, *args: str, options: tuple[str, ...] = (), **env: str
+) -> subprocess.Popen[str]:
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "2", *options, str(root / "net.py"), *args], cwd,
-                  PYTHONPATH=path, **env)
+    return launch(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *options,
+            str(root / "net.py"),
+            *args,
+        ],
+        cwd,
+        PYTHONPATH=path,
+        **env,
+    )
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -234,18 +256,29 @@ class Runs:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "net.py").write_text(MODEL)
-        self.dirs = {name: root / name for name in ("straight", "stopped", "killed",
-                                                    "accumulate", "from_plain", "restarted",
-                                                    "in_one")}
+        self.dirs = {
+            name: root / name
+            for name in (
+                "straight",
+                "stopped",
+                "killed",
+                "accumulate",
+                "from_plain",
+                "restarted",
+                "in_one",
+            )
+        }
         for folder in self.dirs.values():
             folder.mkdir()
         self._cache: dict[str, Any] = {}
         self._processes: list[subprocess.Popen[str]] = []
         self._threads: dict[str, threading.Thread] = {}
-        self._start("straight", torchrun(root, self.dirs["straight"], str(EPOCHS),
-                                         FSDP_TEST="straight"))
-        self._start("accumulate", torchrun(root, self.dirs["accumulate"], "2",
-                                           FSDP_TEST="accumulate"))
+        self._start(
+            "straight", torchrun(root, self.dirs["straight"], str(EPOCHS), FSDP_TEST="straight")
+        )
+        self._start(
+            "accumulate", torchrun(root, self.dirs["accumulate"], "2", FSDP_TEST="accumulate")
+        )
         # a one-process run's checkpoint file, resumed under fsdp
         model = net_module(root).Net("cpu")
         engine = runmodel.Engine()
@@ -254,8 +287,16 @@ class Runs:
         engine.attach(Checkpoint(self.dirs["from_plain"] / "plain"))
         engine.run(model, epochs=1)
         self.plain_checkpoint = self.dirs["from_plain"] / "plain" / "ckpt-00001-0000000016.pt"
-        self._start("from_plain", torchrun(root, self.dirs["from_plain"], "2",
-                                           str(self.plain_checkpoint), FSDP_TEST="from_plain"))
+        self._start(
+            "from_plain",
+            torchrun(
+                root,
+                self.dirs["from_plain"],
+                "2",
+                str(self.plain_checkpoint),
+                FSDP_TEST="from_plain",
+            ),
+        )
         # stopped after 2 epochs, then resumed: one after the other, in a thread
         self._stopped = threading.Thread(target=self._stop_and_resume, daemon=True)
         self._stopped.start()
@@ -263,26 +304,65 @@ class Runs:
     def start_killed(self) -> None:
         """The run whose rank 1 is SIGKILLed (soak only): started when a test asks."""
         if "killed" not in self._threads:
-            self._start("killed", launch(
-                [sys.executable, "-m", "runmodel", "run", str(self.root / "net.py"),
-                 "--nproc-per-node", "2", "--backend", "fsdp", "--epochs", "3",
-                 "--no-progress"], self.dirs["killed"], FSDP_TEST="killed"))
+            self._start(
+                "killed",
+                launch(
+                    [
+                        sys.executable,
+                        "-m",
+                        "runmodel",
+                        "run",
+                        str(self.root / "net.py"),
+                        "--nproc-per-node",
+                        "2",
+                        "--backend",
+                        "fsdp",
+                        "--epochs",
+                        "3",
+                        "--no-progress",
+                    ],
+                    self.dirs["killed"],
+                    FSDP_TEST="killed",
+                ),
+            )
 
     def start_soak(self) -> None:
         """The fsdp twins of ddp checks (soak only), started when a test asks: a run whose
         rank 1 is killed under --max-restarts 1, and the preempted run's mid-epoch
         checkpoint resumed in 1 process."""
         if "restarted" not in self._threads:
-            self._start("restarted", torchrun(self.root, self.dirs["restarted"], str(EPOCHS),
-                                              "auto", options=("--max-restarts", "1"),
-                                              FSDP_TEST="restarted"))
+            self._start(
+                "restarted",
+                torchrun(
+                    self.root,
+                    self.dirs["restarted"],
+                    str(EPOCHS),
+                    "auto",
+                    options=("--max-restarts", "1"),
+                    FSDP_TEST="restarted",
+                ),
+            )
             self.result("preempted")
             path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-            self._start("in_one", launch(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", "1", str(self.root / "net.py"), str(EPOCHS),
-                 str(self.dirs["stopped"] / "ckpt" / "ckpt-00002-0000000021")],
-                self.dirs["in_one"], PYTHONPATH=path, FSDP_TEST="in_one"))
+            self._start(
+                "in_one",
+                launch(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        "--nproc-per-node",
+                        "1",
+                        str(self.root / "net.py"),
+                        str(EPOCHS),
+                        str(self.dirs["stopped"] / "ckpt" / "ckpt-00002-0000000021"),
+                    ],
+                    self.dirs["in_one"],
+                    PYTHONPATH=path,
+                    FSDP_TEST="in_one",
+                ),
+            )
 
     def _start(self, name: str, process: subprocess.Popen[str]) -> None:
         """Await ``process`` in a thread of its own: its output drained, the time it
@@ -307,21 +387,35 @@ class Runs:
         # resumed, then preempted by SIGTERM to torchrun once rank 0 is at step 18 (it
         # waits there for the signal): the processes check every 3 steps, so the first
         # check after it is the one after step 20: both stop after step 21, mid-epoch 3
-        second = torchrun(self.root, folder, str(EPOCHS), str(folder / "ckpt"),
-                          options=("--shutdown-timeout", str(LIMIT_S)), FSDP_TEST="stopped",
-                          RESUMED="1", PREEMPT_AT_STEP="18")
+        second = torchrun(
+            self.root,
+            folder,
+            str(EPOCHS),
+            str(folder / "ckpt"),
+            options=("--shutdown-timeout", str(LIMIT_S)),
+            FSDP_TEST="stopped",
+            RESUMED="1",
+            PREEMPT_AT_STEP="18",
+        )
         self._processes.append(second)
         deadline = time.monotonic() + LIMIT_S
-        while not (folder / "ready").exists() and second.poll() is None and (
-                time.monotonic() < deadline):
+        while (
+            not (folder / "ready").exists()
+            and second.poll() is None
+            and (time.monotonic() < deadline)
+        ):
             time.sleep(0.05)
         second.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(second)
         self._cache["preempted_stopped"] = [  # before the resume writes them again
-            (folder / f"stopped-{rank}").read_text() if (folder / f"stopped-{rank}").exists()
-            else None for rank in (0, 1)]
-        third = torchrun(self.root, folder, str(EPOCHS), str(folder / "ckpt"),
-                         FSDP_TEST="stopped", RESUMED="2")
+            (folder / f"stopped-{rank}").read_text()
+            if (folder / f"stopped-{rank}").exists()
+            else None
+            for rank in (0, 1)
+        ]
+        third = torchrun(
+            self.root, folder, str(EPOCHS), str(folder / "ckpt"), FSDP_TEST="stopped", RESUMED="2"
+        )
         self._processes.append(third)
         self._cache["resumed"] = finish(third)
 
@@ -378,8 +472,7 @@ def assert_equal_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 # -- resume and export ------------------------------------------------------------------------
 
 
-def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(
-        runs: Runs) -> None:
+def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(runs: Runs) -> None:
     """The stop's save is collective (every process writes its shard, after the end
     agreement); so is the save at a preemption: SIGTERM to torchrun in the middle of
     epoch 3 stops both processes after the same step (their check every 3 steps), and
@@ -393,7 +486,12 @@ def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(
     assert runs._cache["stopped_checkpoints"] == ["ckpt-00002-0000000016"]
     folder = runs.dirs["stopped"] / "ckpt" / "ckpt-00002-0000000016"
     assert sorted(p.name for p in folder.iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "run-0.pt", "run-1.pt"]
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "run-0.pt",
+        "run-1.pt",
+    ]
     _, _, err = runs.result("preempted")
     stopped = runs.dirs["stopped"]
     assert (stopped / "ready").read_text() == "18", err[-4000:]
@@ -401,7 +499,12 @@ def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(
     assert "runmodel: SIGTERM stopped the run after step 21; saved " in err
     at_signal = stopped / "ckpt" / "ckpt-00002-0000000021"  # epoch index 2, 5 of 8 steps
     assert sorted(p.name for p in at_signal.iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp", "run-0.pt", "run-1.pt"]
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "run-0.pt",
+        "run-1.pt",
+    ]
     for rank in (0, 1):
         counters = runmodel.checkpoint.read(at_signal / f"run-{rank}.pt")["engine"]["counters"]
         assert (counters["step"], counters["epoch"], counters["epoch_step"]) == (21, 2, 5)
@@ -415,7 +518,8 @@ def test_a_run_stopped_then_preempted_and_resumed_each_time_ends_bit_identical(
 
 
 def test_export_of_the_epoch_2_checkpoint_is_the_full_weights_the_run_had_then(
-        runs: Runs, tmp_path: Path) -> None:
+    runs: Runs, tmp_path: Path
+) -> None:
     runs.ok("straight")
     from runmodel.cli import main
 
@@ -453,8 +557,7 @@ def test_a_staging_folder_is_never_picked_to_resume(runs: Runs, tmp_path: Path) 
     shutil.copytree(source, tmp_path / "ckpt-00006-0000000048")
     (tmp_path / "ckpt-00006-0000000048" / ".metadata").unlink()
     shutil.copytree(source, tmp_path / "ckpt-00004-0000000032")
-    assert [p.name for p in checkpoints_in(tmp_path)] == [
-        "ckpt-00004-0000000032"]
+    assert [p.name for p in checkpoints_in(tmp_path)] == ["ckpt-00004-0000000032"]
 
 
 def test_a_one_process_checkpoint_file_resumes_under_fsdp(runs: Runs) -> None:
@@ -466,8 +569,9 @@ def test_a_one_process_checkpoint_file_resumes_under_fsdp(runs: Runs) -> None:
     optimizer = torch.load(runs.dirs["from_plain"] / "restored-optimizer.pt", weights_only=True)
     names = list(saved["module"])  # the parameters, in the optimizer's order
     for number, state in saved["optimizer"]["state"].items():
-        assert torch.equal(optimizer["state"][names[number]]["momentum_buffer"],
-                           state["momentum_buffer"]), names[number]
+        assert torch.equal(
+            optimizer["state"][names[number]]["momentum_buffer"], state["momentum_buffer"]
+        ), names[number]
 
 
 # -- evaluation --------------------------------------------------------------------------------
@@ -489,8 +593,7 @@ def test_eval_metrics_are_those_of_the_whole_eval_set_with_uneven_shares(runs: R
 # -- the trained model in the same script ------------------------------------------------------
 
 
-def test_after_the_run_the_same_script_evaluates_and_gathers_the_sharded_module(
-        runs: Runs) -> None:
+def test_after_the_run_the_same_script_evaluates_and_gathers_the_sharded_module(runs: Runs) -> None:
     """The process group the backend made lives on after the run: the script's eval run
     (``engine.run(model, mode="eval", backend="fsdp")``) takes the sharded module as it
     is, not sharded again, and ``get_model_state_dict(..., full_state_dict=True)``
@@ -527,8 +630,7 @@ class DealtOrder(Sampler[int]):
         return self.size
 
 
-def test_accumulation_and_clipping_train_as_one_process_with_twice_the_batch(
-        runs: Runs) -> None:
+def test_accumulation_and_clipping_train_as_one_process_with_twice_the_batch(runs: Runs) -> None:
     """GradAccumulation(3) (windows 3, 3, 2 of an 8-step epoch; only each window's last
     backward reduces) and GradClip on the true global norm: the 2-process fsdp run with
     batch b trains as one process with batch 2b does."""
@@ -541,8 +643,9 @@ def test_accumulation_and_clipping_train_as_one_process_with_twice_the_batch(
     class Reference(net.Net):  # type: ignore[misc, name-defined]
         def setup(self, setup_options: Any = None) -> None:
             super().setup({"batch_size": 2 * BATCH})
-            self.train_data = DataLoader(self.train_data.dataset, batch_size=2 * BATCH,
-                                         sampler=sampler)
+            self.train_data = DataLoader(
+                self.train_data.dataset, batch_size=2 * BATCH, sampler=sampler
+            )
 
     engine = runmodel.Engine()
     engine.attach(GradAccumulation(3), GradClip(max_norm=0.5))
@@ -568,20 +671,22 @@ def test_a_killed_rank_ends_the_run_in_seconds_naming_it(runs: Runs) -> None:
     killed_at = float((runs.dirs["killed"] / "killed-at").read_text())
     assert ended - killed_at < 20, f"the run took {ended - killed_at:.1f}s to end"
     # the step-10 save is whole; nothing half-written is visible
-    assert [p.name for p in checkpoints_in(runs.dirs["killed"] / "ckpt")
-            ] == ["ckpt-00001-0000000010", "ckpt-00000-0000000005"]
+    assert [p.name for p in checkpoints_in(runs.dirs["killed"] / "ckpt")] == [
+        "ckpt-00001-0000000010",
+        "ckpt-00000-0000000005",
+    ]
 
 
 @pytest.mark.soak  # test_ddp.py restarts a ddp run in the suite: the same agent and pack code
-def test_a_rank_killed_under_max_restarts_is_restarted_and_ends_bit_identical(
-        runs: Runs) -> None:
+def test_a_rank_killed_under_max_restarts_is_restarted_and_ends_bit_identical(runs: Runs) -> None:
     runs.start_soak()
     code, _, err = runs.result("restarted")
     assert code == 0, err[-4000:]
     assert "resuming from" in err and "ckpt-00001-0000000010" in err, err[-3000:]
     runs.ok("straight")
-    assert_equal_weights(weights(runs.dirs["restarted"] / "final.pt"),
-                         weights(runs.dirs["straight"] / "final.pt"))
+    assert_equal_weights(
+        weights(runs.dirs["restarted"] / "final.pt"), weights(runs.dirs["straight"] / "final.pt")
+    )
 
 
 @pytest.mark.soak  # test_ddp.py deals a preempted epoch's rest out over 1 process in the suite
@@ -652,8 +757,13 @@ def test_a_non_tensor_item_is_read_with_weights_only(tmp_path: Path) -> None:
 
 
 def test_bad_options_are_refused_saying_what_would_do(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                        ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "1")):
+    for name, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "localhost"),
+        ("MASTER_PORT", "1"),
+    ):
         monkeypatch.setenv(name, value)  # as under torchrun; nothing connects
     with pytest.raises(ValueError, match=r"FSDP\(param_dtype='int8'\).*'bfloat16'"):
         FSDP(param_dtype="int8")
@@ -665,18 +775,30 @@ def test_bad_options_are_refused_saying_what_would_do(monkeypatch: pytest.Monkey
         FSDP(checkpoint_timeout=0)
     from runmodel.config.registry import make_backend
 
-    made = make_backend({"type": "fsdp", "args": {"units": ["Linear"], "param_dtype": "bfloat16",
-                                                  "reshard_after_forward": False}})
+    made = make_backend(
+        {
+            "type": "fsdp",
+            "args": {
+                "units": ["Linear"],
+                "param_dtype": "bfloat16",
+                "reshard_after_forward": False,
+            },
+        }
+    )
     assert isinstance(made, FSDP) and made.units == ["Linear"]
     assert (made.param_dtype, made.reshard_after_forward) == (torch.bfloat16, False)
 
 
 def test_the_fsdp_backend_outside_torchrun_says_how_to_start_the_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(RuntimeError, match=r"the fsdp backend runs in processes started by "
-                       r"torchrun.*--nproc-per-node N"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"the fsdp backend runs in processes started by "
+        r"torchrun.*--nproc-per-node N",
+    ):
         FSDP()
 
 
@@ -702,18 +824,26 @@ def test_the_optimizer_is_made_again_with_its_groups_and_hyperparameters() -> No
 
     old_module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
     names = {id(p): n for n, p in old_module.named_parameters()}
-    old = torch.optim.AdamW([{"params": old_module[0].parameters(), "lr": 0.5},
-                             {"params": old_module[1].parameters(), "weight_decay": 0.0}],
-                            lr=0.01, betas=(0.8, 0.9))
+    old = torch.optim.AdamW(
+        [
+            {"params": old_module[0].parameters(), "lr": 0.5},
+            {"params": old_module[1].parameters(), "weight_decay": 0.0},
+        ],
+        lr=0.01,
+        betas=(0.8, 0.9),
+    )
     scheduler = torch.optim.lr_scheduler.StepLR(old, step_size=2)
     new_module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))  # as fully_shard replaces
     new = rebuild_optimizer(old, names, new_module)
     assert type(new) is torch.optim.AdamW
-    assert [g["params"] for g in new.param_groups] == [list(new_module[0].parameters()),
-                                                       list(new_module[1].parameters())]
+    assert [g["params"] for g in new.param_groups] == [
+        list(new_module[0].parameters()),
+        list(new_module[1].parameters()),
+    ]
     for a, b in zip(old.param_groups, new.param_groups, strict=True):
         assert {k: v for k, v in a.items() if k != "params"} == {
-            k: v for k, v in b.items() if k != "params"}
+            k: v for k, v in b.items() if k != "params"
+        }
     from runmodel.backends.distributed.fsdp import follow_schedulers
 
     holder = type("Holder", (), {})()

@@ -59,9 +59,12 @@ DEAD, LIVE = ".ckpt-00009-0000000099.tmp-dead0000", ".ckpt-00009-0000000098.tmp-
 
 
 def writer(folder: Path) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)],
-                               stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert process.stdout is not None and process.stdout.readline() == "writing\n"
     return process
 
@@ -78,9 +81,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str, Pa
     live = writer(ckpt / LIVE)
     try:
         path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-        process = launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", "2", str(root / "child.py")], root,
-                         PYTHONPATH=path)
+        process = launch(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(root / "child.py"),
+            ],
+            root,
+            PYTHONPATH=path,
+        )
         code, _, err = finish(process)
         yield code, err, ckpt
     finally:
@@ -89,15 +102,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str, Pa
 
 
 def test_a_dead_writers_staging_folder_goes_and_a_live_ones_stays(
-        run: tuple[int, str, Path]) -> None:
+    run: tuple[int, str, Path],
+) -> None:
     ckpt = run[2]
     names = sorted(p.name for p in ckpt.iterdir())
     assert DEAD not in names, names
     assert LIVE in names, names
 
 
-def test_nan_on_one_process_stops_every_process_before_the_save(
-        run: tuple[int, str, Path]) -> None:
+def test_nan_on_one_process_stops_every_process_before_the_save(run: tuple[int, str, Path]) -> None:
     code, err, ckpt = run
     assert code != 0, err[-3000:]
     refusal = "FloatingPointError: not saving the checkpoint of epoch 2, step 16: parameters "
@@ -105,4 +118,5 @@ def test_nan_on_one_process_stops_every_process_before_the_save(
     assert f"[rank0]: {refusal}of another process's shards hold NaN or inf" in err, err[-3000:]
     assert f"[rank1]: {refusal}0.weight hold NaN or inf" in err, err[-3000:]
     assert [p.name for p in ckpt.iterdir() if p.name.startswith("ckpt-")] == [
-        "ckpt-00001-0000000008"]  # the good one kept, no NaN one made visible
+        "ckpt-00001-0000000008"
+    ]  # the good one kept, no NaN one made visible

@@ -108,8 +108,9 @@ class Launches:
         self.results: dict[str, tuple[int, str, str]] = {}
         self.done = {name: threading.Event() for name in LAUNCHES}
         chains = [[n for n in LAUNCHES if "ddp" not in n], [n for n in LAUNCHES if "ddp" in n]]
-        self._threads = [threading.Thread(target=self._run_all, args=(chain,), daemon=True)
-                         for chain in chains]
+        self._threads = [
+            threading.Thread(target=self._run_all, args=(chain,), daemon=True) for chain in chains
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -125,12 +126,24 @@ class Launches:
                 args = [backend, str(epochs), str(out)]
                 if resume is not None:
                     args.append(str(self.folder(resume[0]) / resume[1]))
-                path = os.pathsep.join(filter(None, [str(self.root),
-                                                     os.environ.get("PYTHONPATH")]))
-                self.results[name] = finish(launch(
-                    [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc-per-node", str(processes), str(self.root / "reshard.py"), *args],
-                    out, PYTHONPATH=path, **env))
+                path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+                self.results[name] = finish(
+                    launch(
+                        [
+                            sys.executable,
+                            "-m",
+                            "torch.distributed.run",
+                            "--standalone",
+                            "--nproc-per-node",
+                            str(processes),
+                            str(self.root / "reshard.py"),
+                            *args,
+                        ],
+                        out,
+                        PYTHONPATH=path,
+                        **env,
+                    )
+                )
             finally:
                 self.done[name].set()
 
@@ -176,40 +189,46 @@ def test_a_2_process_fsdp_checkpoint_resumes_in_1_process_exactly(launches: Laun
     assert_same_state(launches.state("two_to_one", "restored"), launches.state("two", "epoch2"))
     lines = [line for line in err.splitlines() if "written by 2" in line]
     assert len(lines) == 1 and lines[0].startswith(
-        "runmodel: resuming in 1 process(es) a checkpoint written by 2: "), err[-3000:]
+        "runmodel: resuming in 1 process(es) a checkpoint written by 2: "
+    ), err[-3000:]
     assert "from epoch 3 on" in lines[0] and "rank mod 2" in lines[0]
     # and it trains on: its epoch differs from the 2-process run's, as said
-    assert not torch.equal(launches.state("two_to_one", "epoch3")["module"]["0.weight"],
-                           launches.state("two", "epoch2")["module"]["0.weight"])
+    assert not torch.equal(
+        launches.state("two_to_one", "epoch3")["module"]["0.weight"],
+        launches.state("two", "epoch2")["module"]["0.weight"],
+    )
 
 
 def test_a_checkpoint_after_an_epochs_last_step_resumes_in_another_world_as_its_end(
-        launches: Launches) -> None:
+    launches: Launches,
+) -> None:
     """Saved by every="4st" after the 8th (last) step of epoch 2, before the epoch's
     end: in 1 process it resumes as the checkpoint at the epoch's end does (the data are
     dealt out anew from epoch 3 on), and trains epoch 3 to the same weights, bit for bit."""
     launches.ok("two")
     assert [p.name for p in (launches.folder("two") / "last").iterdir()] == [
-        "ckpt-00001-0000000016"]  # epoch index 1, its 8 steps done
+        "ckpt-00001-0000000016"
+    ]  # epoch index 1, its 8 steps done
     err = launches.ok("last_to_one")
     lines = [line for line in err.splitlines() if "written by 2" in line]
     assert len(lines) == 1 and "from epoch 3 on" in lines[0], err[-3000:]
     assert_same_state(launches.state("last_to_one", "restored"), launches.state("two", "epoch2"))
     launches.ok("two_to_one")
-    assert_same_state(launches.state("last_to_one", "epoch3"),
-                      launches.state("two_to_one", "epoch3"))
+    assert_same_state(
+        launches.state("last_to_one", "epoch3"), launches.state("two_to_one", "epoch3")
+    )
 
 
 def test_a_1_process_fsdp_checkpoint_resumes_in_2_processes_exactly(launches: Launches) -> None:
     launches.ok("two_to_one")
     err = launches.ok("one_to_two")
-    assert_same_state(launches.state("one_to_two", "restored"),
-                      launches.state("two_to_one", "epoch3"))
+    assert_same_state(
+        launches.state("one_to_two", "restored"), launches.state("two_to_one", "epoch3")
+    )
     assert err.count("runmodel: resuming in 2 process(es) a checkpoint written by 1: ") == 1
 
 
-def test_a_ddp_checkpoint_resumes_under_fsdp_in_another_world_exactly(
-        launches: Launches) -> None:
+def test_a_ddp_checkpoint_resumes_under_fsdp_in_another_world_exactly(launches: Launches) -> None:
     launches.ok("ddp")
     err = launches.ok("ddp_to_fsdp")
     assert_same_state(launches.state("ddp_to_fsdp", "restored"), launches.state("ddp", "epoch1"))
@@ -225,9 +244,9 @@ def test_another_optimizer_class_is_refused_under_fsdp(launches: Launches) -> No
     assert not (launches.folder("adam") / "restored.pt").exists()  # refused before a step
 
 
-def test_a_sharded_checkpoint_resumes_in_a_plain_process(launches: Launches,
-                                                         capsys: pytest.CaptureFixture[str]
-                                                         ) -> None:
+def test_a_sharded_checkpoint_resumes_in_a_plain_process(
+    launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No process group: the whole state is read in this process, the optimizer's
     numbered again by parameter order; the run goes on from there."""
     launches.ok("two")
@@ -244,30 +263,37 @@ def test_a_sharded_checkpoint_resumes_in_a_plain_process(launches: Launches,
         optimizer = copy.deepcopy(model.optimizer.state_dict())  # steps change it in place
         seen["optimizer"] = {
             "state": {names[i]: s for i, s in optimizer["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
-                             for g in optimizer["param_groups"]]}
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in optimizer["param_groups"]
+            ],
+        }
 
     engine.run(model, epochs=3, resume=launches.folder("two") / "ckpt")
     assert_same_state(seen, launches.state("two", "epoch2"))
     assert "in 1 process(es) a checkpoint written by 2" in capsys.readouterr().err
 
 
-def test_a_mid_epoch_checkpoint_is_refused_in_another_world(launches: Launches,
-                                                            tmp_path: Path) -> None:
+def test_a_mid_epoch_checkpoint_is_refused_in_another_world(
+    launches: Launches, tmp_path: Path
+) -> None:
     launches.ok("two")
     mid = launches.folder("two") / "mid"
     assert [p.name for p in mid.iterdir()] == ["ckpt-00001-0000000015"]
     model = net_module(launches.root).Net("cpu")
     engine = runmodel.Engine()
     engine.attach(Checkpoint(tmp_path / "ckpt"))
-    with pytest.raises(ValueError, match=r"in the middle of epoch 2 \(after 7 steps\), and "
-                                         r"this run has 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"in the middle of epoch 2 \(after 7 steps\), and "
+        r"this run has 1",
+    ):
         engine.run(model, epochs=3, resume=mid)
     assert not any((tmp_path / "ckpt").glob("ckpt-*"))
 
 
 def test_a_2_process_ddp_checkpoint_in_one_process_says_so(
-        launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+    launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Once silent: the file records the world size it was written in."""
     launches.ok("ddp")
     model = net_module(launches.root).Net("cpu")

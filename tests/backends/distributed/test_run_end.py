@@ -103,17 +103,33 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 #: The shared launches: name -> environment.
-LAUNCHES = {"finished": {"END_EARLY": "1"}, "stopped everywhere": {"STOP_RANKS": "0,1"},
-            "stopped on rank 1": {"STOP_RANKS": "1"}}
+LAUNCHES = {
+    "finished": {"END_EARLY": "1"},
+    "stopped everywhere": {"STOP_RANKS": "0,1"},
+    "stopped on rank 1": {"STOP_RANKS": "1"},
+}
 
 
 def launch(cwd: Path, **extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
     env.pop("TORCHELASTIC_RUN_ID", None)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", "end.py"], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # killed with its processes
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "end.py",
+        ],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # killed with its processes
 
 
 def communicate(process: subprocess.Popen[str]) -> tuple[str, str]:
@@ -131,8 +147,7 @@ class Launches:
 
     def __init__(self, root: Path) -> None:
         self.folders = {name: script_in(root / name.replace(" ", "-")) for name in LAUNCHES}
-        self.processes = {name: launch(self.folders[name], **env)
-                          for name, env in LAUNCHES.items()}
+        self.processes = {name: launch(self.folders[name], **env) for name, env in LAUNCHES.items()}
         self.results: dict[str, tuple[int, str, str]] = {}
 
     def result(self, name: str) -> tuple[int, str, str]:
@@ -157,20 +172,24 @@ def ended_cleanly(folder: Path, code: int, out: str, err: str) -> str | None:
     ranks_ok = len(lines) == 2 and all(
         "group after the run: True" in line
         and line.split("threads ")[1].split(" before")[0] == line.split(", ")[-1].split()[0]
-        for line in lines)
+        for line in lines
+    )
     if code == 0 and ranks_ok:
         return None
     return f"{folder.name}: exit {code}\n{lines}\n{out}\n{err[-2000:]}"
 
 
 def test_two_process_runs_that_finish_exit_0_every_time_and_leave_no_group_behind(
-        launches: Launches) -> None:
+    launches: Launches,
+) -> None:
     """A run ended by its loop (the script then ends the group) and one stopped on every
     rank (the group left to the exit handler): both have the trigger (the stopped epoch
     is evaluated, then checkpointed)."""
     failures = []
-    for name, checkpoint in (("finished", "ckpt-00001-0000000002.pt"),
-                             ("stopped everywhere", "ckpt-00000-0000000001.pt")):
+    for name, checkpoint in (
+        ("finished", "ckpt-00001-0000000002.pt"),
+        ("stopped everywhere", "ckpt-00000-0000000001.pt"),
+    ):
         folder = launches.folders[name]
         failures.append(ended_cleanly(folder, *launches.result(name)))
         assert sorted(p.name for p in (folder / "ckpt").iterdir()) == [checkpoint], folder
@@ -182,19 +201,23 @@ def test_sixty_two_process_runs_all_exit_0(tmp_path: Path) -> None:
     folders = [script_in(tmp_path / f"run{n}") for n in range(60)]
     failures = []
     for first in range(0, len(folders), AT_ONCE):  # two at a time: a busy machine, as CI's
-        started = [(folder, launch(folder, **({"END_EARLY": "1"} if n % 2 else {})))
-                   for n, folder in enumerate(folders[first:first + AT_ONCE])]
+        started = [
+            (folder, launch(folder, **({"END_EARLY": "1"} if n % 2 else {})))
+            for n, folder in enumerate(folders[first : first + AT_ONCE])
+        ]
         for folder, process in started:
             out, err = communicate(process)
             failures.append(ended_cleanly(folder, process.returncode, out, err))
             assert sorted(p.name for p in (folder / "ckpt").iterdir()) == [
-                "ckpt-00001-0000000002.pt"], folder
+                "ckpt-00001-0000000002.pt"
+            ], folder
     bad = [f for f in failures if f is not None]
     assert not bad, f"{len(bad)} of {len(folders)} runs ended badly:\n" + "\n".join(bad)
 
 
 def test_a_stop_on_every_rank_ends_together_and_a_stop_on_one_rank_fails_in_seconds(
-        launches: Launches) -> None:
+    launches: Launches,
+) -> None:
     """stop() at the same step everywhere is a normal end; on rank 1 alone it leaves rank
     0 in its next all-reduce, so rank 1 waits DDP(end_timeout=2) seconds, fails naming
     where the others were, and the run ends with 1 (not 30 minutes of a hung collective).
@@ -202,9 +225,13 @@ def test_a_stop_on_every_rank_ends_together_and_a_stop_on_one_rank_fails_in_seco
     code, out, err = launches.result("stopped everywhere")
     assert code == 0, err[-3000:]
     folder = launches.folders["stopped everywhere"]
-    assert [p.read_text().split(",")[0] for p in sorted(folder.glob("rank*.txt"))
-            ] == ["rank 0: stopped", "rank 1: stopped"], out
+    assert [p.read_text().split(",")[0] for p in sorted(folder.glob("rank*.txt"))] == [
+        "rank 0: stopped",
+        "rank 1: stopped",
+    ], out
     code, out, err = launches.result("stopped on rank 1")
     assert code == 1, err[-3000:]
-    assert ("rank 1 ended its run (stopped) at step 1, and the others did not end with it "
-            "within 2 s (rank 0 was in epoch 0, begun at step 0)") in err, err[-3000:]
+    assert (
+        "rank 1 ended its run (stopped) at step 1, and the others did not end with it "
+        "within 2 s (rank 0 was in epoch 0, begun at step 0)"
+    ) in err, err[-3000:]

@@ -83,10 +83,22 @@ def child(tmp_path: Path) -> Path:
 
 
 def start(folder: Path, mode: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "TORCHELASTIC_RUN_ID": "test", "WORLD_SIZE": "2", "RANK": "0",
-           "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "child.py", mode], cwd=folder, env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "TORCHELASTIC_RUN_ID": "test",
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "child.py", mode],
+        cwd=folder,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_for(path: Path, process: subprocess.Popen[str]) -> None:
@@ -113,7 +125,8 @@ def checkpoints(folder: Path) -> list[str]:
 
 
 def test_a_process_whose_run_failed_ends_at_once_on_sigterm_even_in_its_teardown(
-        child: Path) -> None:
+    child: Path,
+) -> None:
     """Its teardown would take 600 s; SIGTERM ends it now, as SIGTERM's default does."""
     process = start(child, "teardown")
     wait_for(child / "in-teardown", process)
@@ -124,7 +137,8 @@ def test_a_process_whose_run_failed_ends_at_once_on_sigterm_even_in_its_teardown
 
 
 def test_a_second_signal_2_s_after_the_first_ends_the_process_at_once_saving_nothing(
-        child: Path) -> None:
+    child: Path,
+) -> None:
     """The first SIGTERM asks the run to stop after its step (which waits); the second,
     more than 2 s later, ends the process at once: no checkpoint of the step under way."""
     process = start(child, "second")
@@ -137,8 +151,7 @@ def test_a_second_signal_2_s_after_the_first_ends_the_process_at_once_saving_not
     code, err = ended(process)
     assert code == -signal.SIGTERM, err[-3000:]
     assert "runmodel: SIGTERM: this process stops after this step" in err
-    assert checkpoints(child) == saved == ["ckpt-00000-0000000001.pt",
-                                           "ckpt-00000-0000000002.pt"]
+    assert checkpoints(child) == saved == ["ckpt-00000-0000000001.pt", "ckpt-00000-0000000002.pt"]
 
 
 def test_a_second_ctrl_c_within_2_s_is_the_first_again(child: Path) -> None:
