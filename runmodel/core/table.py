@@ -221,6 +221,15 @@ def _fire(action: Action | None, hooks: tuple[Action, ...]) -> Action | None:
 
         return fire
 
+    if len(hooks) == 1:  # one hook (a mode's built-in, say): no loop to set up each step
+        (only,) = hooks
+
+        def fire_one(engine: Any) -> None:
+            action(engine)
+            only(engine)
+
+        return fire_one
+
     def fire_action(engine: Any) -> None:
         action(engine)
         for hook in hooks:

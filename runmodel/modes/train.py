@@ -222,11 +222,12 @@ def _optimizer_wanted(optimizer_step: Any) -> Any:
 class _EpochLoss:
     """The sum of the epoch's step losses on their device, in float64 (no sync, no drift),
     read once at the epoch's end into ``state.metrics["loss"]``. A step only keeps its
-    detached loss; every ``FLUSH`` steps (and at the epoch's end) they are summed in order
-    after the running total (a float64 ``cumsum``: on a CPU the same sum as a script's
-    ``total += loss.item()``), which costs a step a fraction of an add of its own."""
+    detached loss (``add``, a closure: the step's whole cost is a detach and an append);
+    every ``FLUSH`` steps and at the epoch's end they are summed in order after the
+    running total (a float64 ``cumsum``: on a CPU the same sum as a script's ``total +=
+    loss.item()``)."""
 
-    __slots__ = ("count", "pending", "total")
+    __slots__ = ("add", "count", "pending", "total")
 
     FLUSH = 1024
 
@@ -234,19 +235,20 @@ class _EpochLoss:
         self.total: torch.Tensor | None = None
         self.pending: list[torch.Tensor] = []
         self.count = 0
+        append, pending, flush, most = self.pending.append, self.pending, self._flush, self.FLUSH
+
+        def add(engine: Engine) -> None:
+            loss = engine.state.loss
+            if loss is not None:
+                append(loss.detach())
+                if len(pending) == most:
+                    flush()
+
+        self.add = add
 
     def reset(self, engine: Engine) -> None:
         self.total, self.count = None, 0
         self.pending.clear()
-
-    def add(self, engine: Engine) -> None:
-        loss = engine.state.loss
-        if loss is None:
-            return
-        pending = self.pending
-        pending.append(loss.detach())
-        if len(pending) == self.FLUSH:
-            self._flush()
 
     def _flush(self) -> None:
         pending = self.pending

@@ -74,3 +74,15 @@ def test_the_mean_is_summed_on_the_losss_device_in_double_precision() -> None:
     engine.run(Tiny(), epochs=1)
     expected = torch.tensor(epochs[0], dtype=torch.float32).double().sum().item() / 4
     assert means == [expected]
+
+
+def test_a_long_epoch_sums_every_step_once_in_order() -> None:
+    """An epoch longer than the 1,024 steps whose losses a step keeps before they are
+    summed: the mean is still a script's sum of its 2,500 losses, in order."""
+    engine = runmodel.Engine()
+    epochs = step_losses(engine)
+    means: list[float] = []
+    engine.on("epoch_end", lambda e: means.append(e.state.metrics["loss"]), reads="loss")
+    engine.run(Tiny(batches=2500, batch_size=2), epochs=2)
+    assert [len(losses) for losses in epochs] == [2500, 2500]
+    assert means == [script_mean(losses) for losses in epochs]
