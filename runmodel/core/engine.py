@@ -43,20 +43,17 @@ class Engine(Snapshots):
 
     def __init__(self, storage: CheckpointStorage | None = None) -> None:
         self.state = State()
-        self._own_storage = storage
         #: how this run's checkpoints are written and read: its backend's (sharded under
         #: fsdp), else the engine's own (``storage=``; runmodel.Engine's: plain files)
-        self.storage = storage
+        self.storage = self._own_storage = storage
         self.model: Any = None
         self.table = HookTable()
         self._loop: Loop | None = None
         self._for_run: list[HookHandle] = []  # attached for one run (a backend's pack)
         self._resuming = False
-        # say on stderr which checkpoint a run resumes from, once it is read (resume="auto")
-        self.announce_resume = False
+        self.announce_resume = False  # say which checkpoint a run resumes from (stderr)
         self._loaded_run: dict[str, Any] | None = None  # a checkpoint's run record
-        #: this run's record: ``{"id": ..., "started": ...}``, continued from the
-        #: checkpoint a run resumes from (``runs.md``)
+        #: this run's record (``{"id": ..., "started": ...}``), continued by a resume
         self.run_record: dict[str, Any] = {}
         #: the checkpoint file this run resumed from (None: it started from step 0)
         self.resumed_from: Path | None = None
@@ -70,12 +67,10 @@ class Engine(Snapshots):
     def on(
         self, phase: str, fn: Callable[[Any], Any] | None = None, **options: Unpack[HookArgs]
     ) -> Any:
-        """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options``
-        are ``HookOptions``: ``priority``, ``before``, ``after``, ``every``, ``once``,
-        ``when``, ``modes``, ``rank``, ``name``, and ``reads``/``writes`` (the metrics it
-        reads and writes, compared at setup); all are checked here, not at run time.
-        Returns a ``HookHandle`` (the decorator form returns it in place of the function;
-        it stays callable)."""
+        """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options`` are
+        ``HookOptions`` (``priority``, ``before``, ``after``, ``every``, ``once``, ``when``,
+        ``modes``, ``rank``, ``name``, ``reads``/``writes``), checked here, not at run time.
+        Returns a ``HookHandle`` (the decorator form: in place of the function, callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))
 
     def override(
@@ -111,9 +106,8 @@ class Engine(Snapshots):
 
     @property
     def dispatch(self) -> Dispatch:
-        """``fire`` made ahead: per phase, ``dispatch.<phase>(engine)`` runs its action
-        chain and its hooks (``None`` for a phase with nothing to do). Rebuilt whenever
-        hooks change; a mode's step reads it at each call, so it sees the change."""
+        """``fire`` made ahead: ``dispatch.<phase>(engine)`` runs the phase's action chain
+        and hooks (None: nothing to do); rebuilt whenever hooks change."""
         return self.table.dispatch
 
     def instrument(self, wrapper: Wrapper) -> Callable[[], None]:
@@ -123,8 +117,7 @@ class Engine(Snapshots):
         return self.table.instrument(wrapper)
 
     def fire(self, phase: str) -> None:
-        """Run ``phase`` now: its action through its overrides (for a phase that has
-        one), then its hooks. A mode's step fires the phases inside it this way."""
+        """Run ``phase`` now: its action through its overrides, then its hooks."""
         try:
             fire = getattr(self.table.dispatch, phase)
         except AttributeError:
@@ -140,12 +133,10 @@ class Engine(Snapshots):
             self._loop.stop(reason)
 
     def interrupt(self, reason: str | None = None, signal: int | None = None) -> bool:
-        """End the run as a first Ctrl-C does: once the current step is done, the run
-        raises ``Interrupted`` (a ``KeyboardInterrupt``; ``Preempted`` when ``signal``, a
-        preemption signal, asked), which the ``exception`` hooks see; its state is whole,
-        so a ``Checkpoint`` pack saves that step, and ``state.stopping`` is
-        ``"interrupted"`` (or ``"preempted"``): the epoch cut short is not evaluated.
-        Returns False, doing nothing, when no run is under way."""
+        """End the run as a first Ctrl-C does: after the current step the run raises
+        ``Interrupted`` (``Preempted`` for a preemption ``signal``) with its state whole, so
+        a ``Checkpoint`` pack saves that step; ``state.stopping`` says so, and the epoch cut
+        short is not evaluated. False, doing nothing, when no run is under way."""
         if self._loop is None:
             return False
         self._loop.interrupt(reason, signal)
@@ -187,7 +178,8 @@ class Engine(Snapshots):
         optimizer after ``model.setup()``; ``resume`` is a checkpoint file or a folder of
         them to continue from.
         """
-        steps = mode.budget(_count(steps, "steps"))
+        steps = mode.budget(whole_number(steps, "steps=", none=True))
+        epochs = whole_number(epochs, "epochs=", none=True)
         if self._loop is not None:
             raise RuntimeError(
                 "this engine is running already; an engine runs one model at "
@@ -195,7 +187,7 @@ class Engine(Snapshots):
             )
         if resume is not None and not Path(resume).exists():
             raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or directory")
-        loop = self._start(model, mode, steps, _count(epochs, "epochs"), backend)
+        loop = self._start(model, mode, steps, epochs, backend)
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
@@ -215,20 +207,7 @@ class Engine(Snapshots):
         finally:
             self.announce_resume = False
             self._end(loop, model)
-        s = self.state
-        extras["timings"] = {**s.timings, **extras.get("timings", {})}
-        extras["files"] = {**s.files, **extras.get("files", {})}
-        return RunResult(
-            mode.name,
-            loop.ended,
-            s.step,
-            s.epoch,
-            s.skipped,
-            time.perf_counter() - started,
-            dict(s.metrics),
-            reason=loop.reason,
-            **extras,
-        )
+        return self.state.result(loop.ended, loop.reason, time.perf_counter() - started, extras)
 
     def _start(
         self, model: Any, mode: Mode, steps: int | None, epochs: int | None, backend: Backend | None
@@ -269,7 +248,3 @@ class Engine(Snapshots):
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""
         return {id(p) for handle in self._for_run for p in handle.packs}
-
-
-def _count(value: int | None, name: str) -> int | None:
-    return whole_number(value, f"{name}=", none=True)

@@ -151,6 +151,27 @@ class State:
         self.timings = {}
         self.files = {}
 
+    def result(
+        self, ended: str, reason: str | None, seconds: float, extras: dict[str, Any]
+    ) -> RunResult:
+        """The run's result: its counters and metrics, and the mode's ``extras`` (outputs,
+        timings and files, merged over the packs' ``timings`` and ``files``)."""
+        timings = {**self.timings, **extras.pop("timings", {})}
+        files = {**self.files, **extras.pop("files", {})}
+        return RunResult(
+            self.mode,
+            ended,
+            self.step,
+            self.epoch,
+            self.skipped,
+            seconds,
+            dict(self.metrics),
+            timings=timings,
+            files=files,
+            reason=reason,
+            **extras,
+        )
+
     def __repr__(self) -> str:
         return (
             f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
