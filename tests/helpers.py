@@ -293,6 +293,55 @@ def default_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def signal_when_ready(
+    args: list[str],
+    cwd: Any,
+    send: signal.Signals,
+    *,
+    env: dict[str, str],
+    timeout: float,
+    group: bool = True,
+    close_output: bool = False,
+) -> tuple[int, str]:
+    """Run ``args`` (in a session of its own, Ctrl-C as a terminal delivers it); once it
+    prints "ready", send it ``send`` (to its process group, as a terminal or a scheduler
+    does, or with ``group=False`` to the process alone); its exit status and stderr.
+    ``close_output``: its stdout and stderr are one pipe, closed before the signal (``|
+    tee`` ended by the same Ctrl-C). Past ``timeout`` seconds it is SIGKILLed."""
+    import threading
+
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
+        text=True,
+        preexec_fn=default_ctrl_c,
+        start_new_session=True,
+    )
+    watchdog = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        while (line := proc.stdout.readline()) != "ready\n":
+            assert line, f"ended before it was ready: {proc.communicate()}"
+        if close_output:
+            proc.stdout.close()
+        if group:
+            os.killpg(proc.pid, send)
+        else:
+            proc.send_signal(send)
+        err = "" if close_output else proc.communicate(timeout=timeout)[1]
+        proc.wait(timeout=timeout)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, err
+
+
 def finish_group(process: subprocess.Popen[str], limit_s: float) -> tuple[str, str]:
     """``process.communicate()`` within ``limit_s``; past it, the process and all it
     started (it was started with ``start_new_session=True``) are SIGKILLed first."""

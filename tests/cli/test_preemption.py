@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import torch
 from runmodel.cli import launch, main
 from runmodel.cli.parser import parser
 
-from helpers import default_ctrl_c
+from helpers import signal_when_ready
 
 TIMEOUT = 240  # seconds for one command; each takes a few (a launch of 2, ten or so)
 EPOCHS, STEPS = 3, 8  # one process: 64 samples in batches of 8
@@ -155,40 +154,11 @@ def _signal_when_ready(
     close_output: bool = False,
     **env: str,
 ) -> tuple[int, str]:
-    """Run ``args``; once it prints "ready", send it ``send`` (to its process group, as a
-    terminal or a scheduler does, or with ``group=False`` to the process alone); its exit
-    status and stderr. ``close_output``: its stdout and stderr are one pipe, closed before
-    the signal (``| tee`` ended by the same Ctrl-C)."""
-    proc = subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**ENV, "READY_AT": str(READY_AT), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
-        text=True,
-        preexec_fn=default_ctrl_c,
-        start_new_session=True,
+    """``helpers.signal_when_ready`` with READY_AT and this module's limits."""
+    run_env = {**ENV, "READY_AT": str(READY_AT), **env}
+    return signal_when_ready(
+        args, cwd, send, env=run_env, timeout=TIMEOUT, group=group, close_output=close_output
     )
-    watchdog = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        while (line := proc.stdout.readline()) != "ready\n":
-            assert line, f"ended before it was ready: {proc.communicate()}"
-        if close_output:
-            proc.stdout.close()
-        if group:
-            os.killpg(proc.pid, send)
-        else:
-            proc.send_signal(send)
-        err = "" if close_output else proc.communicate(timeout=TIMEOUT)[1]
-        proc.wait(timeout=TIMEOUT)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, err
 
 
 def _read(folder: Path, name: str) -> dict[str, Any]:

@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from helpers import RUN_FOLDER, default_ctrl_c
+from helpers import RUN_FOLDER, signal_when_ready
 
 TIMEOUT = 180  # seconds for one child; each takes a few
 EPOCHS, BATCHES = 3, 8  # steps 0-7 are epoch 0; READY_AT = 11 lands in epoch 1
@@ -204,37 +203,12 @@ def _ctrl_c_when_ready(
     send: signal.Signals = signal.SIGINT,
     env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
-    """Run ``args`` with READY_AT; once it prints "ready", Ctrl-C it as a terminal does
-    (SIGINT to its process group; or ``send`` that signal); its exit status and stderr.
-    ``close_output``: its stdout and stderr are one pipe, which is closed before the
-    Ctrl-C (``| tee`` ends on the same Ctrl-C)."""
-    proc = subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**ENV, "READY_AT": str(READY_AT), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if close_output else subprocess.PIPE,
-        text=True,
-        preexec_fn=default_ctrl_c,
-        start_new_session=True,
+    """Once it says "ready", Ctrl-C ``args`` as a terminal does (SIGINT to its process
+    group; or ``send``): ``helpers.signal_when_ready`` with READY_AT."""
+    run_env = {**ENV, "READY_AT": str(READY_AT), **(env or {})}
+    return signal_when_ready(
+        args, cwd, send, env=run_env, timeout=TIMEOUT, close_output=close_output
     )
-    watchdog = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        while (line := proc.stdout.readline()) != "ready\n":
-            assert line, f"ended before it was ready: {proc.communicate()}"
-        if close_output:
-            proc.stdout.close()
-        os.killpg(proc.pid, send)
-        err = "" if close_output else proc.communicate(timeout=TIMEOUT)[1]
-        proc.wait(timeout=TIMEOUT)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, err
 
 
 def _assert_interrupted_mid_epoch(folder: Path, how: str = "interrupted") -> int:
