@@ -1,14 +1,30 @@
 """``runmodel.Engine``: the core engine (``runmodel.core``) with what needs the layers
-above it: modes and backends given by name, a model's declared setup options checked
-before anything runs, and ``engine.ignite``, a pytorch-ignite view of the run."""
+above it. ``Engine.run`` is the core's run with these steps around it, each a method:
+
+- ``instead_of_first_run``: how the ``runmodel`` command runs a script up to its
+  ``engine.run`` and does the asked thing instead (given the run's ``RunArguments``);
+- modes and backends given by name (``as_mode``, ``make_backend``), and a model's
+  declared setup options checked before anything runs;
+- ``run_dir=``: the run's folder (``_folder_for``): relative folders of packs go inside
+  it, and a train run gets its writer (``session/folder.py``) with the packs a run in a
+  folder has (``FinalEvaluation``, TensorBoard events unless a TensorBoard is attached);
+- ``resume="auto"``: the attached Checkpoint packs' newest checkpoint
+  (``_newest_checkpoint_folder``);
+- the progress bar a terminal gets when nothing shows progress (``_progress_for``);
+- the one interrupt path (``_run_watched``, ``session/interrupt.py``): Ctrl-C and the
+  preemption signals end the run once its step is done and saved, the folder says how it
+  ended, and the run says where it saved and how to go on;
+- ``engine.ignite``: a pytorch-ignite view of the run."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,23 +34,67 @@ from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
 from .models import declared_options
 from .modes import as_mode
-from .runs.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
+from .session.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
 
 if TYPE_CHECKING:
     import ignite.engine
 
-    from .runs.folder import RunFolder
+    from .session.folder import RunFolder
 
-__all__ = ["Engine", "instead_of_first_run"]
+__all__ = ["Engine", "RunArguments", "instead_of_first_run"]
+
+#: What a backend may be given as: an object, or a registered name (with its arguments).
+BackendArgument = core.Backend | Spec | str | dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RunArguments:
+    """``engine.run``'s arguments after the model, each documented here; what the
+    ``runmodel`` command reads when it does something else in a script's run's place
+    (``instead_of_first_run``)."""
+
+    #: a mode's name (``train``, ``eval``, ``infer``, ``benchmark``, ``profile``) or a mode
+    #: object with its options, such as ``runmodel.Benchmark(measure="infer")``
+    mode: core.Mode | str = "train"
+    #: at most this many steps, counted from the start of training (a resumed run given
+    #: the same number ends where one straight run would); None: the model's loop decides
+    steps: int | None = None
+    #: at most this many epochs, counted likewise (a loop that never marks its epochs
+    #: with ``runstep.epochs()`` is one)
+    epochs: int | None = None
+    #: what ``model.setup`` is given, checked against the options it declares
+    setup_options: dict[str, Any] | None = None
+    #: what prepares model and optimizer after ``model.setup()``: a ``Backend``, or a
+    #: registered name (with its arguments); default ``plain``
+    backend: BackendArgument = None
+    #: a checkpoint file or a folder of them (its newest readable one) to continue from,
+    #: or ``"auto"``: the newest checkpoint of the attached ``Checkpoint`` packs when
+    #: there is one, else a fresh start (said on stderr), so a script rerun after a crash
+    #: goes on where it was
+    resume: str | os.PathLike[str] | None = None
+    #: the folder a config run has, for a train run (``docs/runs.md``): ``run.json``,
+    #: ``status.json``, ``metrics.json``, ``run.log``, the trained weights, TensorBoard
+    #: events; packs given relative folders (``Checkpoint("checkpoint")``,
+    #: ``TensorBoard``, ``Profile``) put them inside it, and ``runmodel runs``, ``plot``,
+    #: ``eval`` and ``resume`` treat the run as a config run. A folder holding a run is
+    #: continued with ``resume="auto"`` only
+    run_dir: str | os.PathLike[str] | RunFolder | None = None
+    #: signals (numbers or names: ``signal.SIGTERM``, ``"SIGUSR1"``) that end the run as
+    #: Ctrl-C does, once its step is done: a ``Checkpoint`` pack saves that step, the run
+    #: folder says ``preempted``, and ``runmodel.Preempted`` is raised (Ctrl-C:
+    #: ``interrupted``, ``runmodel.Interrupted``); uncaught, it ends the process as the
+    #: signal would have
+    preempt_signals: tuple[int | str, ...] = ()
+
 
 #: What the first ``engine.run`` does instead while ``instead_of_first_run`` is in force.
-_instead: ContextVar[Callable[[Engine, Any, dict[str, Any]], Any] | None] = ContextVar(
+_instead: ContextVar[Callable[[Engine, Any, RunArguments], Any] | None] = ContextVar(
     "runmodel_instead_of_run", default=None
 )
 
 
 @contextlib.contextmanager
-def instead_of_first_run(replace: Callable[[Engine, Any, dict[str, Any]], Any]) -> Iterator[None]:
+def instead_of_first_run(replace: Callable[[Engine, Any, RunArguments], Any]) -> Iterator[None]:
     """While the block runs, the first ``engine.run`` (of any engine) calls
     ``replace(engine, model, arguments)`` instead and returns its result: how the
     ``runmodel`` command runs a script up to its run and then does the asked thing
@@ -72,86 +132,53 @@ class Engine(core.Engine):
         steps: int | None = None,
         epochs: int | None = None,
         setup_options: dict[str, Any] | None = None,
-        backend: core.Backend | Spec | str | dict[str, Any] | None = None,
+        backend: BackendArgument = None,
         resume: str | os.PathLike[str] | Literal["auto"] | None = None,
         run_dir: str | os.PathLike[str] | RunFolder | None = None,
         preempt_signals: Iterable[int | str] = (),
     ) -> core.RunResult:
-        """Run ``model`` in ``mode`` (a name, or a mode object with its options such as
-        ``runmodel.Benchmark(measure="infer")``) for at most ``steps`` steps and
-        ``epochs`` epochs.
-
-        Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
-        ``steps``/``epochs`` count from the start of training, so a resumed run given the
-        same numbers ends where one straight run would. ``backend`` (a ``Backend`` or a
-        registered name; default plain) prepares model and optimizer after
-        ``model.setup()``; ``resume`` is a checkpoint file or a folder of them (its newest
-        readable one), or ``"auto"``: the newest checkpoint of the attached ``Checkpoint``
-        packs when there is one, else a fresh start (which, is said on stderr), so a script
-        rerun after a crash goes on where it was.
-
-        ``run_dir`` gives a train run the folder a config run has (``docs/runs.md``):
-        ``run.json`` (how it was started), ``status.json``, ``metrics.json``, ``run.log``,
-        the trained weights and TensorBoard events; packs given relative folders
-        (``Checkpoint("checkpoint")``, ``TensorBoard``, ``Profile``) put them inside it.
-        ``runmodel runs``, ``plot``, ``eval`` and ``resume`` then treat the run as a
-        config run. A folder holding a run is continued with ``resume="auto"`` only.
-
-        Ctrl-C, and each signal of ``preempt_signals`` (numbers or names, such as
-        ``signal.SIGTERM`` or ``"SIGUSR1"``), end the run once its step is done: a
-        ``Checkpoint`` pack saves that step, the run folder says ``interrupted`` (or
-        ``preempted``), and ``runmodel.Interrupted`` (``runmodel.Preempted``) is raised;
-        uncaught, it ends the process as the signal would have.
-        """
+        """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs,
+        prepared by ``backend``, from ``resume``, in ``run_dir``, stopped by Ctrl-C and
+        ``preempt_signals`` once a step is done (each argument: ``RunArguments``). The
+        steps around the core's run are the methods below, in this order (the module's
+        docstring lists them)."""
+        given = RunArguments(
+            mode, steps, epochs, setup_options, backend, resume, run_dir, tuple(preempt_signals)
+        )
         replace = _instead.get()
         if replace is not None:
             _instead.set(None)  # once: the asked thing may run the engine itself
-            return replace(
-                self,
-                model,
-                {
-                    "mode": mode,
-                    "steps": steps,
-                    "epochs": epochs,
-                    "setup_options": setup_options,
-                    "backend": backend,
-                    "resume": resume,
-                    "run_dir": run_dir,
-                    "preempt_signals": preempt_signals,
-                },
-            )
+            return replace(self, model, given)
         mode = as_mode(mode)
-        preempt = [signal_number(s) for s in preempt_signals]  # bad input: before the run
-        folder = self._run_folder(run_dir, mode) if run_dir is not None else None
+        preempt = [signal_number(s) for s in given.preempt_signals]  # bad input: before the run
+        folder = self._folder_for(run_dir, mode) if run_dir is not None else None
         auto = resume == "auto"
-        if resume == "auto":
+        if auto:
             resume = self._newest_checkpoint_folder()
-        prepares = (
-            make_backend(backend or "plain")
-            if backend is None or isinstance(backend, (str, Spec, dict))
-            else backend
-        )
-        if setup_options is not None or getattr(model, "setup_defaults", None):
-            setup_options = declared_options(
-                model, "setup", setup_options, getattr(model, "setup_defaults", {})
-            )
+        setup_options = _declared_setup_options(model, setup_options)
         if folder is not None and not folder.claimed and env.rank() == 0:
             folder.claim(resuming=resume is not None, auto=auto)
-        bar = self._progress_for(mode) if self._loop is None else None
-        if bar is not None:
-            self._auto_progress = bar
-        handle = self.attach(folder) if folder is not None else None
+        with self._attached_for_run(folder, mode):
+            return self._run_watched(
+                model, mode, folder, auto, preempt, steps=steps, epochs=epochs,
+                setup_options=setup_options, backend=_backend(backend), resume=resume,
+            )  # fmt: skip
+
+    def _run_watched(
+        self,
+        model: Any,
+        mode: core.Mode,
+        folder: RunFolder | None,
+        auto: bool,
+        preempt: list[signal.Signals],
+        **arguments: Any,
+    ) -> core.RunResult:
+        """The core's run, watched for Ctrl-C and the preemption signals (the one
+        interrupt path); the folder's writer finishes on every outcome. An interrupted
+        run saved before it ended: it then says where, and how to go on."""
         try:
             with watch_interrupts(self, preempt) as self._on_setup:
-                result = super().run(
-                    model,
-                    mode,
-                    steps=steps,
-                    epochs=epochs,
-                    setup_options=setup_options,
-                    backend=prepares,
-                    resume=resume,
-                )
+                result = super().run(model, mode, **arguments)
         except core.Interrupted as interrupted:  # saved: now say so, in one line
             if folder is not None:
                 folder.finish(self, None, interrupted)
@@ -163,32 +190,41 @@ class Engine(core.Engine):
             if folder is not None:
                 folder.finish(self, None, error)
             raise
+        if folder is not None:
+            folder.finish(self, result)
+        return result
+
+    @contextlib.contextmanager
+    def _attached_for_run(self, folder: RunFolder | None, mode: core.Mode) -> Iterator[None]:
+        """For this run only: the folder's writer and the packs a run in a folder has
+        (``folder_packs``), and a progress bar where one is wanted (``_progress_for``)."""
+        bar = self._progress_for(mode) if self._loop is None else None
+        if bar is not None:
+            self._auto_progress = bar
+        handle = self.attach(folder, *self.folder_packs(folder)) if folder is not None else None
+        try:
+            yield
         finally:
             if handle is not None:
                 handle.detach()
             if bar is not None:
                 bar.detach()
                 self._auto_progress = None
-        if folder is not None:
-            folder.finish(self, result)
-        return result
 
-    def _run_folder(
+    def _folder_for(
         self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.Mode
     ) -> RunFolder | None:
         """``run_dir``: relative folders of attached packs (and of a Profile mode) go
-        inside it; a train run gets a ``RunFolder`` (and TensorBoard events there, unless
-        a TensorBoard pack is attached). A config run gives its own ``RunFolder``."""
-        from .packs import TensorBoard
-        from .runs.folder import RunFolder, start_record
+        inside it; a train run gets a ``RunFolder``, its writer (a config or model
+        source's run gives its own)."""
+        from .session.folder import RunFolder, start_record
 
         given, directory = (
             (run_dir, run_dir.directory)
             if isinstance(run_dir, RunFolder)
             else (None, Path(run_dir))
         )
-        packs = list(self.table.packs.values())
-        for holder in (*packs, mode):
+        for holder in (*self.table.packs.values(), mode):
             folder = getattr(holder, "directory", None)
             inside = isinstance(folder, Path) and (
                 folder.parts[: len(directory.parts)] == directory.parts
@@ -197,17 +233,26 @@ class Engine(core.Engine):
                 setattr(holder, "directory", directory / folder)  # noqa: B010
         if mode.name != "train":
             return None
-        folder = given or RunFolder(directory, start_record(self.table.packs, mode.name))
-        if not any(isinstance(p, TensorBoard) for p in packs):
-            setattr(folder, "tensorboard", TensorBoard(directory / "tensorboard"))  # noqa: B010
-        return folder
+        return given or RunFolder(directory, start_record(self.table.packs, mode.name))
+
+    def folder_packs(self, folder: RunFolder) -> list[core.Pack]:
+        """What every run in a folder has beside its writer: the evaluation it ends with
+        (``FinalEvaluation``), and TensorBoard events unless a TensorBoard is attached."""
+        from .packs import TensorBoard
+        from .packs.final_evaluation import FinalEvaluation
+        from .session.folder import MODEL
+
+        packs: list[core.Pack] = [FinalEvaluation(folder.directory / MODEL)]
+        if not any(isinstance(p, TensorBoard) for p in self.table.packs.values()):
+            packs.append(TensorBoard(folder.directory / "tensorboard"))
+        return packs
 
     def _interrupted(
         self, interrupted: core.Interrupted, auto: bool, folder: RunFolder | None
     ) -> str:
         """What a run that an interrupt stopped says once it saved: where, how to go on."""
         from .packs.checkpoint import Checkpoint
-        from .runs.folder import COMMAND_KINDS
+        from .session.folder import COMMAND_KINDS
 
         what = (
             "Ctrl-C"
@@ -298,3 +343,20 @@ class Engine(core.Engine):
 
             self._ignite = IgniteView(self)
         return self._ignite.engine
+
+
+def _backend(backend: BackendArgument) -> core.Backend:
+    """The backend a run is prepared by: the one given, or the one registered under the
+    name given (default ``plain``)."""
+    if backend is None or isinstance(backend, (str, Spec, dict)):
+        return make_backend(backend or "plain")
+    return backend
+
+
+def _declared_setup_options(model: Any, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``given`` checked against the setup options ``model`` declares (``setup_defaults``)
+    and completed with their defaults, before anything runs."""
+    defaults = getattr(model, "setup_defaults", None)
+    if given is None and not defaults:
+        return None
+    return declared_options(model, "setup", given, defaults or {})

@@ -158,6 +158,25 @@ def test_no_import_cycles(graph: str) -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
+def package_of(module: str) -> str:
+    """The folder of runmodel that ``module`` is in (``runmodel.runs`` for
+    ``runmodel.runs.table``), or the module itself at the top (``runmodel.engine``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycles_between_packages() -> None:
+    """Folders import one another one way only: runs/ imports the engine, which imports
+    session/, and nothing of session/ imports runs/ (imports inside functions count)."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        edges = graph.setdefault(package_of(module), set())
+        edges.update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    assert graph["runmodel.runs"] >= {"runmodel.engine", "runmodel.session"}
+    assert "runmodel.session" in graph["runmodel.engine"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "folders import each other in a circle: " + " -> ".join(cycle or ())
+
+
 def test_a_circle_through_type_hints_is_found(tmp_path: Path) -> None:
     # models/interface -> metrics -> torch_model -> interface was one, until metrics named
     # a Protocol instead of TorchModel: put that typing-only import back and it is found
@@ -197,14 +216,23 @@ def _engine_rank() -> int:
     return group("runmodel.engine")[0]
 
 
-@pytest.mark.parametrize("package", ["runmodel.config"])
-def test_a_package_folder_sits_on_one_side_of_the_engine(package: str) -> None:
+@pytest.mark.parametrize(
+    ("package", "below"),
+    [("runmodel.config", True), ("runmodel.session", True), ("runmodel.runs", False)],
+)
+def test_a_package_folder_sits_on_one_side_of_the_engine(package: str, below: bool) -> None:
     """A folder of modules is below the engine facade or above it, never both: config/
-    keeps registries and configs as data (the engine uses them), runs/ runs them. A module
-    in config/ that imports the engine (as config/rundir.py did) is the arrow back up."""
+    keeps registries and configs as data (the engine uses them), session/ what every run
+    has (its folder's writer, the interrupt path: the engine gives them to every run),
+    runs/ runs them. A module in config/ that imports the engine (as config/rundir.py did)
+    is the arrow back up; so was runs/folder.py, which the engine imported while the rest
+    of runs/ imported the engine."""
     ranks = {group(m)[0] for m in MODULES if m == package or m.startswith(package + ".")}
     sides = {rank < _engine_rank() for rank in ranks}
-    assert len(sides) == 1, f"{package} has modules below and above runmodel.engine: {ranks}"
+    assert sides == {below}, (
+        f"{package}'s modules are at layers {ranks} (the engine's is at "
+        f"{_engine_rank()}): all {'below' if below else 'above'} it"
+    )
     if package == "runmodel.config":
         assert sides == {True}, "config/ is data below the engine"
         reached: set[str] = set()

@@ -32,6 +32,7 @@ __all__ = [
     "load",
     "load_values",
     "qualified_name",
+    "ranked_best",
     "read",
     "remove_stale_in",
     "rng_state",
@@ -184,6 +185,18 @@ def run_of(path: str | os.PathLike[str], rank: int = 0) -> dict[str, Any] | None
     if not isinstance(state, dict) or not isinstance(state.get("engine"), dict):
         return None
     return dict(state["engine"].get("run") or {})
+
+
+def ranked_best(path: str | os.PathLike[str]) -> list[str]:
+    """The best-K checkpoints' names, best first, as the ``Checkpoint`` packs of the
+    checkpoint file at ``path`` had ranked them when it was saved (read without loading
+    the tensors' bytes); ``[]`` where it cannot be read or ranks none."""
+    try:
+        state = load_values(Path(path), mmap=True)
+        packs = state["engine"]["packs"]
+        return [str(name) for pack in packs.values() for _, name in pack.get("best_saved", [])]
+    except (OSError, Unreadable, KeyError, TypeError, AttributeError, ValueError):
+        return []
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:

@@ -117,10 +117,10 @@ def is_checkpoint(path: str | os.PathLike[str]) -> bool:
     return Path(path).is_file() or is_sharded(path)
 
 
-def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
+def checkpoints_in(directory: str | os.PathLike[str], *, best: bool = True) -> list[Path]:
     """The checkpoints in ``directory`` (or in its ``checkpoint/`` folder), files and
     whole sharded folders alike, newest first; where there are none but best ones
-    (``Checkpoint(keep=0, best=...)``), those."""
+    (``Checkpoint(keep=0, best=...)``), those (unless ``best`` is False)."""
     directory = Path(directory)
     for folder in (directory, directory / "checkpoint"):
         found = {
@@ -129,7 +129,7 @@ def checkpoints_in(directory: str | os.PathLike[str]) -> list[Path]:
         }
         if found:
             return sorted(found, key=_order, reverse=True)
-    return best_in(directory)
+    return best_in(directory) if best else []
 
 
 def best_in(directory: str | os.PathLike[str]) -> list[Path]:

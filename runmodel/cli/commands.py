@@ -265,7 +265,7 @@ def _launch_in_folder(args: argparse.Namespace, command: str) -> int:
     is)."""
     import tempfile
 
-    from ..runs.config_run import LAUNCH_RECORD, record_launch_failure
+    from ..runs.folder_run import LAUNCH_RECORD, record_launch_failure
 
     with tempfile.TemporaryDirectory(prefix="runmodel-launch-") as folder:
         told = Path(folder) / "run_dir"
@@ -398,9 +398,9 @@ def _relaunch(args: argparse.Namespace, target: Target) -> bool:
 def evaluate(args: argparse.Namespace) -> int:
     """``runmodel eval|infer RUN_DIR``: the run's model with its chosen weights, on its
     data; eval adds its result to the run's eval.json, infer saves the outputs."""
-    from ..runs.evaluate import choose_weights, record_eval
-    from ..runs.folder import is_run
     from ..runs.target import WithWeights
+    from ..runs.weights import choose_weights, record_eval
+    from ..session.folder import EVAL, is_run
 
     if not is_run(Path(args.run_dir)):
         raise UsageError(
@@ -432,7 +432,7 @@ def evaluate(args: argparse.Namespace) -> int:
         result.files["outputs"] = str(output)
     else:
         key = record_eval(run_dir, weights, result, args.averaged, args.split)
-        result.files["eval.json"] = f"{run_dir / 'eval.json'} [{key}]"
+        result.files[EVAL] = f"{run_dir / EVAL} [{key}]"
     report(result, args.json)
     return EXIT_OK
 
@@ -477,7 +477,7 @@ def export(args: argparse.Namespace) -> int:
 def _export_program(args: argparse.Namespace) -> int:
     """``--format pt2|onnx``: the run folder's model, its chosen weights loaded, exported
     and checked; a PATH that is no run folder, or a missing ONNX extra, is exit 2."""
-    from ..runs.folder import is_run
+    from ..session.folder import is_run
 
     if not is_run(Path(args.path)):
         raise UsageError(
@@ -487,9 +487,9 @@ def _export_program(args: argparse.Namespace) -> int:
             f"weights; --format state_dict exports those)"
         )
     from ..extras import require
-    from ..runs.evaluate import choose_weights
     from ..runs.export import ExportProgram
     from ..runs.target import open_run
+    from ..runs.weights import choose_weights
 
     if args.format == "onnx":
         with bad_input(ModuleNotFoundError):

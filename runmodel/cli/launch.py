@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from ..backends.distributed import env
 from ..backends.distributed.failures import first_failure
-from ..runs.interrupt import say
+from ..session.interrupt import say
 
 __all__ = [
     "LAUNCH_OPTIONS",

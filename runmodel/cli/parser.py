@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from .. import __version__
 from ..core.phases import MODES
 from ..runs import plot as plotting  # its module imports only the standard library
-from ..runs.interrupt import signal_number
+from ..session.interrupt import signal_number
 from . import commands, launch
 
 if TYPE_CHECKING:

@@ -44,6 +44,8 @@ __all__ = [
     "ConfigError",
     "RunConfig",
     "apply_overrides",
+    "digest",
+    "folder_name",
     "load_config",
     "overridden_model_args",
     "sanitize",
@@ -127,8 +129,7 @@ class RunConfig:
 
     def digest(self) -> str:
         """A short hash of the canonical form, the same in every process."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=repr)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+        return digest(self.to_dict())
 
     def with_overrides(self, overrides: Sequence[str], source: str = "config") -> RunConfig:
         """This config with ``a.b=c`` overrides applied (as ``load_config`` applies them
@@ -139,12 +140,30 @@ class RunConfig:
 
     def run_name(self) -> str:
         """Readable and unique: model, optimizer and their first arguments, the hash."""
+        return folder_name(self.readable_name(), self.to_dict())
+
+    def readable_name(self) -> str:
+        """The readable part of the run's name: model, optimizer and their first two
+        arguments (by name), and the mode where it is not ``train``."""
         parts = [_words(self.model)]
         if self.optimizer is not None:
             parts.append(_words(self.optimizer))
         if self.mode != "train":
             parts.append(self.mode)
-        return "_".join(p for p in parts if p)[:100] + "_" + self.digest()
+        return "_".join(p for p in parts if p)
+
+
+def digest(identity: Any) -> str:
+    """A short hash of ``identity``'s canonical JSON form, the same in every process:
+    what names a run's folder apart from its readable part."""
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def folder_name(readable: str, identity: Any) -> str:
+    """A run folder's name: ``readable`` (at most 100 characters), then the digest of
+    ``identity``: readable, and unique to what makes the run (``docs/config.md``)."""
+    return f"{readable[:100]}_{digest(identity)}"
 
 
 _TYPES: dict[str, tuple[type, ...]] = {

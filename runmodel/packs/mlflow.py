@@ -91,7 +91,8 @@ class MLflow(Pack):
         self.every_steps, self.artifacts = every_steps, artifacts
         self.artifact_location = artifact_location
         self.modes = HookOptions.of(modes=modes).modes
-        #: a config run's config, flattened (set by the config run, as TensorBoard's)
+        #: what makes a run in a derived folder (a config's, a model source's), flattened
+        #: (``describe_run``, as TensorBoard's)
         self.hparams: dict[str, Any] | None = None
         #: the MLflow run this run logs to (checkpointed: a resumed run continues it)
         self.run_id: str | None = None
@@ -172,6 +173,14 @@ class MLflow(Pack):
             self.client.update_run(self.run_id, status="RUNNING")
             self._send([], tags)
 
+    def describe_run(self, name: str, params: Mapping[str, Any]) -> None:
+        """What a run in a derived folder tells its trackers (``runs/folder_run.py``): its
+        parameters become the MLflow run's params, and its folder's name the MLflow run's
+        name, unless one was given."""
+        self.hparams = dict(params)
+        if self.run_name is None:
+            self.run_name = name
+
     def _record(self, engine: Any) -> dict[str, str]:
         """The run's record as tags: its id and mode; a script's path, arguments and
         seed (``runmodel.seed``)."""
@@ -181,7 +190,7 @@ class MLflow(Pack):
             "runmodel.run_id": str(engine.run_record.get("id")),
             "runmodel.mode": str(engine.state.mode),
         }
-        if self.hparams is None:  # a script run (a config run's config is its params)
+        if self.hparams is None:  # a script run (a derived folder's run has its params)
             script = getattr(sys.modules.get("__main__"), "__file__", None)
             if script is not None:
                 record["mlflow.source.name"] = str(Path(script).resolve())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,12 @@ class TensorBoard(Pack):
     each time, never per step). Only process rank 0 writes (a distributed run's other
     processes add nothing).
 
-    ``hparams`` (a dict of names to numbers, strings or booleans; a config run sets its
-    config's values) goes to TensorBoard's HParams dashboard at the run's end, with the
-    final metrics, in this run's own event folder (not a timestamped
-    sub-run as ``SummaryWriter.add_hparams`` makes), each metric as the last value of its
-    ``MODE/NAME`` curve: ``tensorboard --logdir`` over many runs then compares them in
-    one table."""
+    ``hparams`` (a dict of names to numbers, strings or booleans; a run in a derived
+    folder, a config's or a model source's, sets what makes it: ``describe_run``) goes to
+    TensorBoard's HParams dashboard at the run's end, with the final metrics, in this
+    run's own event folder (not a timestamped sub-run as ``SummaryWriter.add_hparams``
+    makes), each metric as the last value of its ``MODE/NAME`` curve: ``tensorboard
+    --logdir`` over many runs then compares them in one table."""
 
     name = "tensorboard"
     reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
@@ -39,6 +39,11 @@ class TensorBoard(Pack):
         self.directory, self.every_steps = Path(directory), every_steps
         self.writer: Any = None
         self.hparams: dict[str, Any] | None = None
+
+    def describe_run(self, name: str, params: Mapping[str, Any]) -> None:
+        """What a run in a derived folder tells its trackers: its parameters become the
+        HParams (``runs/folder_run.py``)."""
+        self.hparams = dict(params)
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(self.open, "setup", HookOptions.of(name="tensorboard.open", rank=0))

@@ -1,13 +1,15 @@
-"""Runs and their folders.
+"""Runs in folders, above the engine: a config's or a model source's run in the folder
+derived from it (``folder_run``: the one preparer; ``config_run`` and ``source_run``:
+what each kind supplies), what the ``runmodel`` command runs (``target``: a config, a
+model source, a script; ``script``: a script run up to its ``engine.run``), evaluation
+with a trained run's weights (``weights``), the table of runs (``table``) and their plots
+(``plot``), export (``export``), the learning-rate finder (``lr_find``), the check that a
+resume is exact (``check_resume``, with the process it starts: ``check_resume_child``),
+and what runs under torchrun (``torchrun``). What every run has, its folder's writer and
+the interrupt path, is below the engine, in ``runmodel.session``.
 
-Below the engine, what every run has: its folder and the one writer of its files
-(``folder``), and the one way a run is interrupted (``interrupt``). Above the engine,
-what runs a config or a script: a config run in the folder derived from its config
-(``config_run``), scripts run by the command (``script``), evaluation of a trained run
-(``evaluate``), the table of runs (``table``) and their plots (``plot``).
-
-The names below are imported on first use: ``runmodel.runs.folder`` is imported by the
-engine, which the config runs import in turn.
+The names below are imported on first use, so that listing runs (``runmodel runs``)
+imports no torch.
 """
 
 from __future__ import annotations
@@ -16,30 +18,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    **dict.fromkeys(
-        (
-            "INTERRUPTED",
-            "PreparedRun",
-            "RunExists",
-            "execute",
-            "prepare",
-            "resume_dir",
-            "run_dir_for",
-        ),
-        "config_run",
-    ),
+    **dict.fromkeys(("ConfigKind", "execute", "prepare", "resume_dir"), "config_run"),
+    **dict.fromkeys(("FolderRun", "RunKind", "prepare_in_folder", "run_dir_for"), "folder_run"),
+    "SourceKind": "source_run",
     **dict.fromkeys(("RunInfo", "list_runs", "runs_table"), "table"),
-    "read_status": "folder",
+    **dict.fromkeys(("RunExists", "read_status"), "session.folder"),
 }
 
 __all__ = [
-    "INTERRUPTED",
-    "PreparedRun",
+    "ConfigKind",
+    "FolderRun",
     "RunExists",
     "RunInfo",
+    "RunKind",
+    "SourceKind",
     "execute",
     "list_runs",
     "prepare",
+    "prepare_in_folder",
     "read_status",
     "resume_dir",
     "run_dir_for",
@@ -49,19 +45,15 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        module = _EXPORTS[name]
+        package = "runmodel" if module.startswith("session") else __name__
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if TYPE_CHECKING:
-    from .config_run import (
-        INTERRUPTED,
-        PreparedRun,
-        RunExists,
-        execute,
-        prepare,
-        resume_dir,
-        run_dir_for,
-    )
-    from .folder import read_status
+    from ..session.folder import RunExists, read_status
+    from .config_run import ConfigKind, execute, prepare, resume_dir
+    from .folder_run import FolderRun, RunKind, prepare_in_folder, run_dir_for
+    from .source_run import SourceKind
     from .table import RunInfo, list_runs, runs_table

@@ -49,11 +49,11 @@ from .._io import read_json, write_json
 from ..backends.distributed import env
 from ..checkpoint.names import checkpoints_in
 from ..config.registry import make_pack
-from ..engine import Engine
+from ..engine import Engine, RunArguments
 from ..models.torchutil import unwrap
 from ..packs import Checkpoint
+from ..session.folder import RunFolder, start_record
 from . import torchrun
-from .folder import RunFolder, start_record
 from .target import ConfigTarget, TargetError, open_target
 
 __all__ = ["CHECKPOINTS", "CheckRun", "digest", "files", "main", "plain_items", "tensor_bytes"]
@@ -182,7 +182,7 @@ class CheckRun:
     config_packs: Sequence[Any] | None = None
     trains: ClassVar[bool] = True
 
-    def __call__(self, engine: Engine, model: Any, arguments: dict[str, Any]) -> Any:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> Any:
         role, rank = self.role, env.rank()
         paths = files(self.out, role.name, rank)
         engine.attach(
@@ -199,8 +199,8 @@ class CheckRun:
                 model,
                 "train",
                 steps=self.steps,
-                epochs=arguments["epochs"],
-                setup_options=arguments["setup_options"],
+                epochs=arguments.epochs,
+                setup_options=arguments.setup_options,
                 backend=self._backend(arguments),
                 resume=role.resume,
                 run_dir=self._folder(engine),
@@ -214,11 +214,11 @@ class CheckRun:
         record = {**start_record(engine.table.packs, "train"), "check_resume": self.role.name}
         return RunFolder(self.role.run_dir, record, claimed=True)
 
-    def _backend(self, arguments: dict[str, Any]) -> Any:
+    def _backend(self, arguments: RunArguments) -> Any:
         """Under torchrun: a config's own ddp or fsdp (``with_backend`` put it there), else
         ``--backend`` or ddp, as ``runmodel run`` does; else the source's."""
         if not env.launched() or self.config_packs is not None:
-            return arguments["backend"]
+            return arguments.backend
         return self.backend or "ddp"
 
     def _hooks(

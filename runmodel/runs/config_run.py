@@ -1,41 +1,27 @@
-"""Config runs: every config run lands in a folder derived from its config, and is an
-engine run in that folder (``engine.run(..., run_dir=RunFolder)``): the files are those
-of every run folder (``folder.py``), with the config beside them.
+"""Config runs: a config's run lands in a folder derived from its config, prepared as
+every run in a derived folder is (``folder_run.py``); this module supplies what is a
+config's own (``ConfigKind``): its record, its canonical form (whose hash names the
+folder), its readable name, its packs, and how its model and backend are built.
 
     runs/digits-hidden128_adam-lr0.005_3f9a2c1b40/
         config.json      the canonical config (its hash is in the folder's name)
         run.json         its kind, id, digest, the folder its imports are found from
-        status.json      running / finished / failed / interrupted / preempted, ...
-        metrics.json     the final result: metrics, steps, epochs, how it ended
-        run.log          one line per epoch and at the start and end
-        model.pt         the trained weights
-        checkpoint/      checkpoints (every epoch, the newest 2, unless the config's
-                         checkpoint pack says otherwise)
-        tensorboard/     event files
+        ...              the files of every run folder (``session/folder.py``)
 
 The same config always resolves to the same folder; running it again there resumes or
 restarts only when asked, and never overwrites a run silently.
-
-Under torchrun (``runmodel run CONFIG --nproc-per-node N``: ``torchrun.py``) every process
-builds the run and rank 0 alone claims the folder and writes its files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..backends.distributed import env
-from ..checkpoint.names import checkpoints_in
 from ..config.registry import (
-    Spec,
     known_model_args,
     make_backend,
     make_interface,
@@ -46,39 +32,22 @@ from ..config.registry import (
 )
 from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
-from ..engine import Engine
-from ..models import configure_engine, load_source
+from ..models import load_source
 from ..models.seeding import seed
-from ..packs import MLflow, TensorBoard
+from ..session.folder import CONFIG, RECORD, read_status
 from . import torchrun
-from .folder import RunExists, RunFolder, read_status, record_status
-from .interrupt import say
+from .folder_run import Built, FolderRun, prepare_in_folder
 from .table import flatten
 
 __all__ = [
-    "INTERRUPTED",
-    "PreparedRun",
-    "RunExists",
-    "claim_folder",
+    "ConfigKind",
+    "build",
     "execute",
+    "import_sources",
+    "load_run_config",
     "prepare",
-    "record_launch_failure",
     "resume_dir",
-    "run_dir_for",
-    "tell_launcher",
 ]
-
-#: What an interrupted run's ``reason`` says (a run interrupted by Ctrl-C raises
-#: ``runmodel.Interrupted``: no result carries it any more).
-INTERRUPTED = "interrupted: Ctrl-C"
-
-
-#: Packs every config run has (with their defaults) unless its config lists them itself.
-DEFAULT_PACKS = ("checkpoint", "tensorboard", "progress")
-
-
-def run_dir_for(config: RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
-    return Path(root) / config.run_name()
 
 
 def import_sources(config: RunConfig, base: Path) -> None:
@@ -89,81 +58,65 @@ def import_sources(config: RunConfig, base: Path) -> None:
         load_source(str(path))
 
 
-@dataclass
-class PreparedRun:
-    """A config checked and built, its directory claimed: ``run()`` starts it."""
+@dataclass(frozen=True)
+class ConfigKind:
+    """A config's run (``folder_run.RunKind``). ``base`` is where its relative
+    ``imports`` are found; ``epochs``/``steps``, where given, the length to run to
+    instead of the config's (``runmodel resume --epochs``)."""
 
     config: RunConfig
-    folder: RunFolder
-    model: Any
-    backend: Any
-    engine: Engine
-    checkpoint: Path | None
-    base: Path
-    #: the length to run to, where it is not the config's (``runmodel resume --epochs``)
-    epochs: int | None = None
-    steps: int | None = None
-    #: whether this process writes the run folder's files (rank 0 under torchrun)
-    lead: bool = True
+    base: Path = Path(".")
+    length: tuple[int | None, int | None] | None = None
 
     @property
-    def directory(self) -> Path:
-        return self.folder.directory
+    def kind(self) -> str:
+        return "config"
 
-    def run(self, preempt_signals: Iterable[int | str] = ()) -> RunResult:
-        """Run it: an engine run in its folder, which records status, metrics and the
-        trained model there (``RunFolder``, as a script's ``run_dir=`` run does);
-        ``preempt_signals`` as ``engine.run`` takes them (the command: SIGTERM and those
-        of ``--preempt-signal``).
+    @property
+    def mode(self) -> str:
+        return self.config.mode
 
-        The first Ctrl-C stops the run once the current step is done: the Checkpoint pack
-        saves where it stopped, the run is marked ``interrupted``, and the run raises
-        ``runmodel.Interrupted``; ``runmodel resume`` continues it exactly. A second
-        Ctrl-C interrupts at once.
-        """
-        config = self.config
-        epochs = config.epochs if self.epochs is None else self.epochs
-        steps = config.steps if self.steps is None else self.steps
-        if self.lead:
-            tell_launcher(self.directory)
-        return self.engine.run(
-            self.model,
-            mode=config.mode,
-            steps=steps,
-            epochs=epochs,
-            backend=self.backend,
-            resume=self.checkpoint,
-            run_dir=self.folder,
-            preempt_signals=preempt_signals,
-        )
+    @property
+    def epochs(self) -> int | None:
+        return self.config.epochs if self.length is None else self.length[0]
 
+    @property
+    def steps(self) -> int | None:
+        return self.config.steps if self.length is None else self.length[1]
 
-#: Where the launcher (``runmodel run --nproc-per-node``) learns the run folder, to name
-#: a killed process in its status.
-LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
+    def under_torchrun(self, backend: str | None) -> ConfigKind:
+        return dataclasses.replace(self, config=torchrun.with_backend(self.config, backend))
 
+    def build(self) -> tuple[ConfigKind, Built]:
+        config, model, backend = build(self.config, self.base)
+        model_class: Any = registries["model"].get(config.model.type_)
+        return dataclasses.replace(self, config=config), Built(model, backend, None, model_class)
 
-def tell_launcher(run_dir: Path) -> None:
-    """Under a launch of several processes, tell the launcher the run's folder."""
-    path = os.environ.get(LAUNCH_RECORD)
-    if path and env.several():
-        with contextlib.suppress(OSError):
-            Path(path).write_text(str(run_dir.resolve()))
+    def record(self) -> dict[str, Any]:
+        return {
+            "kind": "config",
+            "digest": self.config.digest(),
+            "base": str(self.base.resolve()),
+            "cwd": os.getcwd(),
+        }
 
+    def identity(self) -> Any:
+        return self.config.to_dict()
 
-def record_launch_failure(run_dir: Path, rank: int, text: str) -> None:
-    """The launcher's word on a failed run in several processes: which process failed
-    first (rank 0, which wrote the status, may only have seen a peer go)."""
-    status = read_json(run_dir / "status.json")
-    if not status or status.get("status") == "finished":
-        return
-    seen = status.get("error")
-    status.update(
-        status="failed", error=text, failed_rank=rank, ended=status.get("ended") or time.time()
-    )
-    if seen and seen != text:
-        status["rank_0_error"] = seen
-    record_status(run_dir, status, RuntimeError(text))
+    def readable_name(self) -> str:
+        return self.config.readable_name()
+
+    def params(self) -> dict[str, Any]:
+        return flatten(self.config.to_dict())
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        return {CONFIG: self.config.to_dict()}
+
+    def backend_name(self) -> str | None:
+        return None if self.config.backend is None else self.config.backend.type_
+
+    def packs(self, run_dir: Path) -> list[Pack]:
+        return [make_pack(spec, directory=run_dir / spec.type_) for spec in self.config.packs]
 
 
 def build(
@@ -191,161 +144,24 @@ def build(
 def load_run_config(directory: Path) -> tuple[RunConfig, Path]:
     """The config of the config run in ``directory`` and the folder its relative
     ``imports`` are found from."""
-    data = read_json(directory / "config.json")
+    data = read_json(directory / CONFIG)
     if not data:
         raise FileNotFoundError(f"{directory} is not a run directory (no readable config.json)")
-    base = read_json(directory / "run.json").get("base") or read_status(directory).get("base")
-    return RunConfig.from_dict(data, source=str(directory / "config.json")), Path(base or ".")
+    base = read_json(directory / RECORD).get("base") or read_status(directory).get("base")
+    return RunConfig.from_dict(data, source=str(directory / CONFIG)), Path(base or ".")
 
 
 def prepare(
     config: RunConfig,
     root: str | os.PathLike[str] = "runs",
     *,
-    directory: str | os.PathLike[str] | None = None,
-    resume: bool = False,
-    restart: bool = False,
-    take_over: bool = False,
     base: str | os.PathLike[str] = ".",
-    engine: Engine | None = None,
-    progress: bool = True,
-    packs: Sequence[Pack] = (),
-    backend: str | None = None,
-) -> PreparedRun:
-    """Check and build everything ``config`` names, then claim its run directory
-    (``directory``, or derived under ``root``; a new run creates it, so two runs of one
-    config cannot both start there); nothing is written before that works.
-
-    If the directory holds a run already, ``resume=True`` continues it from its newest
-    checkpoint and ``restart=True`` moves it aside (``NAME.old-TIME``) and starts anew;
-    otherwise ``RunExists`` says so. ``take_over=True`` continues a run whose status says
-    it is running elsewhere (a sweep's trial whose machine died): from its newest
-    checkpoint where there is one, else afresh (saying so). ``base`` is where relative
-    ``imports`` are found. ``progress=False`` leaves out the default progress display;
-    ``packs`` are attached too (``runmodel run --timer`` gives a Timer).
-
-    Under torchrun the run takes the config's ``ddp`` or ``fsdp`` backend, else
-    ``backend`` (``--backend``; default ``ddp``); rank 0 alone claims the directory and
-    tells the others (``torchrun.py``). A group torchrun restarted after a failure
-    (``--max-restarts``) continues the run from its newest checkpoint, as ``runmodel
-    resume`` would (with none yet, it starts over, the old folder kept beside it).
-    """
-    if env.several():
-        config = torchrun.with_backend(config, backend)
-    if env.restarted():  # torchrun started the group again (--max-restarts): continue
-        resume, restart, take_over = True, False, True
-    config, model, made_backend = build(config, base)
-    run_dir = Path(directory) if directory is not None else run_dir_for(config, root)
-    named = {spec.type_ for spec in config.packs}
-    # every run directory holds checkpoints and TensorBoard events, and a run shows its
-    # progress; a config that lists these packs sets their options
-    defaults = [
-        Spec(name)
-        for name in DEFAULT_PACKS
-        if name not in named and (progress or name != "progress")
-    ]
-    made = [
-        *packs,
-        *(make_pack(spec, directory=run_dir / spec.type_) for spec in (*config.packs, *defaults)),
-    ]
-    status = {}
-    if env.launched():  # what `runmodel resume` relaunches with (1 process too)
-        status = {**env.launch_world(), "backend": config.backend and config.backend.type_}
-    folder = RunFolder(
-        run_dir,
-        {
-            "kind": "config",
-            "digest": config.digest(),
-            "base": str(Path(base).resolve()),
-            "cwd": os.getcwd(),
-        },
-        files={"config.json": config.to_dict()},
-        status=status,
-        claimed=True,
-    )
-    checkpoint = claim_folder(
-        folder, resume=resume, restart=restart, take_over=take_over, same="config"
-    )
-    engine = engine or Engine(progress=False)  # progress= above decides
-    for pack in made:  # the config's values: TensorBoard's HParams, MLflow's parameters
-        if isinstance(pack, (TensorBoard, MLflow)):
-            pack.hparams = flatten(config.to_dict())
-        if isinstance(pack, MLflow) and pack.run_name is None:
-            pack.run_name = run_dir.name  # the MLflow run named as the run's folder
-    engine.attach(*made)
-    configure_engine(registries["model"].get(config.model.type_), engine)
-    return PreparedRun(
-        config, folder, model, made_backend, engine, checkpoint, Path(base), lead=env.rank() == 0
-    )
-
-
-def claim_folder(
-    folder: RunFolder, *, resume: bool, restart: bool, take_over: bool, same: str = "config"
-) -> Path | None:
-    """Claim the folder of a config's (or a model source's) run for a new run, or find
-    the checkpoint to continue its run from (``resume``, ``take_over``), or move its run
-    aside (``restart``): see ``prepare``. Returns the checkpoint to continue from. Under
-    torchrun rank 0 alone claims it and tells the others, which must have derived the
-    same folder (from the same ``same``: config, source and options)."""
-    run_dir = folder.directory
-    decision = torchrun.decided(
-        lambda: {
-            "directory": str(run_dir),
-            "checkpoint": (
-                None
-                if (found := _claim(folder, resume, restart, take_over)) is None
-                else str(found)
-            ),
-        }
-    )
-    if Path(decision["directory"]).resolve() != run_dir.resolve():
-        raise ValueError(
-            f"process rank 0 runs in {decision['directory']}, this process "
-            f"(rank {env.rank()}) would in {run_dir}: start every process "
-            f"with the same {same}, in the same working folder"
-        )
-    return None if decision["checkpoint"] is None else Path(decision["checkpoint"])
-
-
-def _claim(folder: RunFolder, resume: bool, restart: bool, take_over: bool) -> Path | None:
-    """``claim_folder`` in the process that claims it."""
-    run_dir = folder.directory
-    if folder.holds_run():
-        status = read_status(run_dir)
-        if status.get("status") == "running" and (resume or restart) and not take_over:
-            raise RunExists(
-                f"{run_dir} is running now (pid {status.get('pid')} on "
-                f"{status.get('host')}); wait for it, or stop it first"
-            )
-        if not (resume or restart or take_over):
-            folder.claim(resuming=False)  # says it holds a run, and what to do
-        if resume or take_over:
-            found = checkpoints_in(run_dir)
-            if found:
-                return found[0].parent
-            if resume and not take_over:
-                raise FileNotFoundError(
-                    f"{run_dir} has no checkpoint to resume from: the run (status "
-                    f"{status.get('status', 'unknown')}) ended before it wrote its first one; "
-                    f"start it again with --restart (the old run is kept beside it)"
-                )
-            say(
-                f"runmodel: {run_dir} holds no checkpoint of its run to continue from: "
-                f"starting it over (the old folder is kept beside it)"
-            )
-        folder.move_aside()
-    elif resume:
-        raise FileNotFoundError(f"no run to resume at {run_dir}")
-    elif take_over:
-        say(f"runmodel: {run_dir} is not here (a folder of another machine): starting the run over")
-    try:  # a new run: claim the directory, or find it taken
-        run_dir.mkdir(parents=True)
-    except FileExistsError:
-        raise RunExists(
-            f"{run_dir} exists but holds no run: another run of this config "
-            f"may be starting; if not, remove the empty directory"
-        ) from None
-    return None
+    **options: Any,
+) -> FolderRun:
+    """``config``'s run in its folder (under ``root``), built and claimed: the one
+    preparer's (``folder_run.prepare_in_folder``, which takes the same ``options``), with
+    ``base`` where the config's relative ``imports`` are found."""
+    return prepare_in_folder(ConfigKind(config, Path(base)), root, **options)
 
 
 def execute(
@@ -358,23 +174,18 @@ def execute(
 
 def resume_dir(
     directory: str | os.PathLike[str],
-    engine: Engine | None = None,
     *,
     epochs: int | None = None,
     steps: int | None = None,
     **options: Any,
-) -> PreparedRun:
-    """Prepare the run in ``directory`` to continue from its newest checkpoint; with
-    ``epochs``/``steps``, to that length (more than it has: an extension, recorded in
-    its status and run log; its config and folder stay those it was started with)."""
+) -> FolderRun:
+    """Prepare the config run in ``directory`` to continue from its newest checkpoint;
+    with ``epochs``/``steps``, to that length (more than it has: an extension, recorded
+    in its status and run log; its config and folder stay those it was started with)."""
     directory = Path(directory)
     config, base = load_run_config(directory)
-    prepared = prepare(
-        config, directory=directory, resume=True, base=base, engine=engine, **options
-    )
-    prepared.epochs, prepared.steps = epochs, steps
     if epochs is None and steps is None:  # the length it has now (after an extension)
         status = read_status(directory)
-        prepared.epochs = status.get("epochs", config.epochs)
-        prepared.steps = status.get("steps", config.steps)
-    return prepared
+        epochs, steps = status.get("epochs", config.epochs), status.get("steps", config.steps)
+    kind = ConfigKind(config, base, (epochs, steps))
+    return prepare_in_folder(kind, directory=directory, resume=True, **options)

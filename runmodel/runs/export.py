@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from .._io import atomic_write
 from ..checkpoint.export import model_state
+from ..engine import RunArguments
 from ..extras import require
 from ..models.torchutil import unwrap
 
@@ -80,8 +81,8 @@ class ExportProgram:
     averaged: bool = False
     trains: ClassVar[bool] = False
 
-    def __call__(self, engine: Any, model: Any, arguments: dict[str, Any]) -> Exported:
-        model.setup(arguments.get("setup_options"))
+    def __call__(self, engine: Any, model: Any, arguments: RunArguments) -> Exported:
+        model.setup(arguments.setup_options)
         try:
             model.load_state_dict(model_state(self.weights, averaged=self.averaged))
             return export_module(model, self.out, self.format, weights=self.weights)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..core.snapshot import rng_state, set_rng_state
-from ..engine import Engine
+from ..engine import Engine, RunArguments
 from ..extras import require
 from ..models.torchutil import unwrap
 from .plot import DPI, PANEL
@@ -321,14 +321,14 @@ class LRFind:
     plot: Path | None = None
     trains: ClassVar[bool] = True
 
-    def __call__(self, engine: Engine, model: Any, arguments: dict[str, Any]) -> LRFindResult:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> LRFindResult:
         return lr_find(
             model,
             engine=engine,
             start_lr=self.start_lr,
             end_lr=self.end_lr,
             steps=self.steps,
-            setup_options=arguments.get("setup_options"),
-            backend=arguments.get("backend"),
+            setup_options=arguments.setup_options,
+            backend=arguments.backend,
             plot=self.plot,
         )

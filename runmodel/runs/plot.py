@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._io import read_json
 from ..extras import require
-from .folder import is_run
+from ..session.folder import CONFIG, METRICS, RECORD, STATUS, is_run
 from .table import described, flatten, short_names
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def event_folders(run_dir: str | Path) -> list[Path]:
     the run folder or absolute), else its ``tensorboard/`` folder, else every folder in
     it that holds event files. Only folders that hold event files."""
     run_dir = Path(run_dir)
-    named = read_json(run_dir / "run.json").get("tensorboard") or []
+    named = read_json(run_dir / RECORD).get("tensorboard") or []
     for candidates in (
         [run_dir / str(p) for p in ([named] if isinstance(named, str) else named)],
         [run_dir / "tensorboard"],
@@ -345,10 +345,10 @@ def sweep_figure(folder: str | Path) -> Figure:
     sweep = read_json(folder / "sweep.json")
     metric, params = sweep.get("metric"), sweep.get("params") or {}
     trials = []
-    for trial in (path.parent for path in folder.glob("*/config.json")):
-        value = read_json(trial / "metrics.json").get("metrics", {}).get(metric)
+    for trial in (path.parent for path in folder.glob(f"*/{CONFIG}")):
+        value = read_json(trial / METRICS).get("metrics", {}).get(metric)
         if isinstance(value, (int, float)):
-            started = read_json(trial / "status.json").get("started", 0)
+            started = read_json(trial / STATUS).get("started", 0)
             trials.append((started, flatten(described(trial)), float(value)))
     if not trials:
         raise ValueError(f"{folder}: the sweep has no finished trial with {metric!r} yet")

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core import RunResult
-from ..engine import instead_of_first_run
+from ..engine import RunArguments, instead_of_first_run
 
 __all__ = ["ScriptEnded", "is_script", "run_script"]
 
 #: What the command does in place of the script's ``engine.run``:
 #: ``instead(engine, model, run_arguments) -> result``.
-Instead = Callable[[Any, Any, dict[str, Any]], Any]
+Instead = Callable[[Any, Any, RunArguments], Any]
 
 
 class ScriptEnded(BaseException):
@@ -78,7 +78,7 @@ def run_script(
     ``engine.run``, which calls ``instead(engine, model, arguments)``; its return value."""
     script = Path(script).resolve()
 
-    def replaced(engine: Any, model: Any, arguments: dict[str, Any]) -> RunResult:
+    def replaced(engine: Any, model: Any, arguments: RunArguments) -> RunResult:
         raise ScriptEnded(instead(engine, model, arguments))
 
     saved = sys.argv[:], os.getcwd(), sys.path[:]

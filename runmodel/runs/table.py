@@ -22,7 +22,7 @@ from typing import Any
 from .._io import read_json
 from ..checkpoint.names import checkpoints_in, position
 from ..config import did_you_mean
-from .folder import is_run, is_script_run, read_status
+from ..session.folder import CONFIG, METRICS, RECORD, STATUS, is_run, is_script_run, read_status
 
 __all__ = [
     "RunInfo",
@@ -40,7 +40,7 @@ def described(directory: Path) -> dict[str, Any]:
     and steps it has now (an extension changes them); a model source's run's source,
     class, options, seed and length; a script run's script, arguments and length."""
     status = read_status(directory)
-    record = read_json(directory / "run.json")
+    record = read_json(directory / RECORD)
     if record.get("kind") == "source":
         return {
             "source": Path(str(record.get("source")).partition(":")[0]).name,
@@ -58,7 +58,7 @@ def described(directory: Path) -> dict[str, Any]:
             "epochs": record.get("epochs"),
             "steps": record.get("steps"),
         }
-    config = read_json(directory / "config.json")
+    config = read_json(directory / CONFIG)
     for key in ("epochs", "steps"):
         if status.get(key) is not None:
             config[key] = status[key]
@@ -71,7 +71,7 @@ _LOGGED_STEP = re.compile(r" step (\d+)")
 def steps_done(directory: Path) -> int | None:
     """The steps a run got to: its result's, else (a killed or interrupted run) the run
     log's last line that names a step, else its newest checkpoint's."""
-    result = read_json(directory / "metrics.json")
+    result = read_json(directory / METRICS)
     status = read_status(directory)
     if result.get("steps") is not None and status.get("status") == "finished":
         return int(result["steps"])
@@ -105,10 +105,10 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
     folder (``sweep.json``) lists its trials by its metric, best first."""
     found = []
     root = Path(root)
-    folders = {p.parent for name in ("config.json", "run.json") for p in root.rglob(name)}
+    folders = {p.parent for name in (CONFIG, RECORD) for p in root.rglob(name)}
     for directory in sorted(d for d in folders if is_run(d)):
         status = read_status(directory)
-        result = read_json(directory / "metrics.json")
+        result = read_json(directory / METRICS)
         found.append(
             RunInfo(
                 directory,
@@ -121,7 +121,7 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
     found.sort(
         key=lambda run: (
             str(run.path.parent),
-            read_json(run.path / "status.json").get("started", 0),
+            read_json(run.path / STATUS).get("started", 0),
         )
     )
     sweep = read_json(root / "sweep.json")

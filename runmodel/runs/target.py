@@ -41,23 +41,17 @@ from ..config import did_you_mean, is_config_file
 from ..config.registry import check_model_args, registries
 from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
-from ..engine import Engine
+from ..engine import Engine, RunArguments
 from ..models import Model, configure_engine, load_model_class, resolve_options
 from ..models.seeding import seed as seed_generators
+from ..session.folder import RECORD, is_script_run, read_status
+from ..session.interrupt import say
 from . import torchrun
-from .config_run import (
-    PreparedRun,
-    build,
-    import_sources,
-    load_run_config,
-    prepare,
-    resume_dir,
-)
-from .evaluate import evaluate_model
-from .folder import RECORD, is_script_run, read_status
-from .interrupt import say
+from .config_run import build, import_sources, load_run_config, prepare, resume_dir
+from .folder_run import FolderRun, prepare_in_folder, refuse_checkpoints_outside
 from .script import is_script, run_script
-from .source_run import SourceRun
+from .source_run import SourceKind, source_record
+from .weights import evaluate_model
 
 __all__ = [
     "Action",
@@ -75,10 +69,6 @@ __all__ = [
     "open_run",
     "open_target",
 ]
-
-#: ``engine.run``'s keyword arguments as a source gives them (mode, steps, epochs,
-#: setup_options, backend, resume, run_dir).
-Arguments = dict[str, Any]
 
 
 class TargetError(ValueError):
@@ -112,7 +102,7 @@ class Action(Protocol):
     #: and optimizer (evaluating weights needs neither)
     trains: ClassVar[bool]
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> Any: ...
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -146,9 +136,9 @@ class Describe:
     source: str
     trains: ClassVar[bool] = False
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> str:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> str:
         cls = type(model)
-        setup = arguments.get("setup_options")
+        setup = arguments.setup_options
         if setup is None and getattr(cls, "setup_defaults", None):
             setup = dict(cls.setup_defaults)  # what the run would be given
         lines = [f"model: {cls.__qualname__} from {self.source}", f"device: {model.device}"]
@@ -175,14 +165,14 @@ class Measure:
     packs: tuple[Pack, ...] = ()
     trains: ClassVar[bool] = True
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> RunResult:
         engine.attach(*self.packs)
         return engine.run(
             model,
             self.mode,
             steps=self.steps,
-            backend=arguments["backend"],
-            setup_options=arguments["setup_options"],
+            backend=arguments.backend,
+            setup_options=arguments.setup_options,
         )
 
 
@@ -195,21 +185,21 @@ class Train:
     request: RunRequest
     trains: ClassVar[bool] = True
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> RunResult:
         from ..packs import Progress
 
         request = self.request
-        mode = request.mode or arguments["mode"]
+        mode = request.mode or arguments.mode
         if request.progress and mode == "train":
             engine.attach(Progress())
         engine.attach(*request.packs)
-        backend = (request.backend or "ddp") if env.launched() else arguments["backend"]
+        backend = (request.backend or "ddp") if env.launched() else arguments.backend
         return engine.run(
             model,
             mode,
             steps=request.steps,
             epochs=request.epochs,
-            setup_options=arguments["setup_options"],
+            setup_options=arguments.setup_options,
             backend=backend,
             preempt_signals=request.preempt,
         )
@@ -227,12 +217,12 @@ class WithWeights:
     split: str = "eval"
     trains: ClassVar[bool] = False
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> RunResult:
         return evaluate_model(
             model,
             self.weights,
             self.mode,
-            setup_options=arguments["setup_options"],
+            setup_options=arguments.setup_options,
             averaged=self.averaged,
             split=self.split,
         )
@@ -252,23 +242,21 @@ class Continue:
     preempt: tuple[int, ...] = ()
     trains: ClassVar[bool] = True
 
-    def __call__(self, engine: Engine, model: Any, arguments: Arguments) -> RunResult:
+    def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> RunResult:
         record = read_json(self.run_dir / RECORD)
-        epochs = (
-            self.epochs if self.epochs is not None else record.get("epochs", arguments["epochs"])
-        )
-        steps = self.steps if self.steps is not None else record.get("steps", arguments["steps"])
-        refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments["run_dir"]))
+        epochs = self.epochs if self.epochs is not None else record.get("epochs", arguments.epochs)
+        steps = self.steps if self.steps is not None else record.get("steps", arguments.steps)
+        refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments.run_dir))
         return engine.run(
             model,
-            arguments["mode"],
+            arguments.mode,
             epochs=epochs,
             steps=steps,
-            setup_options=arguments["setup_options"],
-            backend=arguments["backend"],
+            setup_options=arguments.setup_options,
+            backend=arguments.backend,
             resume="auto",
             run_dir=self.run_dir,
-            preempt_signals=(*self.preempt, *arguments["preempt_signals"]),
+            preempt_signals=(*self.preempt, *arguments.preempt_signals),
         )
 
 
@@ -278,31 +266,6 @@ def _folder_of(run_dir: Any) -> Path | None:
     if run_dir is None:
         return None
     return Path(getattr(run_dir, "directory", run_dir)).resolve()
-
-
-def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path | None) -> None:
-    """A run continued in a folder other than the one it was started in (a copy, a
-    folder moved or moved aside) must not save into a Checkpoint folder outside it: that
-    folder holds the checkpoints of the run that was started there. Said before the run
-    (bad input), naming the folder."""
-    from ..packs.checkpoint import Checkpoint
-
-    here = run_dir.resolve()
-    if started_in is None or started_in == here:
-        return
-    for pack in engine.table.packs.values():
-        if not isinstance(pack, Checkpoint):
-            continue
-        folder = Path(pack.directory)  # a relative one goes inside run_dir (engine.run)
-        folder = (folder if folder.is_absolute() else here / folder).resolve()
-        if not folder.is_relative_to(here):
-            raise TargetError(
-                f"{run_dir} is a copy of the run folder {started_in} (or was moved from "
-                f"there), and its Checkpoint pack saves in {folder}, outside it: continuing "
-                f"the copy would write into the checkpoints of the run in {started_in}. "
-                f"Give the Checkpoint pack a folder inside run_dir (as "
-                f'Checkpoint("checkpoint")), or resume {started_in} itself'
-            )
 
 
 # -- targets --------------------------------------------------------------------------------
@@ -403,7 +366,7 @@ class ModelTarget(Target):
         with loading():
             cls, model, _, _, setup = self._model()
             engine = self._engine(cls)
-        return action(engine, model, _arguments(setup_options=setup or None))
+        return action(engine, model, RunArguments(setup_options=setup or None))
 
     def run(self, request: RunRequest) -> RunResult:
         """A train run in the run folder derived from the source (``source_run.py``); an
@@ -444,15 +407,14 @@ class ModelTarget(Target):
         return str(request.backend or recorded or "ddp")
 
     def _in_folder(self, request: RunRequest) -> RunResult:
-        """The source's train run in its folder: a new one (or ``--resume``,
-        ``--restart`` of the one there), or the folder's run continued."""
-        from .source_run import default_packs, prepare, run_dir_for, source_record
-
+        """The source's train run in its folder (``folder_run.py``): a new one (or
+        ``--resume``, ``--restart`` of the one there), or the folder's run continued."""
         with loading():
             if request.resume and request.restart:
                 raise TargetError("--resume and --restart exclude each other")
             cls, model, init, setup, resolved = self._model()
             backend = self._backend(request)
+            epochs, steps = request.epochs, request.steps
             if self.directory is None or self.record is None:
                 assert self.seed is not None
                 record = source_record(
@@ -463,46 +425,27 @@ class ModelTarget(Target):
                     device=self.device,
                     seed=self.seed,
                     backend=backend,
-                    epochs=request.epochs,
-                    steps=request.steps,
+                    epochs=epochs,
+                    steps=steps,
                 )
-                run_dir = run_dir_for(record, request.runs_dir)
-                record["directory"] = str(run_dir.resolve())  # where it was started
-                epochs, steps, resume = request.epochs, request.steps, request.resume
-            else:
-                record, run_dir, resume = self.record, self.directory, True
-                status = read_status(run_dir)
+            else:  # the folder's run, to the length it has now unless told
+                record = {**self.record, "backend": backend}
+                status = read_status(self.directory)
                 epochs = (
-                    request.epochs
-                    if request.epochs is not None
-                    else status.get("epochs", record.get("epochs"))
+                    epochs if epochs is not None else status.get("epochs", record.get("epochs"))
                 )
-                steps = (
-                    request.steps
-                    if request.steps is not None
-                    else status.get("steps", record.get("steps"))
-                )
-            engine = self._engine(cls, [*request.packs, *default_packs(run_dir, request.progress)])
-            if self.directory is not None:
-                refuse_checkpoints_outside(engine, run_dir, _started_in(record))
-            prepared = prepare(
-                engine,
-                model,
-                {**record, "backend": backend},
-                run_dir,
-                setup_options=resolved or None,
-                epochs=epochs,
-                steps=steps,
-                resume=resume,
+                steps = steps if steps is not None else status.get("steps", record.get("steps"))
+            kind = SourceKind(record, lambda: (model, resolved or None, cls), (epochs, steps))
+            prepared = prepare_in_folder(
+                kind,
+                request.runs_dir,
+                directory=self.directory,
+                resume=request.resume or self.directory is not None,
                 restart=request.restart,
+                progress=request.progress,
+                packs=request.packs,
             )
         return _run_in_folder(prepared, request)
-
-
-def _started_in(record: dict[str, Any]) -> Path | None:
-    """The folder a run was started in, as its record says."""
-    directory = record.get("directory")
-    return Path(directory).resolve() if isinstance(directory, str) else None
 
 
 @dataclass
@@ -518,7 +461,7 @@ class ScriptTarget(Target):
 
     @classmethod
     def of_run(cls, directory: Path) -> ScriptTarget:
-        record = read_json(directory / "run.json")
+        record = read_json(directory / RECORD)
         script = record.get("script")
         if not script or not Path(script).is_file():
             raise TargetError(
@@ -612,7 +555,9 @@ class ConfigTarget(Target):
         return action(
             engine,
             model,
-            _arguments(mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend),
+            RunArguments(
+                mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend
+            ),
         )
 
     def describe(self) -> str:
@@ -622,9 +567,10 @@ class ConfigTarget(Target):
         with loading(), tempfile.TemporaryDirectory(prefix="runmodel-describe-") as folder:
             config = self._checked()
             prepared = prepare(config, directory=Path(folder) / "run", base=self.base)
-        prepared.engine.attach(prepared.folder)  # what a run attaches: its folder's writer
+        engine = prepared.engine  # what a run attaches: its folder's writer and packs
+        engine.attach(prepared.folder, *engine.folder_packs(prepared.folder))
         return Describe(f"{self.source} (model {config.model.type_!r})")(
-            prepared.engine, prepared.model, _arguments()
+            engine, prepared.model, RunArguments()
         )
 
     def run(self, request: RunRequest) -> RunResult:
@@ -707,21 +653,7 @@ def _distributed(config: RunConfig) -> bool:
     return config.backend is not None and config.backend.type_ in torchrun.BACKENDS
 
 
-def _arguments(**given: Any) -> Arguments:
-    """``engine.run``'s keyword arguments: ``given``, and the defaults for the rest."""
-    return {
-        "mode": "train",
-        "steps": None,
-        "epochs": None,
-        "setup_options": None,
-        "backend": None,
-        "resume": None,
-        "run_dir": None,
-        **given,
-    }
-
-
-def _run_in_folder(prepared: PreparedRun | SourceRun, request: RunRequest) -> RunResult:
+def _run_in_folder(prepared: FolderRun, request: RunRequest) -> RunResult:
     """A prepared run (a config's, a model source's), said where it runs (by rank 0).
     Ctrl-C and the request's preemption signals end it as any run ends: saved, its folder
     saying how to go on, ``runmodel.Interrupted`` (``Preempted``) raised."""

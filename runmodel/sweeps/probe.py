@@ -80,7 +80,7 @@ def check_metric(spec: SweepSpec) -> None:
                 base=spec.config.parent,
             )
             prepared.engine.run(
-                prepared.model, mode=config.mode, epochs=1, backend=prepared.backend
+                prepared.model, mode=config.mode, epochs=1, backend=prepared.built.backend
             )
         except Exception as error:  # the base config itself is broken: every trial would be
             raise SweepError(

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._io import read_json, write_json
 from ..runs import read_status, run_dir_for
+from ..session.folder import CONFIG, METRICS
 from .probe import check_metric
 from .spec import SweepError, SweepSpec, distribution, read_spec, trial_config
 from .study import GRACE, JOURNAL, Heartbeat, SweepStudy, connect
@@ -89,7 +90,7 @@ def sweep(
         heartbeat=heartbeat,
     )
     folder = Path(runs_dir) / spec.name
-    if (folder / "config.json").exists():
+    if (folder / CONFIG).exists():
         raise SweepError(
             f"{folder} is a run's folder, not a sweep's; name the sweep another way ([sweep] name)"
         )
@@ -277,7 +278,7 @@ class _Sweep:
         status = read_status(run_dir).get("status")
         if status not in ("finished", "pruned"):
             return False
-        value = read_json(run_dir / "metrics.json").get("metrics", {}).get(self.spec.metric)
+        value = read_json(run_dir / METRICS).get("metrics", {}).get(self.spec.metric)
         self.study.set(number, "reused", True)
         if status == "pruned" or value is None:
             self.study.tell(number, state=TrialState.PRUNED)

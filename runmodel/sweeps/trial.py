@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._io import read_json, write_json
 from ..backends.distributed import env
 from ..core import Hook, HookOptions, Pack
 from ..runs import prepare, read_status, run_dir_for
+from ..session.folder import CONFIG, mark
 from .spec import SweepSpec, close_to, trial_config
 from .study import SweepStudy
 
-__all__ = ["PRUNED", "ReportToTrial", "main", "mark", "process", "stop_with_parent"]
+__all__ = ["PRUNED", "ReportToTrial", "main", "process", "stop_with_parent"]
 
 PRUNED = "pruned by the sweep's pruner"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -170,7 +170,7 @@ def _take_over(run_dir: Path, retries: Mapping[str, Any] | None, lead: bool) -> 
     else from the start): a run of this trial's values left interrupted or failed, or
     left ``running`` by the process of a trial that Optuna failed for its stopped
     heartbeat (``retries``: that trial's number and owner), on another machine."""
-    if not (run_dir / "config.json").exists():
+    if not (run_dir / CONFIG).exists():
         if retries is not None and lead:
             print(
                 f"retrying trial {retries['number']} of {retries['owner'].get('host')}: "
@@ -229,14 +229,6 @@ def tell(
         return 1
     study.tell(number, float(value))
     return 0
-
-
-def mark(run_dir: Path, state: str) -> None:
-    """Record ``state`` (``pruned``) as the run folder's status."""
-    path = run_dir / "status.json"
-    status = read_json(path)
-    if status:
-        write_json(path, {**status, "status": state})
 
 
 def owner() -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 
 from runmodel import checkpoint
 from runmodel.checkpoint.export import model_state
-from runmodel.runs.evaluate import load_weights
+from runmodel.runs.weights import load_weights
 
 from helpers import dropout_mlp, train_with_checkpoints
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import runmodel
-import runmodel.runs.config_run
+import runmodel.session.folder
 from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
 from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
@@ -390,7 +390,7 @@ def test_two_restarts_in_one_second_keep_both_old_runs(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frozen = types.SimpleNamespace(strftime=lambda *args: "20250101-120000", time=time.time)
-    monkeypatch.setattr(runmodel.runs.config_run, "time", frozen)  # both restarts in one second
+    monkeypatch.setattr(runmodel.session.folder, "time", frozen)  # both restarts in one second
     config = project.load(packs=())
     execute(config, project.root, base=project.dir)
     execute(config, project.root, base=project.dir, restart=True)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import runmodel
+import runmodel.session.folder
 from runmodel.config.runconfig import RunConfig
 from runmodel.packs import Checkpoint, Evaluate, MLflow
 from runmodel.runs import execute
@@ -83,7 +84,7 @@ def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str
     assert run_id == first.info.run_id and logged.info.status == "FINISHED"
     assert logged.data.params == {"lr": "0.1", "layers": "[4, 3]"}
     tags = logged.data.tags
-    record = runmodel.runs.folder.read_json(run_dir / "run.json")
+    record = runmodel.session.folder.read_json(run_dir / "run.json")
     assert tags["runmodel.run_id"] == record["id"]
     assert tags["runmodel.seed"] == "5" and record["seed"] == 5
     assert tags["runmodel.script"] == str(Path(sys.modules["__main__"].__file__).resolve())

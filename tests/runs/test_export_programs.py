@@ -14,7 +14,7 @@ import torch
 
 from runmodel.checkpoint.export import averaged_weights
 from runmodel.cli import main
-from runmodel.runs.evaluate import choose_weights
+from runmodel.runs.weights import choose_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = f'''\

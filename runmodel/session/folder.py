@@ -13,10 +13,12 @@ files the same way (``docs/runs.md``).
                    followed
     metrics.json   the final result: metrics (``eval_*`` measured once training is done;
                    ``test_*``: the model's ``test_data``, evaluated once with the best
-                   weights), steps, epochs, how it ended
+                   weights: ``packs/final_evaluation.py``), steps, epochs, how it ended
     run.log        one line at the start, at each epoch's end and at the end
     model.pt       the trained weights (the interface's save; under ``fsdp`` the full
                    state gathered from every process)
+    eval.json      after the run: each ``runmodel eval`` of its weights
+                   (``record_evaluation``)
     tensorboard/   event files
 
 Paths in ``status.json`` and ``metrics.json`` are relative to the folder, so a folder that
@@ -39,12 +41,15 @@ import traceback
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._io import DiskFullError, read_json, write_json
 from ..backends.distributed.failures import restarts
 from ..core import Hook, HookOptions, Interrupted, Pack, Preempted, RunResult
 from ..core.state import refused_at_setup, signal_name
+
+if TYPE_CHECKING:
+    from ..checkpoint.storage import Storage
 
 __all__ = [
     "COMMAND_KINDS",
@@ -54,17 +59,21 @@ __all__ = [
     "is_run",
     "is_script_run",
     "live_pid",
+    "mark",
     "read_status",
+    "record_evaluation",
+    "record_status",
     "resolve",
     "start_record",
 ]
 
-STATUS, RECORD, METRICS, CONFIG, MODEL = (
+STATUS, RECORD, METRICS, CONFIG, MODEL, EVAL = (
     "status.json",
     "run.json",
     "metrics.json",
     "config.json",
     "model.pt",
+    "eval.json",
 )
 #: A run ended by one of these can be continued: it stopped on its own path and saved.
 INTERRUPTS = ("interrupted", "preempted")
@@ -191,9 +200,9 @@ class RunFolder(Pack):
     run from step 0 into a folder that holds a run. At setup (rank 0) it writes the
     record and the status ``running``; at teardown, once training ended without an error
     (every process: under ``fsdp`` gathering the weights is collective), it writes the
-    trained weights and measures the ``eval_*`` metrics, then (once the Checkpoint packs
-    named their best checkpoint) the ``test_*`` metrics of the model's ``test_data``;
-    ``finish`` writes the status and the final metrics."""
+    trained weights; ``finish`` writes the status and the final metrics. It writes, and
+    only writes: the ``eval_*`` and ``test_*`` metrics it records are measured by the
+    ``FinalEvaluation`` pack that a run in a folder has beside it."""
 
     name = "run_folder"
 
@@ -282,25 +291,16 @@ class RunFolder(Pack):
 
     # -- the run ----------------------------------------------------------------------------
 
-    def packs(self) -> Iterator[Pack]:
-        yield self.log
-
     def hooks(self) -> Iterator[Hook]:
         # first: the folder is claimed before other packs write
         yield Hook(self.setup, "setup", HookOptions.of(priority=2000, rank=0, modes="train"))
         # every process (gathering the weights of a sharded model is collective), before
-        # the backend's own teardown puts its data back
+        # the backend's own teardown puts its data back, and before FinalEvaluation
+        # tests with them
         yield Hook(
-            self.trained,
+            self.save_model,
             "teardown",
-            HookOptions.of(priority=1000, modes="train", name="run_folder.trained"),
-        )
-        # after the Checkpoint packs' last save (priority 0), which names the best
-        # checkpoint; every process, as the evaluation in trained()
-        yield Hook(
-            self.tested,
-            "teardown",
-            HookOptions.of(priority=-500, modes="train", name="run_folder.tested"),
+            HookOptions.of(priority=1000, modes="train", name="run_folder.model"),
         )
 
     def check_setup(self, engine: Any) -> None:
@@ -368,97 +368,25 @@ class RunFolder(Pack):
         self._write_status(self._status)
         self.began = True
 
-    def trained(self, engine: Any) -> None:
+    def save_model(self, engine: Any) -> None:
         """A run that trained to its end (its budget, its epochs, or ``stop()``): the
-        trained weights as ``model.pt`` and its ``eval_*`` metrics on its eval data. Every
-        process of a distributed run takes part (the processes agreed that they ended
-        together first): the evaluation goes over each one's share of the data, as the
-        ``Evaluate`` pack's does, and under ``fsdp`` the weights are gathered."""
-        s, model = engine.state, engine.model
+        trained weights as ``model.pt``: the interface's save where every process holds
+        the whole model; under ``fsdp`` the weights the run's storage gathers (every
+        process calls it), written by rank 0."""
+        model = engine.model
         interface = getattr(model, "interface", None)
-        if s.error is not None or interface is None:
+        storage = cast("Storage", engine.storage)
+        if engine.state.error is not None or interface is None:
             return
-        self._save_model(engine, interface)
-        eval_data = getattr(model, "eval_data", None)
-        if eval_data is not None:
-            with contextlib.suppress(NotImplementedError):
-                evaluated = interface.evaluate(model, eval_data)
-                s.metrics.update({f"eval_{k}": v for k, v in evaluated.items()})
-
-    def tested(self, engine: Any) -> None:
-        """A run that trained to its end, whose model has ``test_data``: the test split
-        evaluated once, with the weights of the best checkpoint (rank 0's Checkpoint pack
-        names it; every process loads it) or, without one, the trained weights, as
-        ``test_*`` metrics in the result (so in ``metrics.json``); the weights used are
-        the result's ``files["test_weights"]``. The model is left with its trained
-        weights. Under a sharded storage (``fsdp``) the trained weights are used."""
-        s, model = engine.state, engine.model
-        interface = getattr(model, "interface", None)
-        data = getattr(model, "test_data", None)
-        storage = engine.storage
-        if (
-            s.error is not None
-            or interface is None
-            or data is None
-            or not getattr(storage, "ended_together", True)
-        ):
-            return
-        from ..backends.distributed.env import broadcast_from_0
-
-        sharded = getattr(storage, "group", None) is not None
-        best = broadcast_from_0(None if sharded else s.files.get("best_checkpoint"))
-        kept = self._load_best(model, Path(best)) if best else None
-        try:
-            with contextlib.suppress(NotImplementedError):
-                tested = interface.evaluate(model, data)
-                s.metrics.update({f"test_{k}": v for k, v in tested.items()})
-        finally:
-            if kept is not None:
-                model.load_state_dict(kept)
-        used = Path(str(best)) if kept is not None else self.directory / MODEL  # trained()'s
-        if s.rank == 0 and used.exists():
-            s.files["test_weights"] = str(used)
-
-    def _load_best(self, model: Any, best: Path) -> Any:
-        """Load the weights of the checkpoint ``best`` into ``model`` (its optimizer left
-        alone); returns the state to put back after, or None where the checkpoint cannot
-        be read (said on stderr: the trained weights are tested instead)."""
-        import copy
-
-        from ..checkpoint.export import model_state
-
-        try:
-            state = model_state(best)
-        except (OSError, ValueError) as error:
-            print(
-                f"runmodel: the test split is evaluated with the trained weights: the best "
-                f"checkpoint {best} cannot be read ({error})",
-                file=sys.stderr,
-            )
-            return None
-        kept = model.state_dict()
-        if isinstance(kept, dict) and "optimizer" in kept:
-            kept = {**kept, "optimizer": None}  # the optimizer is never touched
-        kept = copy.deepcopy(kept)  # its own tensors: loading the best overwrites the module's
-        if isinstance(state, dict) and "module" in state:
-            state = {"module": state["module"], "optimizer": None}  # the weights alone
-        model.load_state_dict(state)
-        return kept
-
-    def _save_model(self, engine: Any, interface: Any) -> None:
-        """``model.pt``: the interface's save where every process holds the whole model;
-        under ``fsdp`` the weights the run's storage gathers (every process calls it),
-        written by rank 0."""
-        storage, rank = engine.storage, engine.state.rank
-        if getattr(storage, "group", None) is None:  # the whole model is here
-            if rank == 0:
+        if storage.group is None:  # the whole model is here
+            if engine.state.rank == 0:
                 with contextlib.suppress(NotImplementedError, ValueError):
-                    interface.save(engine.model, self.directory)
+                    interface.save(model, self.directory)
             return
-        if not getattr(storage, "ended_together", True):
+        if not storage.ended_together:
             return  # a collective needs every process: they did not agree at the end
-        state = storage.full_model_state(engine.model)
-        if state is not None and rank == 0:
+        state = storage.full_model_state(model)
+        if state is not None and engine.state.rank == 0:
             import torch
 
             from .._io import atomic_write
@@ -566,10 +494,29 @@ class RunFolder(Pack):
                 return
 
 
-def record_status(directory: Path, status: dict[str, Any], error: BaseException) -> None:
+def record_status(
+    directory: Path, status: dict[str, Any], error: BaseException | None = None
+) -> None:
     """Write ``status`` for the run in ``directory`` outside its run (a launcher's word on
     a failed process): as the run's own writer does, reserve and all."""
     RunFolder(directory)._write_status(status, error)
+
+
+def record_evaluation(directory: Path, key: str, entry: dict[str, Any]) -> None:
+    """Add ``entry`` (a ``runmodel eval`` of the run's weights) under ``key`` to the run's
+    ``eval.json``."""
+    evaluated = read_json(Path(directory) / EVAL)
+    evaluated[key] = entry
+    write_json(Path(directory) / EVAL, evaluated)
+
+
+def mark(directory: Path, state: str) -> None:
+    """Record ``state`` as the status of the run in ``directory`` once it ended (a sweep's
+    ``pruned``), as the run's own writer does, reserve and all."""
+    path = Path(directory) / STATUS
+    status = read_json(path)
+    if status:
+        record_status(directory, {**status, "status": state}, None)
 
 
 def _traceback(error: BaseException) -> str:

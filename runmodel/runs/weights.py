@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._io import read_json, write_json
+from .._io import read_json
 from ..checkpoint.export import model_state
-from ..checkpoint.format import run_of
-from ..checkpoint.names import is_checkpoint
+from ..checkpoint.format import ranked_best, run_of
+from ..checkpoint.names import best_in, checkpoints_in, is_checkpoint
 from ..core import Pack, RunResult
 from ..engine import Engine
-from .folder import read_status, resolve
+from ..session.folder import METRICS, MODEL, RECORD, read_status, record_evaluation, resolve
 
 __all__ = ["SPLITS", "choose_weights", "evaluate_model", "record_eval"]
 
@@ -35,16 +35,13 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
     names another run than the folder's is never used (a folder written before paths
     were relative names the place it was started in, which may hold another run now)."""
     files = {
-        **read_json(run_dir / "metrics.json").get("files", {}),
+        **read_json(run_dir / METRICS).get("files", {}),
         **read_status(run_dir).get("files", {}),
     }
-    run = read_json(run_dir / "run.json").get("id")
-    best = _existing(run_dir, files.get("best_checkpoint"), run) or _newest(run_dir, "best-*.pt")
-    last = (
-        _existing(run_dir, files.get("last_checkpoint"), run)
-        or _newest(run_dir, "ckpt-*.pt")
-        or _newest(run_dir, "ckpt-*")
-    )
+    run = read_json(run_dir / RECORD).get("id")
+    newest = [p for p in checkpoints_in(run_dir, best=False) if _of_run(p, run)]
+    best = _existing(run_dir, files.get("best_checkpoint"), run) or _best(run_dir, run, newest)
+    last = _existing(run_dir, files.get("last_checkpoint"), run) or next(iter(newest), None)
     if which == "best":
         if best is None:
             raise FileNotFoundError(
@@ -71,7 +68,7 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
                 f"{run}: give one of its own checkpoints"
             )
         return path
-    for found in (best, last, run_dir / "model.pt"):
+    for found in (best, last, run_dir / MODEL):
         if found is not None and _usable(found):
             return found
     raise FileNotFoundError(
@@ -104,17 +101,19 @@ def _usable(path: Path) -> bool:
     return is_checkpoint(path)
 
 
-def _newest(run_dir: Path, pattern: str) -> Path | None:
-    found = sorted(
-        (
-            p
-            for folder in (run_dir, run_dir / "checkpoint")
-            for p in folder.glob(pattern)
-            if _usable(p)
-        ),
-        key=lambda p: p.stem.rsplit("-", 2)[1:],
-    )
-    return found[-1] if found else None
+def _best(run_dir: Path, run: str | None, newest: list[Path]) -> Path | None:
+    """Where the run's files name no best checkpoint: the best of its best-K files, as
+    its newest checkpoint file ranked them (the files' names do not say whether the
+    metric is minimised or maximised); one alone is the best."""
+    found = [p for p in best_in(run_dir) if _of_run(p, run)]
+    if len(found) <= 1:
+        return next(iter(found), None)
+    by_name = {p.name: p for p in found}
+    for checkpoint in newest:
+        for name in ranked_best(checkpoint) if checkpoint.is_file() else ():
+            if name in by_name:
+                return by_name[name]
+    return None
 
 
 def load_weights(model: Any, path: Path, averaged: bool = False) -> None:
@@ -198,12 +197,6 @@ def record_eval(
     key += " (averaged)" if averaged else ""
     if split != "eval":
         key = f"{key} [{split}]"
-    evaluated = read_json(run_dir / "eval.json")
-    evaluated[key] = {
-        "metrics": result.metrics,
-        "steps": result.steps,
-        "at": time.time(),
-        "split": split,
-    }
-    write_json(run_dir / "eval.json", evaluated)
+    entry = {"metrics": result.metrics, "steps": result.steps, "at": time.time(), "split": split}
+    record_evaluation(run_dir, key, entry)
     return key
