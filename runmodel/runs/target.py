@@ -246,7 +246,8 @@ class Continue:
         record = read_json(self.run_dir / RECORD)
         epochs = self.epochs if self.epochs is not None else record.get("epochs", arguments.epochs)
         steps = self.steps if self.steps is not None else record.get("steps", arguments.steps)
-        refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments.run_dir))
+        with loading():  # bad input: said as the command says it
+            refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments.run_dir))
         return engine.run(
             model,
             arguments.mode,
