@@ -4,154 +4,98 @@ The public names below are imported on first use, so that ``import runmodel`` (a
 ``runmodel --help``) stays fast; torch is imported when a name that needs it is.
 """
 
+# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
+# __all__ (tests/test_exports.py checks that the two agree).
+# ruff: noqa: F401
+
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .core.exports import lazy_exports
 
 try:
     __version__ = version("runmodel")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-#: Each public name and the module that defines it.
-_EXPORTS = {
-    "Engine": "engine",
-    **dict.fromkeys(
-        (
-            "Duration",
-            "Hook",
-            "HookHandle",
-            "HookOptions",
-            "HookOrderError",
-            "MODES",
-            "PHASES",
-            "Pack",
-            "Phase",
-            "RunResult",
-            "RunStep",
-            "State",
-            "StopRun",
-            "Interrupted",
-            "Preempted",
-            "hook",
-            "override",
-            "FineTuneSpec",
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Engine": ".engine",
+        **dict.fromkeys(
+            (
+                "Hook",
+                "HookHandle",
+                "HookOptions",
+                "HookOrderError",
+                "MODES",
+                "PHASES",
+                "Pack",
+                "RunResult",
+                "RunStep",
+                "State",
+                "StopRun",
+                "Interrupted",
+                "Preempted",
+                "hook",
+                "override",
+            ),
+            ".core",
         ),
+        **dict.fromkeys(
+            ("Interface", "Model", "Supervised", "TorchModel", "evaluate", "load_model"),
+            ".models",
+        ),
+        **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), ".modes"),
+        "Backend": ".backends",
+        # the registries: register_* names a thing, make_* builds one from its Spec
+        **dict.fromkeys(
+            (
+                "Spec",
+                "make_backend",
+                "make_interface",
+                "make_loss",
+                "make_model",
+                "make_optimizer",
+                "make_pack",
+                "register_backend",
+                "register_interface",
+                "register_loss",
+                "register_model",
+                "register_optimizer",
+                "register_pack",
+            ),
+            ".config.registry",
+        ),
+        **dict.fromkeys(("RunConfig", "load_config"), ".config.runconfig"),
+        "execute": ".runs",
+        "lr_find": ".runs.lr_find",
+        "seed": ".models.seeding",
+        "sweep": ".sweeps",  # the function; its module is runmodel.sweeps (no clash)
+        "end_distributed": ".backends.distributed.env",
+    },
+    # the core's parts, not a user's (docs/changelog.md)
+    deprecated={
+        "Duration": "runmodel.core.Duration",
+        "FineTuneSpec": "runmodel.core.RunHorizon",
+        "Phase": "runmodel.core.Phase",
+    },
+    submodules=(
+        "backends",
+        "checkpoint",
+        "cli",
+        "config",
         "core",
+        "integrations",
+        "models",
+        "modes",
+        "packs",
+        "runs",
+        "sweeps",
     ),
-    **dict.fromkeys(
-        ("Interface", "Model", "Supervised", "TorchModel", "evaluate", "load_model"), "models"
-    ),
-    **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), "modes"),
-    "Backend": "backends",
-    **dict.fromkeys(
-        (
-            "Spec",
-            "make_backend",
-            "make_interface",
-            "make_loss",
-            "make_model",
-            "make_optimizer",
-            "make_pack",
-            "register_backend",
-            "register_interface",
-            "register_loss",
-            "register_model",
-            "register_optimizer",
-            "register_pack",
-        ),
-        "config.registry",
-    ),
-    **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
-    "execute": "runs",
-    "lr_find": "runs.lr_find",
-    "seed": "models.seeding",
-    "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
-    "end_distributed": "backends.distributed.env",
-}
-_SUBPACKAGES = (
-    "backends",
-    "checkpoint",
-    "cli",
-    "config",
-    "core",
-    "integrations",
-    "models",
-    "modes",
-    "packs",
-    "runs",
-    "sweeps",
 )
-
-__all__ = [
-    "MODES",
-    "PHASES",
-    "Backend",
-    "Benchmark",
-    "Duration",
-    "Engine",
-    "Eval",
-    "FineTuneSpec",
-    "Hook",
-    "HookHandle",
-    "HookOptions",
-    "HookOrderError",
-    "Infer",
-    "Interface",
-    "Interrupted",
-    "Model",
-    "Pack",
-    "Phase",
-    "Preempted",
-    "Profile",
-    "RunConfig",
-    "RunResult",
-    "RunStep",
-    "Spec",
-    "State",
-    "StopRun",
-    "Supervised",
-    "TorchModel",
-    "Train",
-    "end_distributed",
-    "evaluate",
-    "execute",
-    "hook",
-    "load_config",
-    "load_model",
-    "lr_find",
-    "make_backend",
-    "make_interface",
-    "make_loss",
-    "make_model",
-    "make_optimizer",
-    "make_pack",
-    "override",
-    "register_backend",
-    "register_interface",
-    "register_loss",
-    "register_model",
-    "register_optimizer",
-    "register_pack",
-    "seed",
-    "sweep",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"runmodel.{_EXPORTS[name]}"), name)
-        globals()[name] = value  # once: the next access is a plain attribute
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"runmodel.{name}")
-    raise AttributeError(f"module 'runmodel' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
 
 
 if TYPE_CHECKING:
@@ -177,7 +121,6 @@ if TYPE_CHECKING:
         MODES,
         PHASES,
         Duration,
-        FineTuneSpec,
         Hook,
         HookHandle,
         HookOptions,
@@ -193,6 +136,7 @@ if TYPE_CHECKING:
         hook,
         override,
     )
+    from .core import RunHorizon as FineTuneSpec
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .models.seeding import seed

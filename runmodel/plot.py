@@ -1,32 +1,52 @@
 """``runmodel.plot``: the loss and metric curves of runs (``runmodel.runs.plot``)."""
 
-from .runs.plot import (
-    Curve,
-    Run,
-    add_arguments,
-    event_folders,
-    figure,
-    labels,
-    load_runs,
-    main,
-    plot,
-    read_curves,
-    sweep_figure,
+# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
+# __all__ (tests/test_exports.py checks that the two agree).
+# ruff: noqa: F401
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .core.exports import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    dict.fromkeys(
+        (
+            "Curve",
+            "Run",
+            "event_folders",
+            "figure",
+            "labels",
+            "load_runs",
+            "plot",
+            "read_curves",
+            "sweep_figure",
+        ),
+        "runmodel.runs.plot",
+    ),
+    # the command line's (``runmodel plot``), not a plotting function
+    deprecated={
+        "add_arguments": "runmodel.runs.plot.add_arguments",
+        "main": "runmodel.runs.plot.main",
+    },
 )
 
-__all__ = [
-    "Curve",
-    "Run",
-    "add_arguments",
-    "event_folders",
-    "figure",
-    "labels",
-    "load_runs",
-    "main",
-    "plot",
-    "read_curves",
-    "sweep_figure",
-]
+if TYPE_CHECKING:
+    from .runs.plot import (
+        Curve,
+        Run,
+        add_arguments,
+        event_folders,
+        figure,
+        labels,
+        load_runs,
+        main,
+        plot,
+        read_curves,
+        sweep_figure,
+    )
 
 if __name__ == "__main__":  # python -m runmodel.plot RUN_DIR...
     import sys

@@ -9,64 +9,41 @@ and a checkpoint's weights as one plain file (``export``).
 as ``runmodel runs`` does.
 """
 
+# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
+# __all__ (tests/test_exports.py checks that the two agree).
+# ruff: noqa: F401
+
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "DiskFullError": "runmodel._io",
-    **dict.fromkeys(
-        (
-            "FORMAT",
-            "FormatError",
-            "check_same_optimizer",
-            "load",
-            "qualified_name",
-            "read",
-            "rng_state",
-            "run_of",
-            "save",
-            "set_rng_state",
-            "weights",
+from ..core.exports import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DiskFullError": "runmodel._io",
+        **dict.fromkeys(
+            (
+                "FORMAT",
+                "FormatError",
+                "check_same_optimizer",
+                "load",
+                "qualified_name",
+                "read",
+                "rng_state",
+                "run_of",
+                "save",
+                "set_rng_state",
+                "weights",
+            ),
+            ".format",
         ),
-        f"{__name__}.format",
-    ),
-    **dict.fromkeys(
-        ("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"), f"{__name__}.names"
-    ),
-    **dict.fromkeys(("FileStorage", "Storage"), f"{__name__}.storage"),
-    "Writer": f"{__name__}.writer",
-}
-
-__all__ = [
-    "BEST_PATTERN",
-    "FORMAT",
-    "PATTERN",
-    "DiskFullError",
-    "FileStorage",
-    "FormatError",
-    "Storage",
-    "Unreadable",
-    "Writer",
-    "check_same_optimizer",
-    "checkpoints_in",
-    "load",
-    "qualified_name",
-    "read",
-    "rng_state",
-    "run_of",
-    "save",
-    "set_rng_state",
-    "weights",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+        **dict.fromkeys(("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"), ".names"),
+        **dict.fromkeys(("FileStorage", "Storage"), ".storage"),
+        "Writer": ".writer",
+    },
+)
 
 if TYPE_CHECKING:
     from .._io import DiskFullError

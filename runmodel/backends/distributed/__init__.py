@@ -7,21 +7,17 @@ are imported on first use: ``env`` and ``failures`` are read before torch is imp
 (the command line asks whether torchrun started it).
 """
 
+# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
+# __all__ (tests/test_exports.py checks that the two agree).
+# ruff: noqa: F401
+
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = ["DDP", "FSDP"]
+from ...core.exports import lazy_exports
 
-_EXPORTS = {"DDP": "ddp", "FSDP": "fsdp"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {"DDP": ".ddp", "FSDP": ".fsdp"})
 
 if TYPE_CHECKING:
     from .ddp import DDP
