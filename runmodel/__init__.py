@@ -4,10 +4,6 @@ The public names below are imported on first use, so that ``import runmodel`` (a
 ``runmodel --help``) stays fast; torch is imported when a name that needs it is.
 """
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
@@ -20,7 +16,58 @@ try:
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__ = [
+    "MODES",
+    "PHASES",
+    "Backend",
+    "Benchmark",
+    "Engine",
+    "Eval",
+    "Hook",
+    "HookHandle",
+    "HookOptions",
+    "HookOrderError",
+    "Infer",
+    "Interface",
+    "Interrupted",
+    "Model",
+    "Pack",
+    "Preempted",
+    "Profile",
+    "RunConfig",
+    "RunResult",
+    "RunStep",
+    "Spec",
+    "State",
+    "StopRun",
+    "Supervised",
+    "TorchModel",
+    "Train",
+    "end_distributed",
+    "evaluate",
+    "execute",
+    "hook",
+    "load_config",
+    "load_model",
+    "lr_find",
+    "make_backend",
+    "make_interface",
+    "make_loss",
+    "make_model",
+    "make_optimizer",
+    "make_pack",
+    "override",
+    "register_backend",
+    "register_interface",
+    "register_loss",
+    "register_model",
+    "register_optimizer",
+    "register_pack",
+    "seed",
+    "sweep",
+]
+
+__getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Engine": ".engine",
@@ -99,6 +146,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
 
 
 if TYPE_CHECKING:
+    from . import core
     from .backends import Backend
     from .backends.distributed.env import end_distributed
     from .config.registry import (
@@ -120,14 +168,12 @@ if TYPE_CHECKING:
     from .core import (
         MODES,
         PHASES,
-        Duration,
         Hook,
         HookHandle,
         HookOptions,
         HookOrderError,
         Interrupted,
         Pack,
-        Phase,
         Preempted,
         RunResult,
         RunStep,
@@ -136,7 +182,6 @@ if TYPE_CHECKING:
         hook,
         override,
     )
-    from .core import RunHorizon as FineTuneSpec
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
     from .models.seeding import seed
@@ -144,3 +189,8 @@ if TYPE_CHECKING:
     from .runs import execute
     from .runs.lr_find import lr_find
     from .sweeps import sweep
+
+    # deprecated names (docs/changelog.md)
+    Duration = core.Duration
+    FineTuneSpec = core.RunHorizon
+    Phase = core.Phase

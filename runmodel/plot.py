@@ -1,16 +1,24 @@
 """``runmodel.plot``: the loss and metric curves of runs (``runmodel.runs.plot``)."""
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from .core.exports import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__ = [
+    "Curve",
+    "Run",
+    "event_folders",
+    "figure",
+    "labels",
+    "load_runs",
+    "plot",
+    "read_curves",
+    "sweep_figure",
+]
+
+__getattr__, __dir__ = lazy_exports(
     __name__,
     dict.fromkeys(
         (
@@ -34,19 +42,22 @@ __all__, __getattr__, __dir__ = lazy_exports(
 )
 
 if TYPE_CHECKING:
+    from .runs import plot as runs_plot
     from .runs.plot import (
         Curve,
         Run,
-        add_arguments,
         event_folders,
         figure,
         labels,
         load_runs,
-        main,
         plot,
         read_curves,
         sweep_figure,
     )
+
+    # deprecated names (docs/changelog.md)
+    add_arguments = runs_plot.add_arguments
+    main = runs_plot.main
 
 if __name__ == "__main__":  # python -m runmodel.plot RUN_DIR...
     import sys

@@ -1,7 +1,7 @@
-"""Every package's public names: the list a package exports (``__all__``, built by
-``runmodel.core.exports.lazy_exports`` where the names are imported on first use) agrees
-with what its ``if TYPE_CHECKING:`` block imports for type checkers, every name resolves
-to the object the block names, and an old name warns and gives the new one."""
+"""Every package's public names: the list a package exports (``__all__``) agrees with
+what its ``if TYPE_CHECKING:`` block names for type checkers (where the names are imported
+on first use, by ``runmodel.core.exports.lazy_exports``), every name resolves to the
+object the block names, and an old name warns and gives the new one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -37,23 +38,45 @@ PACKAGES = sorted(
 HAND_WRITTEN = {"runmodel.runs"}
 
 
-def type_checking_imports(module: ModuleType) -> dict[str, tuple[str, str]]:
-    """What the module's top-level ``if TYPE_CHECKING:`` block imports: each name it
-    binds -> (the module it comes from, the name there)."""
+def type_checking_block(module: ModuleType) -> dict[str, tuple[str, str]]:
+    """What the module's top-level ``if TYPE_CHECKING:`` block names: each name it binds
+    -> (the module it comes from, the name there). An import binds a name; an
+    assignment ``old = new`` or ``old = module.new`` binds an old (deprecated) name."""
     assert module.__file__ is not None
     tree = ast.parse(Path(module.__file__).read_text())
     package = module.__name__ if module.__file__.endswith("__init__.py") else module.__package__
     found: dict[str, tuple[str, str]] = {}
+    modules: dict[str, str] = {}  # modules the block imports, by the name they are bound to
     for node in tree.body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for statement in node.body:
-                assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom):
                 source = importlib.util.resolve_name(
                     "." * statement.level + (statement.module or ""), package
                 )
                 for alias in statement.names:
-                    found[alias.asname or alias.name] = (source, alias.name)
+                    bound, full = alias.asname or alias.name, f"{source}.{alias.name}"
+                    if importlib.util.find_spec(full) if _is_package(source) else False:
+                        modules[bound] = full  # a module, not a name
+                    else:
+                        found[bound] = (source, alias.name)
+            else:
+                assert isinstance(statement, ast.Assign), ast.unparse(statement)
+                [target], value = statement.targets, statement.value
+                assert isinstance(target, ast.Name)
+                if isinstance(value, ast.Attribute):
+                    assert isinstance(value.value, ast.Name)
+                    found[target.id] = (modules[value.value.id], value.attr)
+                else:
+                    assert isinstance(value, ast.Name)
+                    found[target.id] = found[value.id]
     return found
+
+
+def _is_package(name: str) -> bool:
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def test_every_package_is_walked() -> None:
@@ -65,7 +88,7 @@ def test_every_package_is_walked() -> None:
 def test_a_packages_exports_agree_with_its_type_checking_block_and_resolve(name: str) -> None:
     package = importlib.import_module(name)
     exported = getattr(package, "__all__", None)
-    declared = type_checking_imports(package)
+    declared = type_checking_block(package)
     if exported is None:  # exports nothing (runmodel.integrations): nothing to declare
         assert not declared
         return
@@ -118,14 +141,13 @@ def test_an_import_of_an_old_name_warns_once_and_runmodels_own_modules_read_it_q
 
 def test_lazy_exports_imports_on_first_read_and_keeps_the_value() -> None:
     module = ModuleType("runmodel_test_exports")
-    module.__all__, module.__getattr__, module.__dir__ = lazy_exports(  # type: ignore[attr-defined]
-        module.__name__, {"dumps": "json"}, deprecated={"old": "json.loads"}, submodules=()
-    )
-    import sys
-
+    module.__all__ = ["dumps"]
     sys.modules[module.__name__] = module
     try:
-        assert module.__all__ == ["dumps"] and "dumps" not in vars(module)
+        module.__getattr__, module.__dir__ = lazy_exports(  # type: ignore[attr-defined]
+            module.__name__, {"dumps": "json"}, deprecated={"old": "json.loads"}
+        )
+        assert "dumps" not in vars(module) and "dumps" in dir(module)
         assert module.dumps is importlib.import_module("json").dumps
         assert "dumps" in vars(module)  # the next read is a plain attribute
         with pytest.warns(DeprecationWarning):
@@ -133,5 +155,7 @@ def test_lazy_exports_imports_on_first_read_and_keeps_the_value() -> None:
         assert "old" not in vars(module)  # so that each read warns
         with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
             module.nothing  # noqa: B018
+        with pytest.raises(ImportError, match=r"\['loads'\] imported on first use, not in __all__"):
+            lazy_exports(module.__name__, {"dumps": "json", "loads": "json"})
     finally:
         del sys.modules[module.__name__]

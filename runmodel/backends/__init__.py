@@ -4,17 +4,25 @@ The names below are imported on first use, so that ``runmodel.backends.distribut
 (where this process stands among a distributed run's) is read without importing torch.
 """
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..core.exports import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__ = [
+    "AMP",
+    "BACKEND_TYPES",
+    "DDP",
+    "FSDP",
+    "Backend",
+    "Compile",
+    "OptimizerFactory",
+    "Plain",
+    "RunHorizon",
+]
+
+__getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "AMP": ".amp",
@@ -29,9 +37,10 @@ __all__, __getattr__, __dir__ = lazy_exports(
 
 if TYPE_CHECKING:
     from ..core import RunHorizon
-    from ..core import RunHorizon as FineTuneSpec
     from .amp import AMP
     from .base import Backend, OptimizerFactory, Plain
     from .by_name import BACKEND_TYPES
     from .compile import Compile
     from .distributed import DDP, FSDP
+
+    FineTuneSpec = RunHorizon  # deprecated (docs/changelog.md)

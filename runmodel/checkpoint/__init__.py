@@ -9,17 +9,35 @@ and a checkpoint's weights as one plain file (``export``).
 as ``runmodel runs`` does.
 """
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..core.exports import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__ = [
+    "BEST_PATTERN",
+    "FORMAT",
+    "PATTERN",
+    "DiskFullError",
+    "FileStorage",
+    "FormatError",
+    "Storage",
+    "Unreadable",
+    "Writer",
+    "check_same_optimizer",
+    "checkpoints_in",
+    "load",
+    "qualified_name",
+    "read",
+    "rng_state",
+    "run_of",
+    "save",
+    "set_rng_state",
+    "weights",
+]
+
+__getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "DiskFullError": "runmodel._io",

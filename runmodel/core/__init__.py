@@ -4,17 +4,42 @@ the engine's loop. It imports nothing else of runmodel (``tests/test_layers.py``
 The names below are imported on first use (``exports.py``), so that ``import runmodel``
 stays fast."""
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from .exports import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__ = [
+    "ACTION_PHASES",
+    "MODES",
+    "PHASES",
+    "BackendLike",
+    "BareEngine",
+    "CheckpointStorage",
+    "Dispatch",
+    "Duration",
+    "Hook",
+    "HookArgs",
+    "HookHandle",
+    "HookOptions",
+    "HookOrderError",
+    "Interrupted",
+    "ModeLike",
+    "Pack",
+    "Phase",
+    "Preempted",
+    "RunHorizon",
+    "RunResult",
+    "RunStep",
+    "State",
+    "StepPlan",
+    "StopRun",
+    "hook",
+    "override",
+]
+
+__getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "BareEngine": ".engine",
@@ -40,14 +65,14 @@ __all__, __getattr__, __dir__ = lazy_exports(
 
 if TYPE_CHECKING:
     from .engine import BareEngine
-    from .engine import BareEngine as Engine
+    from .engine import BareEngine as Engine  # noqa: F401  (deprecated: docs/changelog.md)
     from .hooks import Hook, HookHandle, HookOrderError
     from .options import Duration, HookArgs, HookOptions
     from .pack import Pack, hook, override
     from .phases import ACTION_PHASES, MODES, PHASES, Phase
     from .plan import BackendLike, CheckpointStorage, ModeLike, RunHorizon, StepPlan
-    from .plan import BackendLike as Backend
-    from .plan import ModeLike as Mode
-    from .plan import RunHorizon as FineTuneSpec
+    from .plan import BackendLike as Backend  # noqa: F401  (deprecated)
+    from .plan import ModeLike as Mode  # noqa: F401  (deprecated)
+    from .plan import RunHorizon as FineTuneSpec  # noqa: F401  (deprecated)
     from .state import Interrupted, Preempted, RunResult, RunStep, State, StopRun
     from .table import Dispatch

@@ -2,14 +2,18 @@
 
 A package's ``__init__`` writes::
 
-    __all__, __getattr__, __dir__ = lazy_exports(
+    __all__ = ["Engine", "Spec"]
+
+    __getattr__, __dir__ = lazy_exports(
         __name__,
         {"Engine": ".engine", "Spec": ".config.registry"},
         deprecated={"FineTuneSpec": "runmodel.core.RunHorizon"},
     )
 
-and, for type checkers, the same names imported under ``if TYPE_CHECKING:``
-(``tests/test_exports.py`` checks that the two lists agree). A module name starting with
+and, for type checkers, the same names imported under ``if TYPE_CHECKING:``. ``__all__``
+stays a plain list, as linters and the API reference read it (they do not run code);
+``lazy_exports`` refuses a name missing from it, and ``tests/test_exports.py`` checks
+that the three agree. A module name starting with
 a dot is relative to the package. A deprecated name is the object at its new place, with
 a ``DeprecationWarning`` that names it; runmodel's own modules read old names quietly
 (the ones not switched yet), so that the warning is for a user's code.
@@ -35,14 +39,16 @@ def lazy_exports(
     *,
     deprecated: Mapping[str, str] | None = None,
     submodules: Iterable[str] = (),
-) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__all__, __getattr__, __dir__)`` for ``package``: ``exports`` maps each public
-    name to the module defining it, ``deprecated`` an old name to the dotted path of what
-    replaced it, and ``submodules`` are packages imported when read as attributes
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps names of its
+    ``__all__`` to the modules defining them, ``deprecated`` an old name to the dotted path of
+    what replaced it, and ``submodules`` are packages imported when read as attributes
     (``runmodel.backends``)."""
+    unlisted = set(exports) - set(getattr(sys.modules[package], "__all__", ()))
+    if unlisted:
+        raise ImportError(f"{package}: {sorted(unlisted)} imported on first use, not in __all__")
     old_names = dict(deprecated or {})
     below = frozenset(submodules)
-    names = sorted(exports)
 
     def __getattr__(name: str) -> Any:
         if name in exports:
@@ -66,6 +72,6 @@ def lazy_exports(
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        return sorted({*sys.modules[package].__dict__, *names, *below})
+        return sorted({*sys.modules[package].__dict__, *exports, *below})
 
-    return names, __getattr__, __dir__
+    return __getattr__, __dir__

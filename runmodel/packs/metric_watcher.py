@@ -18,8 +18,8 @@ __all__ = ["DIRECTIONS", "MetricWatcher"]
 #: Which way is better: ``"min"``, lower (a loss); ``"max"``, higher (an accuracy).
 DIRECTIONS = ("min", "max")
 
-# MODES, the old name (the run's modes are core.MODES), kept for a release: its __getattr__
-__getattr__ = lazy_exports(__name__, {}, deprecated={"MODES": f"{__name__}.DIRECTIONS"})[1]
+# MODES, the old name (the run's modes are core.MODES), kept for a release
+__getattr__, __dir__ = lazy_exports(__name__, {}, deprecated={"MODES": f"{__name__}.DIRECTIONS"})
 if TYPE_CHECKING:
     MODES = DIRECTIONS
 

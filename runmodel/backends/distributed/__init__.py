@@ -7,17 +7,18 @@ are imported on first use: ``env`` and ``failures`` are read before torch is imp
 (the command line asks whether torchrun started it).
 """
 
-# The imports under TYPE_CHECKING name the exports for type checkers; lazy_exports builds
-# __all__ (tests/test_exports.py checks that the two agree).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ...core.exports import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, {"DDP": ".ddp", "FSDP": ".fsdp"})
+__all__ = [
+    "DDP",
+    "FSDP",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"DDP": ".ddp", "FSDP": ".fsdp"})
 
 if TYPE_CHECKING:
     from .ddp import DDP
