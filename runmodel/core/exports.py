@@ -13,10 +13,11 @@ A package's ``__init__`` writes::
 and, for type checkers, the same names imported under ``if TYPE_CHECKING:``. ``__all__``
 stays a plain list, as linters and the API reference read it (they do not run code);
 ``lazy_exports`` refuses a name missing from it, and ``tests/test_exports.py`` checks
-that the three agree. A module name starting with
-a dot is relative to the package. A deprecated name is the object at its new place, with
-a ``DeprecationWarning`` that names it; runmodel's own modules read old names quietly
-(the ones not switched yet), so that the warning is for a user's code.
+that the three agree. A module name starting with a dot is relative to the package.
+
+A deprecated name is the object at its new place, with a ``DeprecationWarning`` that
+names it; runmodel's own modules read old names quietly (the ones not switched yet), so
+that the warning is for a user's code.
 
 It imports nothing of runmodel, so that the core, whose ``__init__`` uses it, loads
 without the rest.
@@ -41,9 +42,9 @@ def lazy_exports(
     submodules: Iterable[str] = (),
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps names of its
-    ``__all__`` to the modules defining them, ``deprecated`` an old name to the dotted path of
-    what replaced it, and ``submodules`` are packages imported when read as attributes
-    (``runmodel.backends``)."""
+    ``__all__`` to the modules defining them, ``deprecated`` an old name to the dotted
+    path of what replaced it, and ``submodules`` are packages imported when read as
+    attributes (``runmodel.backends``)."""
     unlisted = set(exports) - set(getattr(sys.modules[package], "__all__", ()))
     if unlisted:
         raise ImportError(f"{package}: {sorted(unlisted)} imported on first use, not in __all__")
