@@ -33,9 +33,8 @@ PACKAGES = sorted(
 )
 
 
-# runs/ still writes its __getattr__ by hand (without __dir__); it moves to lazy_exports
-# with the rest of the runs/ work, and leaves this set then
-HAND_WRITTEN = {"runmodel.runs"}
+#: packages that still write their __getattr__ by hand (without __dir__): none
+HAND_WRITTEN: set[str] = set()
 
 
 def type_checking_block(module: ModuleType) -> dict[str, tuple[str, str]]:

@@ -112,9 +112,9 @@ def test_every_kind_records_the_same_status_and_result_keys(folders: dict[str, P
     assert {k: set(m["metrics"]) for k, m in metrics.items()} == {
         k: {"loss", "eval_accuracy", "eval_loss"} for k in metrics
     }
-    assert {k: json.loads((f / "status.json").read_text())["status"] for k, f in folders.items()} == {
-        k: "finished" for k in folders
-    }
+    assert {
+        k: json.loads((f / "status.json").read_text())["status"] for k, f in folders.items()
+    } == {k: "finished" for k in folders}
 
 
 def test_every_kind_puts_what_makes_it_on_the_hparams_dashboard(folders: dict[str, Path]) -> None:
