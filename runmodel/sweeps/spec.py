@@ -171,7 +171,7 @@ def read_spec(
         raise SweepError(f"direction is 'max' or 'min', got {direction!r}")
     trials = _whole(values.get("trials", 10), "trials", "the finished trials wanted")
     seed = values.get("seed", base.seed)
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_whole_number(seed, least=None):
         raise SweepError(f"seed is a whole number, got {seed!r}")
     sampler = _choice("sampler", values.get("sampler", "tpe"), SAMPLERS)
     pruner = _choice("pruner", values.get("pruner", "median"), PRUNERS)
