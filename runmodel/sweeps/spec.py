@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import did_you_mean
 from ..config.registry import Spec, registries
 from ..config.runconfig import (
     ConfigError,
@@ -220,10 +221,8 @@ def _whole(value: Any, key: str, what: str) -> int:
     return value
 
 
-def close_to(word: str, choices: Sequence[str]) -> str:
-    """`` (did you mean 'X'?)`` for the choice nearest ``word``, or nothing."""
-    found = closest(word, choices)
-    return f" (did you mean {found!r}?)" if found is not None else ""
+#: `` (did you mean 'X'?)`` for the choice nearest a word, or nothing: the config layer's.
+close_to = did_you_mean
 
 
 def _choice(kind: str, value: Any, known: Mapping[str, str]) -> Spec:
