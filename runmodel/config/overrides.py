@@ -37,7 +37,7 @@ class ConfigError(ValueError):
     model option the model does not declare."""
 
 
-#: Where an option was given: the rows of the table above.
+#: Where an option was given: the rows of docs/models.md's table.
 Given = Literal["python", "config", "command line"]
 
 #: Whether an option a model does not declare is refused where it was given (the rest
