@@ -24,7 +24,7 @@ README = PACKAGE.parent / "README.md"
 
 def read_layers(readme: Path) -> list[tuple[str, ...]]:
     """README's Layout table, bottom to top: each row's first cell names its modules
-    (``core``, ``runs.folder``; ``runmodel`` is the package's ``__init__``)."""
+    (``core``, ``session``; ``runmodel`` is the package's ``__init__``)."""
     text = readme.read_text()
     section = text[text.index("## Layout") :]
     section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
@@ -252,7 +252,7 @@ def test_a_package_folder_sits_on_one_side_of_the_engine(package: str, below: bo
 
 #: Attributes of imported modules that runmodel may set: Python's documented hook for how an
 #: uncaught exception ends the process (an uncaught ``runmodel.Interrupted`` ends it by its
-#: signal, as Python does for a plain KeyboardInterrupt: ``runs/interrupt.py``).
+#: signal, as Python does for a plain KeyboardInterrupt: ``session/interrupt.py``).
 ASSIGNABLE = {
     ("sys", "excepthook"),
     # a script run as __main__ by the command gets its own arguments, put back after

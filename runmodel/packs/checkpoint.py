@@ -166,7 +166,7 @@ class Checkpoint(Pack):
             raise ValueError(
                 "Checkpoint writes through the engine's checkpoint storage, and "
                 "this engine has none: use runmodel.Engine, or give "
-                "runmodel.core.Engine(storage=runmodel.checkpoint.FileStorage())"
+                "runmodel.core.BareEngine(storage=runmodel.checkpoint.FileStorage())"
             )
         self._check_folder_run(engine)
         if engine.state.rank == 0:
@@ -255,9 +255,9 @@ class Checkpoint(Pack):
         return self._storage is not None and self._storage.writes_here(engine.state.rank)
 
     def save_last(self, engine: Any) -> Path | None:
-        """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
-        ``engine.interrupt()`` ended (Ctrl-C in a script: ``Interrupted``, after a whole
-        step) is saved where it stopped, unless the newest checkpoint is there already.
+        """A run that ``stop()`` ended (early stopping, a sweep's pruner) or that
+        ``engine.interrupt()`` ended (Ctrl-C or a preemption signal, in any run:
+        ``Interrupted``, after a whole step) is saved where it stopped, unless the newest checkpoint is there already.
         Waits for the background write, however the run ended."""
         s = engine.state
         if not self._writes_here(engine):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ...core import FineTuneSpec, Hook, HookOptions, Interrupted, Pack
+from ...core import Hook, HookOptions, Interrupted, Pack, RunHorizon
 from ...models import unwrap
 from ..base import Backend
 from . import env
@@ -119,7 +119,7 @@ class DDP(Backend):
                     f"group yourself first)"
                 )
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         super().initialize(model, spec)
         module = getattr(model, "module", None)
         if not isinstance(module, torch.nn.Module):
