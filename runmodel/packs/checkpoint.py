@@ -257,8 +257,9 @@ class Checkpoint(Pack):
     def save_last(self, engine: Any) -> Path | None:
         """A run that ``stop()`` ended (early stopping, a sweep's pruner) or that
         ``engine.interrupt()`` ended (Ctrl-C or a preemption signal, in any run:
-        ``Interrupted``, after a whole step) is saved where it stopped, unless the newest checkpoint is there already.
-        Waits for the background write, however the run ended."""
+        ``Interrupted``, after a whole step) is saved where it stopped, unless the newest
+        checkpoint is there already. Waits for the background write, however the run
+        ended."""
         s = engine.state
         if not self._writes_here(engine):
             return None
