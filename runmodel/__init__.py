@@ -6,94 +6,23 @@ The public names below are imported on first use, so that ``import runmodel`` (a
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .core.exports import lazy_exports
 
 try:
     __version__ = version("runmodel")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-#: Each public name and the module that defines it.
-_EXPORTS = {
-    "Engine": "engine",
-    **dict.fromkeys(
-        (
-            "Duration",
-            "Hook",
-            "HookHandle",
-            "HookOptions",
-            "HookOrderError",
-            "MODES",
-            "PHASES",
-            "Pack",
-            "Phase",
-            "RunResult",
-            "RunStep",
-            "State",
-            "StopRun",
-            "Interrupted",
-            "Preempted",
-            "hook",
-            "override",
-            "FineTuneSpec",
-        ),
-        "core",
-    ),
-    **dict.fromkeys(
-        ("Interface", "Model", "Supervised", "TorchModel", "evaluate", "load_model"), "models"
-    ),
-    **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), "modes"),
-    "Backend": "backends",
-    **dict.fromkeys(
-        (
-            "Spec",
-            "make_backend",
-            "make_interface",
-            "make_loss",
-            "make_model",
-            "make_optimizer",
-            "make_pack",
-            "register_backend",
-            "register_interface",
-            "register_loss",
-            "register_model",
-            "register_optimizer",
-            "register_pack",
-        ),
-        "config.registry",
-    ),
-    **dict.fromkeys(("RunConfig", "load_config"), "config.runconfig"),
-    "execute": "runs",
-    "lr_find": "runs.lr_find",
-    "seed": "models.seeding",
-    "sweep": "sweeps",  # the function; its module is runmodel.sweeps (no clash)
-    "end_distributed": "backends.distributed.env",
-}
-_SUBPACKAGES = (
-    "backends",
-    "checkpoint",
-    "cli",
-    "config",
-    "core",
-    "integrations",
-    "models",
-    "modes",
-    "packs",
-    "runs",
-    "sweeps",
-)
-
 __all__ = [
     "MODES",
     "PHASES",
     "Backend",
     "Benchmark",
-    "Duration",
     "Engine",
     "Eval",
-    "FineTuneSpec",
     "Hook",
     "HookHandle",
     "HookOptions",
@@ -103,7 +32,6 @@ __all__ = [
     "Interrupted",
     "Model",
     "Pack",
-    "Phase",
     "Preempted",
     "Profile",
     "RunConfig",
@@ -139,22 +67,86 @@ __all__ = [
     "sweep",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"runmodel.{_EXPORTS[name]}"), name)
-        globals()[name] = value  # once: the next access is a plain attribute
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"runmodel.{name}")
-    raise AttributeError(f"module 'runmodel' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Engine": ".engine",
+        **dict.fromkeys(
+            (
+                "Hook",
+                "HookHandle",
+                "HookOptions",
+                "HookOrderError",
+                "MODES",
+                "PHASES",
+                "Pack",
+                "RunResult",
+                "RunStep",
+                "State",
+                "StopRun",
+                "Interrupted",
+                "Preempted",
+                "hook",
+                "override",
+            ),
+            ".core",
+        ),
+        **dict.fromkeys(
+            ("Interface", "Model", "Supervised", "TorchModel", "evaluate", "load_model"),
+            ".models",
+        ),
+        **dict.fromkeys(("Benchmark", "Eval", "Infer", "Profile", "Train"), ".modes"),
+        "Backend": ".backends",
+        # the registries: register_* names a thing, make_* builds one from its Spec
+        **dict.fromkeys(
+            (
+                "Spec",
+                "make_backend",
+                "make_interface",
+                "make_loss",
+                "make_model",
+                "make_optimizer",
+                "make_pack",
+                "register_backend",
+                "register_interface",
+                "register_loss",
+                "register_model",
+                "register_optimizer",
+                "register_pack",
+            ),
+            ".config.registry",
+        ),
+        **dict.fromkeys(("RunConfig", "load_config"), ".config.runconfig"),
+        "execute": ".runs",
+        "lr_find": ".runs.lr_find",
+        "seed": ".models.seeding",
+        "sweep": ".sweeps",  # the function; its module is runmodel.sweeps (no clash)
+        "end_distributed": ".backends.distributed.env",
+    },
+    # the core's parts, not a user's (docs/changelog.md)
+    deprecated={
+        "Duration": "runmodel.core.Duration",
+        "FineTuneSpec": "runmodel.core.RunHorizon",
+        "Phase": "runmodel.core.Phase",
+    },
+    submodules=(
+        "backends",
+        "checkpoint",
+        "cli",
+        "config",
+        "core",
+        "integrations",
+        "models",
+        "modes",
+        "packs",
+        "runs",
+        "sweeps",
+    ),
+)
 
 
 if TYPE_CHECKING:
+    from . import core
     from .backends import Backend
     from .backends.distributed.env import end_distributed
     from .config.registry import (
@@ -176,15 +168,12 @@ if TYPE_CHECKING:
     from .core import (
         MODES,
         PHASES,
-        Duration,
-        FineTuneSpec,
         Hook,
         HookHandle,
         HookOptions,
         HookOrderError,
         Interrupted,
         Pack,
-        Phase,
         Preempted,
         RunResult,
         RunStep,
@@ -200,3 +189,8 @@ if TYPE_CHECKING:
     from .runs import execute
     from .runs.lr_find import lr_find
     from .sweeps import sweep
+
+    # deprecated names (docs/changelog.md)
+    Duration = core.Duration
+    FineTuneSpec = core.RunHorizon
+    Phase = core.Phase

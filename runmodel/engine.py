@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "RunArguments", "instead_of_first_run"]
 
 #: What a backend may be given as: an object, or a registered name (with its arguments).
-BackendArgument = core.Backend | Spec | str | dict[str, Any] | None
+BackendArgument = core.BackendLike | Spec | str | dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class RunArguments:
 
     #: a mode's name (``train``, ``eval``, ``infer``, ``benchmark``, ``profile``) or a mode
     #: object with its options, such as ``runmodel.Benchmark(measure="infer")``
-    mode: core.Mode | str = "train"
+    mode: core.ModeLike | str = "train"
     #: at most this many steps, counted from the start of training (a resumed run given
     #: the same number ends where one straight run would); None: the model's loop decides
     steps: int | None = None
@@ -107,7 +107,7 @@ def instead_of_first_run(replace: Callable[[Engine, Any, RunArguments], Any]) ->
         _instead.reset(token)
 
 
-class Engine(core.Engine):
+class Engine(core.BareEngine):
     """Owns the phases, their hooks and overrides, the run state and the run.
 
     ``Engine(*packs)`` attaches ``packs`` as ``attach`` would. A train run shows a
@@ -127,7 +127,7 @@ class Engine(core.Engine):
     def run(
         self,
         model: Any,
-        mode: core.Mode | str = "train",
+        mode: core.ModeLike | str = "train",
         *,
         steps: int | None = None,
         epochs: int | None = None,
@@ -167,7 +167,7 @@ class Engine(core.Engine):
     def _run_watched(
         self,
         model: Any,
-        mode: core.Mode,
+        mode: core.ModeLike,
         folder: RunFolder | None,
         auto: bool,
         preempt: list[signal.Signals],
@@ -195,7 +195,7 @@ class Engine(core.Engine):
         return result
 
     @contextlib.contextmanager
-    def _attached_for_run(self, folder: RunFolder | None, mode: core.Mode) -> Iterator[None]:
+    def _attached_for_run(self, folder: RunFolder | None, mode: core.ModeLike) -> Iterator[None]:
         """For this run only: the folder's writer and the packs a run in a folder has
         (``folder_packs``), and a progress bar where one is wanted (``_progress_for``)."""
         bar = self._progress_for(mode) if self._loop is None else None
@@ -212,7 +212,7 @@ class Engine(core.Engine):
                 self._auto_progress = None
 
     def _folder_for(
-        self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.Mode
+        self, run_dir: str | os.PathLike[str] | RunFolder, mode: core.ModeLike
     ) -> RunFolder | None:
         """``run_dir``: relative folders of attached packs (and of a Profile mode) go
         inside it; a train run gets a ``RunFolder``, its writer (a config or model
@@ -284,7 +284,7 @@ class Engine(core.Engine):
             self._on_setup(model)
         return prepared
 
-    def _progress_for(self, mode: core.Mode) -> core.HookHandle | None:
+    def _progress_for(self, mode: core.ModeLike) -> core.HookHandle | None:
         """A progress bar for this run when one is wanted and none is attached."""
         from .packs.progress import Progress, interactive
 
@@ -345,7 +345,7 @@ class Engine(core.Engine):
         return self._ignite.engine
 
 
-def _backend(backend: BackendArgument) -> core.Backend:
+def _backend(backend: BackendArgument) -> core.BackendLike:
     """The backend a run is prepared by: the one given, or the one registered under the
     name given (default ``plain``)."""
     if backend is None or isinstance(backend, (str, Spec, dict)):

@@ -6,10 +6,9 @@ The names below are imported on first use, so that ``runmodel.backends.distribut
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..core import FineTuneSpec
+from ..core.exports import lazy_exports
 
 __all__ = [
     "AMP",
@@ -18,46 +17,30 @@ __all__ = [
     "FSDP",
     "Backend",
     "Compile",
-    "FineTuneSpec",
     "OptimizerFactory",
     "Plain",
+    "RunHorizon",
 ]
 
-_EXPORTS = {
-    "AMP": "amp",
-    "Backend": "base",
-    "OptimizerFactory": "base",
-    "Plain": "base",
-    "Compile": "compile",
-    "DDP": "distributed",
-    "FSDP": "distributed",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    if name == "BACKEND_TYPES":
-        types = _backend_types()
-        globals()[name] = types  # once: the next access is a plain attribute
-        return types
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _backend_types() -> dict[str, type[Backend]]:
-    from .amp import AMP
-    from .base import Plain
-    from .compile import Compile
-    from .distributed import DDP, FSDP
-
-    return {"plain": Plain, "amp": AMP, "compile": Compile, "ddp": DDP, "fsdp": FSDP}
-
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AMP": ".amp",
+        "BACKEND_TYPES": ".by_name",
+        **dict.fromkeys(("Backend", "OptimizerFactory", "Plain"), ".base"),
+        "Compile": ".compile",
+        **dict.fromkeys(("DDP", "FSDP"), ".distributed"),
+        "RunHorizon": "runmodel.core",
+    },
+    deprecated={"FineTuneSpec": "runmodel.core.RunHorizon"},
+)
 
 if TYPE_CHECKING:
+    from ..core import RunHorizon
     from .amp import AMP
     from .base import Backend, OptimizerFactory, Plain
+    from .by_name import BACKEND_TYPES
     from .compile import Compile
     from .distributed import DDP, FSDP
 
-    #: The built-in backends by name (``runmodel.register_backend`` adds others).
-    BACKEND_TYPES: dict[str, type[Backend]]
+    FineTuneSpec = RunHorizon  # deprecated (docs/changelog.md)

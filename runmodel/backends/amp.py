@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..core import FineTuneSpec, Pack, override
+from ..core import Pack, RunHorizon, override
 from .base import Backend
 
 __all__ = ["AMP"]
@@ -25,7 +25,7 @@ class AMP(Backend):
         self.dtype = dtype
         self._pack: Pack | None = None
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         super().initialize(model, spec)
         device = getattr(model, "device", torch.device("cpu"))
         device_type = device.type if isinstance(device, torch.device) else str(device)

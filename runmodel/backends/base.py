@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..core import CheckpointStorage, FineTuneSpec, Pack
+from ..core import CheckpointStorage, Pack, RunHorizon
 
 __all__ = ["Backend", "OptimizerFactory", "Plain"]
 
@@ -31,7 +31,7 @@ class Backend:
             )
         self.optimizer = optimizer
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         if self.optimizer is not None:
             module = getattr(model, "module", None)
             if module is None:

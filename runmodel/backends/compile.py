@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..core import FineTuneSpec
+from ..core import RunHorizon
 from ..models import unwrap
 from .base import Backend
 
@@ -34,7 +34,7 @@ class Compile(Backend):
             "dynamic": dynamic,
         }
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         super().initialize(model, spec)
         if getattr(model, "module", None) is None:
             raise ValueError(f"the compile backend needs {type(model).__name__}.module")

@@ -11,33 +11,9 @@ as ``runmodel runs`` does.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "DiskFullError": "runmodel._io",
-    **dict.fromkeys(
-        (
-            "FORMAT",
-            "FormatError",
-            "check_same_optimizer",
-            "load",
-            "qualified_name",
-            "read",
-            "rng_state",
-            "run_of",
-            "save",
-            "set_rng_state",
-            "weights",
-        ),
-        f"{__name__}.format",
-    ),
-    **dict.fromkeys(
-        ("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"), f"{__name__}.names"
-    ),
-    **dict.fromkeys(("FileStorage", "Storage"), f"{__name__}.storage"),
-    "Writer": f"{__name__}.writer",
-}
+from ..core.exports import lazy_exports
 
 __all__ = [
     "BEST_PATTERN",
@@ -61,12 +37,31 @@ __all__ = [
     "weights",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DiskFullError": "runmodel._io",
+        **dict.fromkeys(
+            (
+                "FORMAT",
+                "FormatError",
+                "check_same_optimizer",
+                "load",
+                "qualified_name",
+                "read",
+                "rng_state",
+                "run_of",
+                "save",
+                "set_rng_state",
+                "weights",
+            ),
+            ".format",
+        ),
+        **dict.fromkeys(("BEST_PATTERN", "PATTERN", "Unreadable", "checkpoints_in"), ".names"),
+        **dict.fromkeys(("FileStorage", "Storage"), ".storage"),
+        "Writer": ".writer",
+    },
+)
 
 if TYPE_CHECKING:
     from .._io import DiskFullError

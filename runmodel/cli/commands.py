@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..backends.distributed import env
+from ..core.timing import BenchmarkTimings, CallTime
 from . import launch
 
 if TYPE_CHECKING:
@@ -156,30 +157,26 @@ def summary(result: RunResult) -> str:
     if result.reason:
         lines.append(f"  why: {result.reason}")
     lines += [f"  {name}: {_number(value)}" for name, value in result.metrics.items()]
-    timings = result.timings
-    if "step_ms_median" in timings:
+    bench = BenchmarkTimings.of(result.timings)
+    if bench is not None:
         lines.append(
-            f"  {timings['measured_steps']} steps measured after {timings['warmup']} "
-            f"warm-up on {timings['device']}: {timings['steps_per_s']:.1f} steps/s"
-            + (
-                f", {timings['samples_per_s']:.0f} samples/s"
-                if timings.get("samples_per_s")
-                else ""
-            )
+            f"  {bench.measured_steps} steps measured after {bench.warmup} "
+            f"warm-up on {bench.device}: {bench.steps_per_s:.1f} steps/s"
+            + (f", {bench.samples_per_s:.0f} samples/s" if bench.samples_per_s else "")
         )
         lines.append(
-            f"  step time: median {timings['step_ms_median']:.3f} ms, "
-            f"p90 {timings['step_ms_p90']:.3f} ms, mean {timings['step_ms_mean']:.3f} ms"
+            f"  step time: median {bench.step_ms_median:.3f} ms, "
+            f"p90 {bench.step_ms_p90:.3f} ms, mean {bench.step_ms_mean:.3f} ms"
         )
     if result.outputs is not None:
         lines.append(f"  outputs: {len(result.outputs)} batches collected")
     for key in ("phases", "hooks"):
         if key in result.timings:
-            rows = result.timings[key]
+            rows = [CallTime.of(row) for row in result.timings[key]]
             lines.append(f"  time in {key}:" if rows else f"  time in {key}: (no {key})")
             lines += [
-                f"    {r['phase']:<15} {r['hook'] or '':<30} {r['calls']:>7} calls "
-                f"{r['total_ms']:>10.3f} ms {r['mean_us']:>10.1f} µs/call"
+                f"    {r.phase:<15} {r.hook or '':<30} {r.calls:>7} calls "
+                f"{r.total_ms:>10.3f} ms {r.mean_us:>10.1f} µs/call"
                 for r in rows
             ]
     lines += [f"  {name}: {path}" for name, path in result.files.items()]

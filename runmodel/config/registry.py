@@ -9,11 +9,9 @@ registered on first use.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import os
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +20,10 @@ import torch
 
 from ..backends import Backend
 from ..core import Pack
-from ..models import Interface, Model, unknown_option_text
-from . import builtins, did_you_mean
+from ..core.checks import did_you_mean
+from ..models import Interface, Model
+from . import builtins
+from .overrides import ConfigError, unknown_option
 
 __all__ = [
     "ConfigError",
@@ -46,11 +46,6 @@ __all__ = [
     "register_pack",
     "registries",
 ]
-
-
-class ConfigError(ValueError):
-    """A config that cannot describe a run: malformed, an unknown key, a wrong type, a
-    model option the model does not declare."""
 
 
 @dataclass(frozen=True)
@@ -142,10 +137,9 @@ class Registry:
     def get(self, name: str) -> Callable[..., Any]:
         _load_builtins()
         if name not in self._factories:
-            close = difflib.get_close_matches(name, list(self._factories), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise KeyError(
-                f"no {self.kind} registered as {name!r}.{hint} Registered: "
+                f"no {self.kind} registered as {name!r}.{did_you_mean(name, self._factories)}"
+                " Registered: "
                 f"{', '.join(sorted(self._factories)) or 'none'}"
             )
         return self._factories[name]
@@ -245,7 +239,7 @@ def _declared_init_options(spec: Spec) -> tuple[str, dict[str, Any] | None]:
 
 def known_model_args(spec: Spec) -> Spec:
     """``spec`` with the init options its registered model does not declare left out,
-    each with the model contract's one warning (a did-you-mean when one is close): an
+    each with the model contract's one warning (``overrides.unknown_option``): an
     ignored option must not name a run folder or change its hash. A factory that
     declares nothing (no ``init_defaults``) takes what it is given, so none is left out."""
     name, declared = _declared_init_options(spec)
@@ -255,25 +249,30 @@ def known_model_args(spec: Spec) -> Spec:
     if not unknown:
         return spec
     for key in unknown:
-        warnings.warn(unknown_option_text(name, "init", key, declared), UserWarning, stacklevel=2)
+        unknown_option("config", name, "init", key, declared)
     return Spec(spec.type_, {k: v for k, v in spec.args.items() if k in declared})
 
 
 def check_model_args(spec: Spec, given: dict[str, str]) -> list[str]:
     """Refuse model options named on the command line (``given``: each name, and how it
     was given, as ``--set 'model.args.hiden=3'``) that the registered model does not
-    declare: a ``ConfigError`` with a did-you-mean and the options it declares (the
-    model must be registered: its config's imports loaded). A model that declares none
-    takes any; the names passed to it unchecked are returned."""
+    declare: a ``ConfigError`` with a did-you-mean and the options it declares
+    (``overrides.unknown_option``; the model must be registered: its config's imports
+    loaded). A model that declares none takes any; the names passed to it unchecked are
+    returned."""
     name, declared = _declared_init_options(spec)
     if declared is None:
         return sorted(given)
     for key, how in given.items():
         if key not in declared:
-            raise ConfigError(
-                f"{how}: {name} (model {spec.type_!r}) declares no init option "
-                f"{key!r}{did_you_mean(key, declared)}; its init options: "
-                f"{', '.join(declared)}"
+            unknown_option(
+                "command line",
+                f"{name} (model {spec.type_!r})",
+                "init",
+                key,
+                declared,
+                given_as=how,
+                declared=f"its init options: {', '.join(declared)}",
             )
     return []
 

@@ -24,7 +24,6 @@ never do.
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import hashlib
@@ -38,7 +37,8 @@ from typing import Any
 
 from ..core import MODES
 from . import CONFIG_SUFFIXES, did_you_mean
-from .registry import ConfigError, Spec
+from .overrides import ConfigError, key_value
+from .registry import Spec
 
 __all__ = [
     "ConfigError",
@@ -250,15 +250,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     and must have the type of the value they replace."""
     data = copy.deepcopy(data)
     for item in overrides:
-        dotted, sep, text = item.partition("=")
-        if not sep or not dotted:
-            raise ConfigError(
-                f"--set {item!r}: write KEY=VALUE, as in --set optimizer.args.lr=0.01"
-            )
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
+        dotted, value = key_value(item, "optimizer.args.lr=0.01")
         keys = dotted.split(".")
         if keys[0] not in _FIELDS:
             # a dotted key goes into a table: guess among the fields that are tables

@@ -1,7 +1,11 @@
-"""Two checks that options of every layer make, written once: a whole number (not a bool,
-not a float) at least some value, and the did-you-mean hint for a name that is not one of
-the choices. Both only build values and messages; the caller raises with its own words
-around them, so each error still says whose option was wrong."""
+"""Checks that options of every layer make, written once: a number (not a bool), a whole
+number (not a bool, not a float) at least some value, and the did-you-mean hint for a name
+that is not one of the choices. They only build values and messages; the caller raises
+with its own words around them, so each error still says whose option was wrong.
+
+``runmodel.config`` keeps its own ``closest`` and ``did_you_mean`` (the core imports nothing
+else of runmodel, and config, below the core, cannot import it): the same guess; here its
+hint is a sentence of its own, there an aside after a quoted name."""
 
 from __future__ import annotations
 
@@ -9,12 +13,25 @@ import difflib
 from collections.abc import Iterable
 from typing import TypeGuard
 
-__all__ = ["closest", "did_you_mean", "is_whole_number", "whole_number"]
+__all__ = ["closest", "did_you_mean", "is_number", "is_whole_number", "whole_number"]
 
 
-def is_whole_number(value: object, least: int = 0) -> TypeGuard[int]:
-    """Whether ``value`` is an ``int`` (a ``bool`` is not) and at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+def is_number(value: object, above: float | None = None) -> TypeGuard[int | float]:
+    """Whether ``value`` is an ``int`` or a ``float`` (a ``bool`` is not), and greater
+    than ``above`` when one is given."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (above is None or value > above)
+    )
+
+
+def is_whole_number(value: object, least: int | None = 0) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (a ``bool`` is not) and at least ``least`` (any
+    ``int``, with None)."""
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
+    )
 
 
 def whole_number(

@@ -23,8 +23,8 @@ from .hooks import Hook, HookHandle
 from .loop import Loop
 from .options import HookOptions, check_phase
 from .pack import Pack
-from .plan import Backend, CheckpointStorage, Mode, StepPlan, Wrapper
-from .setup import check, prepare
+from .plan import BackendLike, CheckpointStorage, ModeLike, StepPlan, Wrapper
+from .setup import check, set_up_and_plan
 from .snapshot import Snapshots
 from .state import RunResult, State, StopRun
 from .table import Dispatch, HookTable
@@ -35,11 +35,13 @@ if TYPE_CHECKING:
 
     from .options import HookArgs
 
-__all__ = ["Engine"]
+__all__ = ["BareEngine"]
 
 
-class Engine(Snapshots):
-    """Owns the phases, their hooks and overrides, the run state and the run."""
+class BareEngine(Snapshots):
+    """Owns the phases, their hooks and overrides, the run state and the run: the core's
+    engine, which takes a mode and a backend as objects (``runmodel.Engine`` is this one
+    with them by name)."""
 
     def __init__(self, storage: CheckpointStorage | None = None) -> None:
         self.state = State()
@@ -162,12 +164,12 @@ class Engine(Snapshots):
     def run(
         self,
         model: Any,
-        mode: Mode,
+        mode: ModeLike,
         *,
         steps: int | None = None,
         epochs: int | None = None,
         setup_options: dict[str, Any] | None = None,
-        backend: Backend | None = None,
+        backend: BackendLike | None = None,
         resume: str | os.PathLike[str] | None = None,
     ) -> RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
@@ -210,7 +212,12 @@ class Engine(Snapshots):
         return self.state.result(loop.ended, loop.reason, time.perf_counter() - started, extras)
 
     def _start(
-        self, model: Any, mode: Mode, steps: int | None, epochs: int | None, backend: Backend | None
+        self,
+        model: Any,
+        mode: ModeLike,
+        steps: int | None,
+        epochs: int | None,
+        backend: BackendLike | None,
     ) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
         self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
@@ -237,13 +244,13 @@ class Engine(Snapshots):
     def _prepare(
         self,
         model: Any,
-        mode: Mode,
+        mode: ModeLike,
         setup_options: dict[str, Any] | None,
-        backend: Backend | None,
+        backend: BackendLike | None,
         resume: str | os.PathLike[str] | None,
     ) -> tuple[StepPlan, dict[str, Any] | None]:
-        """Before the first step: ``setup.prepare`` (what a subclass may add to)."""
-        return prepare(self, model, mode, setup_options, backend, resume)
+        """Before the first step: ``setup.set_up_and_plan`` (what a subclass may add to)."""
+        return set_up_and_plan(self, model, mode, setup_options, backend, resume)
 
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""

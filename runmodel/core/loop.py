@@ -18,7 +18,7 @@ from .position import Position
 from .state import REFUSED, Interrupted, Preempted, RunStep, StopRun, signal_name
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BareEngine
 
 __all__ = ["Loop"]
 
@@ -28,7 +28,7 @@ _NO_BUDGET = sys.maxsize
 class Loop:
     """The loop of one run of ``engine``: at most ``steps`` steps, ``epochs`` epochs."""
 
-    def __init__(self, engine: Engine, steps: int | None, epochs: int | None) -> None:
+    def __init__(self, engine: BareEngine, steps: int | None, epochs: int | None) -> None:
         self.engine, self.state = engine, engine.state
         self.budget = _NO_BUDGET if steps is None else steps
         # without epochs=, the model's loop decides: one epoch, or as many as steps= needs
@@ -286,7 +286,7 @@ class Loop:
         return first
 
 
-def _empty(engine: Engine) -> str:
+def _empty(engine: BareEngine) -> str:
     """What yielded no batch, as an error names it: the model's loader, else the model."""
     model, kind = engine.model, engine.state.kind
     name = type(model).__name__

@@ -11,7 +11,7 @@ declaring them: where one runs, a name far from every declared one is left to it
 reader, which says so at its first check.
 
 The ``test_`` prefix is reserved: ``test_*`` metrics are a test split's, measured once
-after training (``runs/folder.py``), and a pack or hook that declares reading or
+after training (``packs/final_evaluation.py``), and a pack or hook that declares reading or
 writing one stops the run at setup. What chooses among models (best-K, early stopping,
 a sweep) must never see the test set, or it would no longer measure them.
 """

@@ -1,8 +1,9 @@
-"""What the engine asks of the layers above it, as small protocols: a ``Mode`` makes a
-``StepPlan`` (what a step does, and what a mode adds around the phases), a ``Backend``
-prepares model and optimizer (and may give the run its ``CheckpointStorage``, how its
-checkpoints are written and read), and ``FineTuneSpec`` is the run's horizon it is
-given."""
+"""What the engine asks of the layers above it, as small protocols: a ``ModeLike`` makes
+a ``StepPlan`` (what a step does, and what a mode adds around the phases), a
+``BackendLike`` prepares model and optimizer (and may give the run its
+``CheckpointStorage``, how its checkpoints are written and read), and ``RunHorizon`` is
+the run's horizon it is given. (``runmodel.modes.Mode`` and ``runmodel.Backend`` are
+the classes that meet these protocols.)"""
 
 from __future__ import annotations
 
@@ -14,18 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BareEngine
     from .hooks import Hook
     from .pack import Pack
     from .state import State
 
 __all__ = [
     "Action",
-    "Backend",
+    "BackendLike",
     "CheckpointStorage",
     "DataTracker",
-    "FineTuneSpec",
-    "Mode",
+    "ModeLike",
+    "RunHorizon",
     "StepPlan",
     "Wrapper",
 ]
@@ -84,7 +85,7 @@ class DataTracker(Protocol):
         ...
 
 
-class Mode(Protocol):
+class ModeLike(Protocol):
     """A mode with its options (``runmodel.modes``): ``name`` is one of ``MODES``,
     ``kind`` the step it runs (``"train"``, ``"eval"`` or ``"infer"``)."""
 
@@ -102,7 +103,7 @@ class Mode(Protocol):
         """The step budget this mode runs with, ``steps`` given (checked here)."""
         ...
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         """What a step does for ``model``; called after its setup, and checked then."""
         ...
 
@@ -128,10 +129,10 @@ class CheckpointStorage(Protocol):
         ...
 
 
-class Backend(Protocol):
+class BackendLike(Protocol):
     """Prepares model and optimizer after ``model.setup()`` (``runmodel.backends``)."""
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None: ...
+    def initialize(self, model: Any, spec: RunHorizon) -> None: ...
 
     def pack(self) -> Pack | None:
         """Hooks and overrides the backend needs during the run, if any."""
@@ -144,7 +145,7 @@ class Backend(Protocol):
 
 
 @dataclass(frozen=True)
-class FineTuneSpec:
+class RunHorizon:
     """The run's horizon, so that schedules know it: epochs and steps in all (``None``
     where unknown), steps per epoch and batch size of the training data (when it has a
     ``len`` and a ``batch_size``)."""
@@ -155,8 +156,8 @@ class FineTuneSpec:
     batch_size: int | None
 
     @classmethod
-    def of_model(cls, model: Any, kind: str, state: State) -> FineTuneSpec:
-        """The spec of a run of ``model``'s ``kind`` steps, with ``state``'s budget."""
+    def of_model(cls, model: Any, kind: str, state: State) -> RunHorizon:
+        """The horizon of a run of ``model``'s ``kind`` steps, with ``state``'s budget."""
         data_for = getattr(model, "data_for", None)
         try:
             data = data_for(kind) if data_for is not None else None
@@ -165,7 +166,7 @@ class FineTuneSpec:
         return cls.of(data, state.max_steps, state.max_epochs)
 
     @classmethod
-    def of(cls, data: Any, steps: int | None, epochs: int | None) -> FineTuneSpec:
+    def of(cls, data: Any, steps: int | None, epochs: int | None) -> RunHorizon:
         try:
             per_epoch: int | None = len(data)
         except TypeError:

@@ -1,6 +1,7 @@
 """What a run does before its first step, in order (``engine.run`` calls these):
 
-    prepare: model.setup(options); the backend prepares the model (and may give the run
+    set_up_and_plan:
+             model.setup(options); the backend prepares the model (and may give the run
              its pack and its checkpoint storage); the checkpoint to resume from is read
              through that storage (counters and packs' state now: weights, optimizer and
              random generators once the setup hooks ran); the run's record; the mode's
@@ -22,29 +23,29 @@ from typing import TYPE_CHECKING, Any
 
 from .continuing import check_length, check_world, run_record
 from .metric_names import STEP_WRITES, check_metric_names
-from .plan import Backend, FineTuneSpec, Mode, StepPlan
+from .plan import BackendLike, ModeLike, RunHorizon, StepPlan
 from .state import current_rank
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BareEngine
     from .loop import Loop
 
-__all__ = ["check", "prepare"]
+__all__ = ["check", "set_up_and_plan"]
 
 
-def prepare(
-    engine: Engine,
+def set_up_and_plan(
+    engine: BareEngine,
     model: Any,
-    mode: Mode,
+    mode: ModeLike,
     setup_options: dict[str, Any] | None,
-    backend: Backend | None,
+    backend: BackendLike | None,
     resume: str | os.PathLike[str] | None,
 ) -> tuple[StepPlan, dict[str, Any] | None]:
     """Set the model up, let the backend prepare it, read the checkpoint to resume from,
     build the mode's plan; returns the plan and the checkpoint's snapshot (or None)."""
     model.setup(setup_options)
     if backend is not None:
-        backend.initialize(model, FineTuneSpec.of_model(model, mode.kind, engine.state))
+        backend.initialize(model, RunHorizon.of_model(model, mode.kind, engine.state))
         if (pack := backend.pack()) is not None:
             engine._for_run.append(engine.attach(pack))
     given = backend.storage() if backend is not None else None
@@ -58,14 +59,16 @@ def prepare(
     return plan, saved
 
 
-def _read_checkpoint(engine: Engine, model: Any, resume: str | os.PathLike[str]) -> dict[str, Any]:
+def _read_checkpoint(
+    engine: BareEngine, model: Any, resume: str | os.PathLike[str]
+) -> dict[str, Any]:
     """The snapshot to resume from; its counters and packs' state loaded now. A
     checkpoint that cannot be read is a refusal: nothing of the run has begun."""
     if engine.storage is None:
         raise ValueError(
             "resume= reads the checkpoint through the engine's checkpoint "
             "storage, and this engine has none: use runmodel.Engine, or give "
-            "runmodel.core.Engine(storage=...)"
+            "runmodel.core.BareEngine(storage=...)"
         )
     loop = engine._loop
     if loop is not None:
@@ -80,7 +83,7 @@ def _read_checkpoint(engine: Engine, model: Any, resume: str | os.PathLike[str])
     return saved
 
 
-def check(engine: Engine, loop: Loop, plan: StepPlan, saved: dict[str, Any] | None) -> None:
+def check(engine: BareEngine, loop: Loop, plan: StepPlan, saved: dict[str, Any] | None) -> None:
     """The run's setup-time checks, before any hook runs: a resumed run's checkpoint fits
     the model and the length asked for, then every attached pack's ``check_setup``, in
     attach order, then the metric names read against those declared

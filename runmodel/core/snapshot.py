@@ -10,7 +10,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, cast
 
 from .continuing import world_size
-from .plan import FineTuneSpec
+from .plan import RunHorizon
 
 if TYPE_CHECKING:
     from .loop import Loop
@@ -142,7 +142,7 @@ class Snapshots:
 
     def _batches_per_epoch(self) -> int | None:
         """How many batches an epoch of this process's data has, where it has a length."""
-        return FineTuneSpec.of_model(self.model, self.state.kind, self.state).steps_per_epoch
+        return RunHorizon.of_model(self.model, self.state.kind, self.state).steps_per_epoch
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from ``snapshot()``'s result: the next run starts where it was taken."""

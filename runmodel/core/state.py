@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import BareEngine
 
 __all__ = [
     "REFUSED",
     "Interrupted",
     "Preempted",
+    "Refusal",
     "RunResult",
     "RunStep",
     "State",
@@ -24,15 +25,21 @@ __all__ = [
     "signal_name",
 ]
 
-#: The note on an error raised by the setup-time checks (a checkpoint that does not fit,
-#: a pack's ``check_setup``, a metric name): the run was refused before its first step.
-REFUSED = "runmodel: refused at setup, before the first step"
+
+class Refusal(str):
+    """The type of the note (``REFUSED``) on an error raised by the setup-time checks (a
+    checkpoint that does not fit, a pack's ``check_setup``, a metric name): the run was
+    refused before its first step. A note, so that the error keeps its own type (a
+    ``ValueError`` stays one) and its traceback says it; read by its type, not its text."""
+
+
+REFUSED = Refusal("runmodel: refused at setup, before the first step")
 
 
 def refused_at_setup(error: BaseException) -> bool:
     """Whether ``error`` ended a run at its setup-time checks: bad input, not a failure
     of the run (the command line exits 2 for it, as for a usage error)."""
-    return REFUSED in getattr(error, "__notes__", ())
+    return any(isinstance(note, Refusal) for note in getattr(error, "__notes__", ()))
 
 
 class StopRun(BaseException):
@@ -209,7 +216,7 @@ class RunResult:
 class RunStep(Protocol):
     """The callable handed to ``Model.run``: one call is one step."""
 
-    engine: Engine
+    engine: BareEngine
     mode: str
     kind: str
     steps: int | None

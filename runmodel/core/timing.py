@@ -1,18 +1,76 @@
-"""``CallTimes``: the time spent in each phase and each hook of a run, measured by a
-``Wrapper`` around what dispatch calls (``engine.instrument``, a mode's ``StepPlan.wrap``).
-The ``Timer`` pack and profile mode both time with it."""
+"""What a run's ``result.timings`` holds, typed: ``CallTimes``, the time spent in each
+phase and each hook (rows of ``CallTime``), measured by a ``Wrapper`` around what dispatch
+calls (``engine.instrument``, a mode's ``StepPlan.wrap``), which the ``Timer`` pack and
+profile mode both time with; and ``BenchmarkTimings``, what benchmark mode measured.
+``result.timings`` keeps them as plain values (``to_dict``), as ``metrics.json`` and
+``runmodel run --json`` write them; ``of`` reads them back."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .hooks import Hook
 
-__all__ = ["CallTimes"]
+__all__ = ["BenchmarkTimings", "CallTime", "CallTimes"]
+
+
+@dataclass(frozen=True)
+class BenchmarkTimings:
+    """What benchmark mode measured after ``warmup`` steps: ``measured_steps``, the
+    measured window's wall-clock ``seconds``, ``steps_per_s``, ``samples_per_s`` (None
+    when the batches have no size), the median, 90th percentile and mean step time in ms,
+    and the ``device`` type. With no step measured, only the first two are known."""
+
+    warmup: int
+    measured_steps: int
+    seconds: float | None = None
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    step_ms_median: float | None = None
+    step_ms_p90: float | None = None
+    step_ms_mean: float | None = None
+    device: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``result.timings`` holds them (the first two alone when none was measured)."""
+        if not self.measured_steps:
+            return {"warmup": self.warmup, "measured_steps": 0}
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, timings: Mapping[str, Any]) -> BenchmarkTimings | None:
+        """The benchmark's timings in a result's ``timings``, or None (another mode's, or
+        none measured)."""
+        if "step_ms_median" not in timings:
+            return None
+        return cls(**{f.name: timings[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class CallTime:
+    """One row of ``result.timings["phases"]`` or ``["hooks"]``: a phase (``hook`` None)
+    or one of its hooks, its ``calls``, the time spent in them all (``total_ms``) and in
+    one on average (``mean_us``)."""
+
+    phase: str
+    hook: str | None
+    calls: int
+    total_ms: float
+    mean_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> CallTime:
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
 
 Label = Callable[[str], contextlib.AbstractContextManager[Any]]
 
@@ -79,10 +137,4 @@ class CallTimes:
 
 
 def _row(phase: str, name: str | None, calls: int, ns: int) -> dict[str, Any]:
-    return {
-        "phase": phase,
-        "hook": name,
-        "calls": calls,
-        "total_ms": ns / 1e6,
-        "mean_us": ns / calls / 1e3 if calls else 0.0,
-    }
+    return CallTime(phase, name, calls, ns / 1e6, ns / calls / 1e3 if calls else 0.0).to_dict()

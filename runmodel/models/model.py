@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import abc
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..core.checks import closest
+from ..config.overrides import unknown_option, unknown_option_text
 
 if TYPE_CHECKING:
     from ..core import RunStep
 
 __all__ = ["Model", "declared_options", "resolve_options", "unknown_option_text"]
-
-
-def unknown_option_text(owner: str, kind: str, key: str, known: Iterable[str]) -> str:
-    """The one warning for an option ``owner`` does not declare: it is ignored, with a
-    did-you-mean when a declared name is close."""
-    names = sorted(known)
-    close = closest(key, names)
-    hint = f"; did you mean {close!r}?" if close else ""
-    return (
-        f"{owner}: unknown {kind} option {key!r} ignored{hint} (known: "
-        f"{', '.join(names) or 'none'})"
-    )
 
 
 def resolve_options(
@@ -33,7 +20,8 @@ def resolve_options(
     """``defaults`` updated with the known keys of ``given``.
 
     An unknown key is ignored with one warning (a model must not fail on an option it
-    does not know); a known key with a value of the wrong type is an error.
+    does not know: ``config.overrides.unknown_option``); a known key with a value of the
+    wrong type is an error.
     """
     name = type(owner).__name__
     if given is None:
@@ -43,7 +31,7 @@ def resolve_options(
     resolved = dict(defaults)
     for key, value in given.items():
         if key not in defaults:
-            warnings.warn(unknown_option_text(name, kind, key, defaults), UserWarning, stacklevel=3)
+            unknown_option("python", name, kind, key, defaults, stacklevel=3)
             continue
         resolved[key] = _checked(name, kind, key, value, defaults[key])
     return resolved

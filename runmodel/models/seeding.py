@@ -13,6 +13,8 @@ import random
 
 import torch
 
+from ..core.checks import is_whole_number
+
 __all__ = ["last_seed", "seed"]
 
 #: NumPy's global generator takes seeds below 2**32.
@@ -25,7 +27,7 @@ _seeded: list[int] = []
 def seed(n: int) -> int:
     """Seed ``random``, NumPy (when installed) and torch (every device) with ``n`` (a
     whole number, 0 <= n < 2**32); returns ``n``. Call it before the model is built."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < SEED_LIMIT:
+    if not is_whole_number(n) or n >= SEED_LIMIT:
         raise ValueError(
             f"runmodel.seed(n) takes a whole number from 0 to {SEED_LIMIT - 1} "
             f"(NumPy's generator takes no larger one), got {n!r}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import core
 from .base import Mode
-from .evaluate import Eval, Infer
+from .eval_infer import Eval, Infer
 from .timed import Benchmark, Profile, batch_size
 from .train import Train
 
@@ -33,7 +33,7 @@ __all__ = [
 MODE_TYPES: dict[str, type[Mode]] = {m.name: m for m in (Train, Eval, Infer, Benchmark, Profile)}
 
 
-def as_mode(mode: core.Mode | str) -> core.Mode:
+def as_mode(mode: core.ModeLike | str) -> core.ModeLike:
     """``mode`` if it is a mode object, else the mode of that name with its defaults."""
     if not isinstance(mode, str):
         return mode

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from ..core import Engine, StepPlan
+    from ..core import BareEngine, StepPlan
 
 __all__ = ["Mode", "check_steps_for", "model_step"]
 
@@ -25,7 +25,7 @@ class Mode:
         """The step budget of a run given ``steps``."""
         return steps
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         raise NotImplementedError
 
     def __repr__(self) -> str:

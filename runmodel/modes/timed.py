@@ -15,13 +15,13 @@ import torch
 
 from .._io import prepare_folder
 from ..core.checks import whole_number
-from ..core.timing import CallTimes
+from ..core.timing import BenchmarkTimings, CallTimes
 from .base import Mode
-from .evaluate import infer_plan
+from .eval_infer import infer_plan
 from .train import train_plan
 
 if TYPE_CHECKING:
-    from ..core import Engine, StepPlan
+    from ..core import BareEngine, StepPlan
 
 __all__ = ["DEFAULT_WARMUP", "MEASURED_STEPS", "Benchmark", "Profile", "batch_size"]
 
@@ -52,7 +52,7 @@ class _Timed(Mode):
             )
         return steps
 
-    def _inner(self, engine: Engine, model: Any) -> StepPlan:
+    def _inner(self, engine: BareEngine, model: Any) -> StepPlan:
         return train_plan(engine, model) if self.measure == "train" else infer_plan(model)
 
 
@@ -62,7 +62,7 @@ class Benchmark(_Timed):
 
     name: ClassVar[str] = "benchmark"
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         plan = self._inner(engine, model)
         timer = StepTimer(_device(model), self.warmup, engine.state.max_steps or 0)
         plan.before.setdefault("step_start", []).insert(0, timer.start)
@@ -87,7 +87,7 @@ class Profile(_Timed):
         super().__init__(measure, warmup)
         self.directory = None if directory is None else Path(directory)
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         return _profile(
             self._inner(engine, model),
             model,
@@ -137,7 +137,7 @@ class StepTimer:
         self.times = [0] * steps
         self.began = self.window_start = self.window_end = 0
 
-    def start(self, engine: Engine) -> None:
+    def start(self, engine: BareEngine) -> None:
         if self.n == self.warmup:
             self.sync()
             self.window_start = time.perf_counter_ns()
@@ -146,7 +146,7 @@ class StepTimer:
         else:
             self.began = time.perf_counter_ns()
 
-    def stop(self, engine: Engine) -> None:
+    def stop(self, engine: BareEngine) -> None:
         n = self.n
         if self.cuda:
             self.events[n][1].record()
@@ -157,11 +157,11 @@ class StepTimer:
             self.window_end = time.perf_counter_ns()  # the window ends with the last step
         self.n = n + 1
 
-    def finish(self, engine: Engine) -> dict[str, Any]:
+    def finish(self, engine: BareEngine) -> dict[str, Any]:
         self.sync()
         measured = self.n - self.warmup
         if measured <= 0:
-            return {"timings": {"warmup": self.warmup, "measured_steps": 0}}
+            return {"timings": BenchmarkTimings(self.warmup, 0).to_dict()}
         wall = (self.window_end - self.window_start) / 1e9
         if self.cuda:
             ms = [a.elapsed_time(b) for a, b in self.events[self.warmup : self.n]]
@@ -170,18 +170,18 @@ class StepTimer:
         else:
             ms = [t / 1e6 for t in self.times[self.warmup : self.n]]
         ms.sort()
-        timings = {
-            "warmup": self.warmup,
-            "measured_steps": measured,
-            "seconds": wall,
-            "steps_per_s": measured / wall,
-            "samples_per_s": self.samples / wall if self.samples else None,
-            "step_ms_median": statistics.median(ms),
-            "step_ms_p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
-            "step_ms_mean": sum(ms) / len(ms),
-            "device": "cuda" if self.cuda else "cpu",
-        }
-        return {"timings": timings}
+        timings = BenchmarkTimings(
+            warmup=self.warmup,
+            measured_steps=measured,
+            seconds=wall,
+            steps_per_s=measured / wall,
+            samples_per_s=self.samples / wall if self.samples else None,
+            step_ms_median=statistics.median(ms),
+            step_ms_p90=ms[min(len(ms) - 1, int(0.9 * len(ms)))],
+            step_ms_mean=sum(ms) / len(ms),
+            device="cuda" if self.cuda else "cpu",
+        )
+        return {"timings": timings.to_dict()}
 
 
 def _profile(
@@ -204,7 +204,9 @@ def _profile(
     )
     for phase, action in list(plan.actions.items()):
 
-        def labelled(engine: Engine, action: Any = action, label: str = f"runmodel/{phase}") -> Any:
+        def labelled(
+            engine: BareEngine, action: Any = action, label: str = f"runmodel/{phase}"
+        ) -> Any:
             with record_function(label):
                 return action(engine)
 
@@ -213,7 +215,7 @@ def _profile(
     # the hooks timed and labelled (phases: their actions are labelled above)
     times = CallTimes(phases=False, label=record_function)
 
-    def finish(engine: Engine) -> dict[str, Any]:
+    def finish(engine: BareEngine) -> dict[str, Any]:
         for hooks_of in (engine.table.hooks, engine.table.overrides):
             for attached in (h for hs in hooks_of.values() for h in hs if h.pack is not None):
                 # a pack's hook that never fired here (a train-only one): listed, 0 calls

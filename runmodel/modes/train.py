@@ -22,7 +22,7 @@ from ..models.torchutil import needs_closure
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
-    from ..core import Engine
+    from ..core import BareEngine
 
 __all__ = ["EPOCH_LOSS", "Train", "train_plan"]
 
@@ -37,14 +37,14 @@ class Train(Mode):
 
     name: ClassVar[str] = "train"
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         plan = train_plan(engine, model)
         if engine.resumed_from is not None:
             plan.before.setdefault("epoch_start", []).insert(0, _PastOnceHooks().say)
         return plan
 
 
-def train_plan(engine: Engine, model: Any) -> StepPlan:
+def train_plan(engine: BareEngine, model: Any) -> StepPlan:
     """What a train step does for ``model``: its interface's three parts as the phases'
     actions; a custom interface's ``train_step``; a plain ``Model``'s ``step``."""
     interface = getattr(model, "interface", None)
@@ -66,7 +66,7 @@ def train_plan(engine: Engine, model: Any) -> StepPlan:
     return plan
 
 
-def _loss_read(engine: Engine) -> bool:
+def _loss_read(engine: BareEngine) -> bool:
     """Whether a hook or pack of the run declares reading the ``loss`` metric."""
     try:
         return EPOCH_LOSS in declared_reads(engine.table, engine.state.mode, engine.state.rank)
@@ -74,7 +74,7 @@ def _loss_read(engine: Engine) -> bool:
         return False
 
 
-def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
+def _phased_plan(engine: BareEngine, model: TorchModel, interface: Any) -> StepPlan:
     forward, backward, optimizer_step = (
         interface.forward,
         interface.backward,
@@ -84,17 +84,17 @@ def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
         optimizer_step = _optimizer_wanted(optimizer_step)
     dispatch = engine.dispatch
 
-    def forward_action(engine: Engine) -> None:
+    def forward_action(engine: BareEngine) -> None:
         state = engine.state
         state.output, state.loss = forward(model, state.batch)
 
-    def backward_action(engine: Engine) -> None:
+    def backward_action(engine: BareEngine) -> None:
         backward(model, engine.state.loss)
 
-    def optimizer_step_action(engine: Engine) -> None:
+    def optimizer_step_action(engine: BareEngine) -> None:
         optimizer_step(model)
 
-    def train_step(engine: Engine) -> None:
+    def train_step(engine: BareEngine) -> None:
         if (
             dispatch.forward is forward_action
             and dispatch.backward is backward_action
@@ -123,7 +123,7 @@ def _phased_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
     )
 
 
-def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan:
+def _closure_plan(engine: BareEngine, model: TorchModel, interface: Any) -> StepPlan:
     """A step of a closure optimizer: ``optimizer.step(closure)``, where the closure
     zeroes the gradients and fires forward and backward, as the hand-written loop's
     closure does. After the step ``state.loss`` is what ``step`` returned (LBFGS: the
@@ -131,10 +131,10 @@ def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan
     forward, backward = interface.forward, interface.backward
     dispatch, state = engine.dispatch, engine.state
 
-    def forward_action(engine: Engine) -> None:
+    def forward_action(engine: BareEngine) -> None:
         state.output, state.loss = forward(model, state.batch)
 
-    def backward_action(engine: Engine) -> None:
+    def backward_action(engine: BareEngine) -> None:
         backward(model, state.loss)
 
     def closure() -> Any:
@@ -148,10 +148,10 @@ def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan
         if loss is not None:
             state.loss = loss
 
-    def optimizer_step_action(engine: Engine) -> None:
+    def optimizer_step_action(engine: BareEngine) -> None:
         step_with_closure(model)
 
-    def train_step(engine: Engine) -> None:
+    def train_step(engine: BareEngine) -> None:
         dispatch.optimizer_step(engine)
 
     return StepPlan(
@@ -169,7 +169,7 @@ def _closure_plan(engine: Engine, model: TorchModel, interface: Any) -> StepPlan
 # -- what a step needs ---------------------------------------------------------------------
 
 
-def _check_parts(engine: Engine, model: TorchModel) -> None:
+def _check_parts(engine: BareEngine, model: TorchModel) -> None:
     """The parts of ``model`` the step will use: ``module`` always; ``optimizer`` unless
     an override of ``optimizer_step`` makes the update; ``loss_fn`` unless
     ``compute_loss`` is the model's own (or a ``runstep`` override is the whole step)."""
@@ -237,7 +237,7 @@ class _EpochLoss:
         self.count = 0
         append, pending, flush, most = self.pending.append, self.pending, self._flush, self.FLUSH
 
-        def add(engine: Engine) -> None:
+        def add(engine: BareEngine) -> None:
             loss = engine.state.loss
             if loss is not None:
                 append(loss.detach())
@@ -246,7 +246,7 @@ class _EpochLoss:
 
         self.add = add
 
-    def reset(self, engine: Engine) -> None:
+    def reset(self, engine: BareEngine) -> None:
         self.total, self.count = None, 0
         self.pending.clear()
 
@@ -261,7 +261,7 @@ class _EpochLoss:
         self.count += len(pending)
         pending.clear()
 
-    def publish(self, engine: Engine) -> None:
+    def publish(self, engine: BareEngine) -> None:
         if self.pending:
             self._flush()
         if self.count and self.total is not None:
@@ -290,7 +290,7 @@ class _PastOnceHooks:
     def __init__(self) -> None:
         self.said = False
 
-    def say(self, engine: Engine) -> None:
+    def say(self, engine: BareEngine) -> None:
         if self.said:
             return
         self.said = True
@@ -317,7 +317,7 @@ def _as_written(once: Any) -> str:
 def _interface_step(model: Any, interface: Any) -> Any:
     train_step = interface.train_step
 
-    def runstep(engine: Engine) -> None:
+    def runstep(engine: BareEngine) -> None:
         state = engine.state
         state.output = result = train_step(model, state.batch)
         state.loss = result.get("loss") if isinstance(result, dict) else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..core.checks import did_you_mean
+from ..core.checks import did_you_mean, is_number
 from ..models.torchutil import needs_closure, unwrap
 
 __all__ = [
@@ -38,7 +38,7 @@ def metric_value(state: Any, metric: str, owner: str) -> float:
         )
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(
             f"{owner}: state.metrics[{metric!r}] is {type(value).__name__} {value!r}, not a number"
         )

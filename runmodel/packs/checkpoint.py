@@ -97,16 +97,18 @@ class Checkpoint(Pack):
                 f"keep= must be a whole number >= 1 or None (keep all), or 0 with "
                 f"best= (keep only the best); got {keep!r}"
             )
-        if best is not None and not (
-            isinstance(best, (tuple, list))
-            and len(best) == 2
-            and isinstance(best[0], str)
-            and best[1] in ("min", "max")
-        ):
-            raise ValueError(
-                f"best= names a metric and whether lower or higher is better, as "
-                f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}"
-            )
+        #: ranks the checkpoints by best= (its metric and direction, checked by it)
+        self._ranker: MetricWatcher | None = None
+        if best is not None:
+            try:
+                if not isinstance(best, (tuple, list)) or len(best) != 2:
+                    raise ValueError(best)
+                self._ranker = MetricWatcher(*best, owner="Checkpoint")
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"best= names a metric and whether lower or higher is better, as "
+                    f"('eval_accuracy', 'max') or ('eval_loss', 'min'); got {best!r}"
+                ) from None
         whole_number(keep_best, "keep_best=", least=1)
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
@@ -164,7 +166,7 @@ class Checkpoint(Pack):
             raise ValueError(
                 "Checkpoint writes through the engine's checkpoint storage, and "
                 "this engine has none: use runmodel.Engine, or give "
-                "runmodel.core.Engine(storage=runmodel.checkpoint.FileStorage())"
+                "runmodel.core.BareEngine(storage=runmodel.checkpoint.FileStorage())"
             )
         self._check_folder_run(engine)
         if engine.state.rank == 0:
@@ -253,10 +255,11 @@ class Checkpoint(Pack):
         return self._storage is not None and self._storage.writes_here(engine.state.rank)
 
     def save_last(self, engine: Any) -> Path | None:
-        """A run that ``stop()`` ended (early stopping, Ctrl-C in a config run) or that
-        ``engine.interrupt()`` ended (Ctrl-C in a script: ``Interrupted``, after a whole
-        step) is saved where it stopped, unless the newest checkpoint is there already.
-        Waits for the background write, however the run ended."""
+        """A run that ``stop()`` ended (early stopping, a sweep's pruner) or that
+        ``engine.interrupt()`` ended (Ctrl-C or a preemption signal, in any run:
+        ``Interrupted``, after a whole step) is saved where it stopped, unless the newest
+        checkpoint is there already. Waits for the background write, however the run
+        ended."""
         s = engine.state
         if not self._writes_here(engine):
             return None
@@ -360,9 +363,8 @@ class Checkpoint(Pack):
 
     def _rank_best(self, storage: Storage, state: Any, epoch: int, step: int) -> str | None:
         """Put this checkpoint among the best by the metric; its best name if it is."""
-        if self.best is None:
+        if self.best is None or self._ranker is None:
             return None
-        watcher = MetricWatcher(*self.best, owner="Checkpoint")
         metric, mode = self.best
         value = read_metric(state, metric)
         if value is None:
@@ -375,9 +377,9 @@ class Checkpoint(Pack):
         value = float(value)
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
-        name = storage.best_name(watcher.metric, value, epoch, step)
+        name = storage.best_name(metric, value, epoch, step)
         # an equal value keeps the older first
-        self.best_saved = watcher.best_first([*self.best_saved, (value, name)], self.keep_best)
+        self.best_saved = self._ranker.best_first([*self.best_saved, (value, name)], self.keep_best)
         return name if (value, name) in self.best_saved else None
 
     def _ranking(self) -> dict[str, Any] | None:

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import Hook, HookOptions, Pack
 from ..core.checks import whole_number
-from .metric_watcher import MODES, MetricWatcher
+from .metric_watcher import MetricWatcher
 
 if TYPE_CHECKING:
-    from ..core import Engine
+    from ..core import BareEngine as Engine
 
-__all__ = ["MODES", "EarlyStopping"]
+__all__ = ["EarlyStopping"]
 
 
 class EarlyStopping(Pack):

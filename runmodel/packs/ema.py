@@ -9,6 +9,7 @@ from typing import Any
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..core import override
+from ..core.checks import is_number
 from ._common import require_phased_step
 from .averaging import WeightAveraging
 
@@ -42,7 +43,7 @@ class EMA(WeightAveraging):
     def __init__(
         self, decay: float = 0.999, use_averaged: bool = False, use_buffers: bool = True
     ) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
+        if not is_number(decay) or not 0 <= decay <= 1:
             raise ValueError(
                 f"EMA(decay=) is the weight of the average so far, a number in "
                 f"[0, 1] such as 0.999; got {decay!r}"

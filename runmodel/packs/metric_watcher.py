@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.checks import did_you_mean, whole_number
+from ..core.exports import lazy_exports
 from ._common import metric_value
 
-__all__ = ["MODES", "MetricWatcher"]
+__all__ = ["DIRECTIONS", "MetricWatcher"]
 
-#: ``"min"``: lower is better (a loss); ``"max"``: higher is better (an accuracy).
-MODES = ("min", "max")
+#: Which way is better: ``"min"``, lower (a loss); ``"max"``, higher (an accuracy).
+DIRECTIONS = ("min", "max")
+
+# MODES, the old name (the run's modes are core.MODES), kept for a release
+__getattr__, __dir__ = lazy_exports(__name__, {}, deprecated={"MODES": f"{__name__}.DIRECTIONS"})
+if TYPE_CHECKING:
+    MODES = DIRECTIONS
 
 T = TypeVar("T")
 
@@ -53,11 +59,11 @@ class MetricWatcher:
                 f"{owner}(metric=) names a metric in state.metrics, such as "
                 f"'eval_loss'; got {metric!r}"
             )
-        if mode not in MODES:
+        if mode not in DIRECTIONS:
             raise ValueError(
                 f"{owner}(mode=) must be 'min' (lower is better, as for a loss) "
                 f"or 'max' (as for an accuracy); got {mode!r}."
-                f"{did_you_mean(mode, MODES, cutoff=0.3)}"
+                f"{did_you_mean(mode, DIRECTIONS, cutoff=0.3)}"
             )
         if (
             isinstance(min_delta, bool)

@@ -11,6 +11,7 @@ from typing import IO, Any
 import torch
 
 from ..core import Hook, HookOptions, Pack
+from ..core.checks import is_number
 
 __all__ = ["Progress", "interactive"]
 
@@ -49,7 +50,7 @@ class Progress(Pack):
     reads = ("loss",)  # a train run puts the epoch's mean loss there for a reader
 
     def __init__(self, file: IO[str] | None = None, refresh: float = 0.2) -> None:
-        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh <= 0:
+        if not is_number(refresh, above=0):
             raise ValueError(
                 f"refresh= is the seconds between redraws, a number > 0; got {refresh!r}"
             )

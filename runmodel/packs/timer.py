@@ -20,7 +20,8 @@ class Timer(Pack):
     The times are host (CPU) time: on a GPU, kernels run asynchronously, so a phase's time
     is the time it took to launch its work unless something in it waited for the device.
     The profile mode measures device time. Each timed call costs two clock reads
-    (``runmodel.core.timing.CallTimes``, which profile mode times its hooks with too).
+    (``runmodel.core.timing.CallTimes``, which profile mode times its hooks with too; a
+    row is a ``runmodel.core.timing.CallTime`` as plain values).
     """
 
     name = "timer"

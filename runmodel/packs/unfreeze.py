@@ -16,7 +16,7 @@ from ..models import unwrap
 if TYPE_CHECKING:
     import torch
 
-    from ..core import Engine
+    from ..core import BareEngine as Engine
 
 __all__ = ["Unfreeze"]
 

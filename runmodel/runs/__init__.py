@@ -14,16 +14,9 @@ imports no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    **dict.fromkeys(("ConfigKind", "execute", "prepare", "resume_dir"), "config_run"),
-    **dict.fromkeys(("FolderRun", "RunKind", "prepare_in_folder", "run_dir_for"), "folder_run"),
-    "SourceKind": "source_run",
-    **dict.fromkeys(("RunInfo", "list_runs", "runs_table"), "table"),
-    **dict.fromkeys(("RunExists", "read_status"), "session.folder"),
-}
+from ..core.exports import lazy_exports
 
 __all__ = [
     "ConfigKind",
@@ -42,18 +35,24 @@ __all__ = [
     "runs_table",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module = _EXPORTS[name]
-        package = "runmodel" if module.startswith("session") else __name__
-        return getattr(importlib.import_module(f"{package}.{module}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(("ConfigKind", "execute", "prepare", "resume_dir"), ".config_run"),
+        **dict.fromkeys(
+            ("FolderRun", "RunKind", "prepare_in_folder", "run_dir_for"), ".folder_run"
+        ),
+        "SourceKind": ".source_run",
+        **dict.fromkeys(("RunInfo", "list_runs", "runs_table"), ".table"),
+        **dict.fromkeys(("RunExists", "read_status"), "runmodel.session.folder"),
+    },
+    deprecated={"PreparedRun": "runmodel.runs.folder_run.FolderRun"},
+)
 
 if TYPE_CHECKING:
     from ..session.folder import RunExists, read_status
     from .config_run import ConfigKind, execute, prepare, resume_dir
     from .folder_run import FolderRun, RunKind, prepare_in_folder, run_dir_for
+    from .folder_run import FolderRun as PreparedRun  # noqa: F401  (deprecated)
     from .source_run import SourceKind
     from .table import RunInfo, list_runs, runs_table

@@ -37,7 +37,8 @@ from typing import Any, ClassVar, Protocol
 
 from .._io import read_json
 from ..backends.distributed import env
-from ..config import did_you_mean, is_config_file
+from ..config import is_config_file
+from ..config.overrides import split_options
 from ..config.registry import check_model_args, registries
 from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
@@ -671,70 +672,6 @@ def _sharded(directory: Path) -> bool:
     from ..checkpoint.names import checkpoints_in
 
     return any(path.is_dir() for path in checkpoints_in(directory))
-
-
-def split_options(pairs: Sequence[str], cls: type[Model]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``--set`` pairs as init and setup options of ``cls``. ``KEY`` is ``NAME``,
-    ``init.NAME`` or ``setup.NAME``; a bare ``NAME`` is an init option where the model
-    declares one of that name (``init_defaults``), else a setup option. A name the model
-    does not declare is an error with a did-you-mean; where the model declares no options
-    of that kind, it is passed through, with one warning."""
-    known = {
-        "init": dict(getattr(cls, "init_defaults", None) or {}),
-        "setup": dict(getattr(cls, "setup_defaults", None) or {}),
-    }
-    given: dict[str, dict[str, Any]] = {"init": {}, "setup": {}}
-    unchecked: dict[str, list[str]] = {"init": [], "setup": []}
-    for pair in pairs:
-        key, value = _key_value(pair, "lr=0.01")
-        scope, _, name = key.rpartition(".")
-        if scope not in ("", "init", "setup"):
-            raise TargetError(f"--set {pair!r}: the key is NAME, init.NAME or setup.NAME")
-        if not scope:
-            scope = "init" if name in known["init"] else "setup"
-        if known[scope] and name not in known[scope]:
-            raise TargetError(_undeclared(pair, cls, name, known, scope if "." in key else ""))
-        if not known[scope]:  # the model reads them itself: none can be called unknown
-            close = did_you_mean(name, [*known["init"], *known["setup"]])
-            unchecked[scope].append(f"--set {pair!r}{close}")
-        given[scope][name] = value
-    for scope, said in unchecked.items():
-        if said:
-            print(
-                f"runmodel: warning: {cls.__name__} declares no {scope} options "
-                f"({scope}_defaults), so these go to it unchecked: {', '.join(said)}",
-                file=sys.stderr,
-            )
-    return given["init"], given["setup"]
-
-
-def _key_value(pair: str, example: str) -> tuple[str, Any]:
-    import ast
-
-    key, sep, text = pair.partition("=")
-    if not sep or not key:
-        raise TargetError(f"--set {pair!r}: write KEY=VALUE, as in --set {example}")
-    try:
-        return key, ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return key, text
-
-
-def _undeclared(
-    pair: str, cls: type[Model], name: str, known: dict[str, dict[str, Any]], scope: str
-) -> str:
-    """The error for an option ``cls`` does not declare: the close names, and what it
-    declares."""
-    kinds = [scope] if scope else [kind for kind in ("init", "setup") if known[kind]]
-    names = [n for kind in kinds for n in known[kind]]
-    declared = "; ".join(
-        f"{kind} options: {', '.join(known[kind]) or 'none'}" for kind in ("init", "setup")
-    )
-    what = f"{scope} option" if scope else "option"
-    return (
-        f"--set {pair!r}: {cls.__name__} declares no {what} {name!r}"
-        f"{did_you_mean(name, names)}; {declared}"
-    )
 
 
 def open_target(

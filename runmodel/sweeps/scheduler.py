@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json, write_json
+from ..core.checks import is_whole_number
 from ..runs import read_status, run_dir_for
 from ..session.folder import CONFIG, METRICS
 from .probe import check_metric
@@ -72,7 +73,7 @@ def sweep(
     (complete or pruned). Running it again continues it. Bad input raises ``SweepError``
     before anything is created; ``FAILURES_IN_A_ROW`` failed trials in a row stop it with
     the last error."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if not is_whole_number(jobs, least=1):
         raise SweepError(f"jobs is a whole number >= 1, got {jobs!r}")
     spec = read_spec(
         config,

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import did_you_mean
 from ..config.registry import Spec, registries
 from ..config.runconfig import (
     ConfigError,
@@ -171,7 +172,7 @@ def read_spec(
         raise SweepError(f"direction is 'max' or 'min', got {direction!r}")
     trials = _whole(values.get("trials", 10), "trials", "the finished trials wanted")
     seed = values.get("seed", base.seed)
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_whole_number(seed, least=None):
         raise SweepError(f"seed is a whole number, got {seed!r}")
     sampler = _choice("sampler", values.get("sampler", "tpe"), SAMPLERS)
     pruner = _choice("pruner", values.get("pruner", "median"), PRUNERS)
@@ -220,10 +221,8 @@ def _whole(value: Any, key: str, what: str) -> int:
     return value
 
 
-def close_to(word: str, choices: Sequence[str]) -> str:
-    """`` (did you mean 'X'?)`` for the choice nearest ``word``, or nothing."""
-    found = closest(word, choices)
-    return f" (did you mean {found!r}?)" if found is not None else ""
+#: `` (did you mean 'X'?)`` for the choice nearest a word, or nothing: the config layer's.
+close_to = did_you_mean
 
 
 def _choice(kind: str, value: Any, known: Mapping[str, str]) -> Spec:

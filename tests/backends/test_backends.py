@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
-from runmodel.backends import AMP, Backend, Compile, FineTuneSpec, Plain
+from runmodel.backends import AMP, Backend, Compile, Plain, RunHorizon
 from runmodel.config.registry import Spec, optimizer_factory
 from runmodel.packs import Checkpoint
 
@@ -125,25 +125,25 @@ def generator() -> Iterator[int]:
 @pytest.mark.parametrize(
     ("data", "steps", "epochs", "expected"),
     [
-        ([1, 2, 3, 4], None, 3, FineTuneSpec(3, 12, 4, None)),
-        ([1, 2, 3, 4], 5, 3, FineTuneSpec(3, 5, 4, None)),
-        ([1, 2, 3, 4], 7, None, FineTuneSpec(None, 7, 4, None)),
-        ([1, 2, 3, 4], None, None, FineTuneSpec(None, None, 4, None)),
+        ([1, 2, 3, 4], None, 3, RunHorizon(3, 12, 4, None)),
+        ([1, 2, 3, 4], 5, 3, RunHorizon(3, 5, 4, None)),
+        ([1, 2, 3, 4], 7, None, RunHorizon(None, 7, 4, None)),
+        ([1, 2, 3, 4], None, None, RunHorizon(None, None, 4, None)),
         (
             DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3),
             None,
             2,
-            FineTuneSpec(2, 8, 4, 3),
+            RunHorizon(2, 8, 4, 3),
         ),
         (
             DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=3, drop_last=True),
             None,
             2,
-            FineTuneSpec(2, 6, 3, 3),
+            RunHorizon(2, 6, 3, 3),
         ),
-        (generator(), None, 2, FineTuneSpec(2, None, None, None)),
-        (generator(), 6, 2, FineTuneSpec(2, 6, None, None)),
-        (None, None, 1, FineTuneSpec(1, None, None, None)),
+        (generator(), None, 2, RunHorizon(2, None, None, None)),
+        (generator(), 6, 2, RunHorizon(2, 6, None, None)),
+        (None, None, 1, RunHorizon(1, None, None, None)),
     ],
     ids=[
         "list-epochs",
@@ -158,9 +158,9 @@ def generator() -> Iterator[int]:
     ],
 )
 def test_fine_tune_spec_of(
-    data: Any, steps: int | None, epochs: int | None, expected: FineTuneSpec
+    data: Any, steps: int | None, epochs: int | None, expected: RunHorizon
 ) -> None:
-    assert FineTuneSpec.of(data, steps, epochs) == expected
+    assert RunHorizon.of(data, steps, epochs) == expected
 
 
 class Recording(Backend):
@@ -169,10 +169,10 @@ class Recording(Backend):
     def __init__(self, log: list[str], **options: Any) -> None:
         super().__init__(**options)
         self.log = log
-        self.specs: list[FineTuneSpec] = []
+        self.specs: list[RunHorizon] = []
         self.had_optimizer: list[bool] = []
 
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         self.log.append("backend.initialize")
         self.specs.append(spec)
         self.had_optimizer.append(getattr(model, "optimizer", None) is not None)
@@ -198,13 +198,13 @@ def loader_model() -> Tiny:
 @pytest.mark.parametrize(
     ("steps", "epochs", "expected"),
     [
-        (None, 3, FineTuneSpec(3, 6, 2, 16)),
-        (3, None, FineTuneSpec(None, 3, 2, 16)),
-        (5, 2, FineTuneSpec(2, 5, 2, 16)),
+        (None, 3, RunHorizon(3, 6, 2, 16)),
+        (3, None, RunHorizon(None, 3, 2, 16)),
+        (5, 2, RunHorizon(2, 5, 2, 16)),
     ],
 )
 def test_a_custom_backend_gets_the_spec_after_model_setup(
-    steps: int | None, epochs: int | None, expected: FineTuneSpec
+    steps: int | None, epochs: int | None, expected: RunHorizon
 ) -> None:
     model = loader_model()
     log = model.calls
@@ -232,7 +232,7 @@ def test_a_backend_in_eval_mode_gets_the_eval_datas_spec() -> None:
 
     backend = Recording([])
     runmodel.Engine().run(Eval(), mode="eval", backend=backend)
-    assert backend.specs == [FineTuneSpec(None, None, 3, 8)]
+    assert backend.specs == [RunHorizon(None, None, 3, 8)]
 
 
 def test_backend_by_name_and_unknown_names() -> None:
@@ -260,7 +260,7 @@ def test_a_registered_custom_backend_by_name() -> None:
     runmodel.register_backend(name, factory)
     runmodel.Engine().run(tiny(), epochs=2, backend=name)
     [backend] = made
-    assert backend.specs == [FineTuneSpec(2, 8, 4, None)]
+    assert backend.specs == [RunHorizon(2, 8, 4, None)]
 
 
 # -- amp -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 import runmodel
 from runmodel.backends import Plain
 from runmodel.checkpoint import FileStorage
-from runmodel.core import Engine as CoreEngine
+from runmodel.core import BareEngine
 from runmodel.modes import as_mode
 from runmodel.packs import Checkpoint
 
@@ -88,7 +88,7 @@ def test_checkpoints_go_through_the_backend_s_storage_and_resume_reads_through_i
 
 
 def test_a_core_engine_without_storage_says_what_to_give_it(tmp_path: Path) -> None:
-    engine = CoreEngine()
+    engine = BareEngine()
     assert engine.storage is None
     with pytest.raises(
         ValueError,
@@ -103,7 +103,7 @@ def test_a_core_engine_without_storage_says_what_to_give_it(tmp_path: Path) -> N
         r"storage.*runmodel\.core\.Engine\(storage=",
     ):
         engine.run(dropout_mlp(), as_mode("train"), epochs=1)
-    given = CoreEngine(storage=FileStorage())
+    given = BareEngine(storage=FileStorage())
     given.attach(Checkpoint(tmp_path / "given"))
     given.run(dropout_mlp(), as_mode("train"), epochs=1)
     assert files(tmp_path / "given") == ["ckpt-00001-0000000004.pt"]

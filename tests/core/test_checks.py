@@ -42,3 +42,29 @@ def test_did_you_mean_names_the_closest_choice_or_nothing() -> None:
     assert did_you_mean("zzz", ["epoch_start", "epoch_end"]) == ""
     assert closest("mx", ["min", "max"], cutoff=0.3) == "max"
     assert closest(3, ["3rd"], cutoff=0.5) == "3rd"  # any value, as it reads
+
+
+@pytest.mark.parametrize(
+    ("value", "above", "expected"),
+    [
+        (1, None, True),
+        (0.5, 0, True),
+        (0, 0, False),
+        (-1.0, None, True),
+        (True, None, False),  # a bool is not a number of anything
+        ("1", None, False),
+        (None, None, False),
+        (float("nan"), 0, False),
+    ],
+)
+def test_a_number_is_an_int_or_a_float_not_a_bool(
+    value: object, above: float | None, expected: bool
+) -> None:
+    from runmodel.core.checks import is_number
+
+    assert is_number(value, above=above) is expected
+
+
+def test_a_whole_number_with_no_least_is_any_int() -> None:
+    assert is_whole_number(-5, least=None) and not is_whole_number(-5)
+    assert not is_whole_number(True, least=None) and not is_whole_number(1.0, least=None)

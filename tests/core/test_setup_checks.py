@@ -324,3 +324,32 @@ def test_profile_mode_checks_its_folder_too(tmp_path: Path) -> None:
         f"Profile cannot write to its folder '{tmp_path / 'taken'}': "
         f"'{tmp_path / 'taken'}' is a file, not a folder"
     )
+
+
+# -- the refusal, typed -----------------------------------------------------------------------
+
+
+def test_a_refusal_keeps_its_type_and_is_told_by_its_note_type_not_its_text() -> None:
+    from runmodel.core.state import REFUSED, Refusal, refused_at_setup
+
+    class Refuses(runmodel.Pack):
+        def check_setup(self, engine: Any) -> None:
+            raise ValueError("no")
+
+    engine = runmodel.Engine(Refuses())
+    with pytest.raises(ValueError) as caught:
+        engine.run(Tiny(classes=3), epochs=1)
+    assert type(caught.value) is ValueError and str(caught.value) == "no"
+    assert refused_at_setup(caught.value)
+    assert [n for n in caught.value.__notes__ if isinstance(n, Refusal)] == [REFUSED]
+    same_words = ValueError("no")
+    same_words.add_note(str(REFUSED))  # a note with the words alone is not the refusal
+    assert not refused_at_setup(same_words)
+
+    class FailsLater(runmodel.Pack):
+        def epoch_end(self, engine: Any) -> None:
+            raise ValueError("later")
+
+    with pytest.raises(ValueError, match="later") as failed:
+        runmodel.Engine(FailsLater()).run(Tiny(classes=3), epochs=1)
+    assert not refused_at_setup(failed.value)  # a failure of the run, not a refusal

@@ -43,3 +43,29 @@ def test_with_a_label_each_hook_runs_inside_it_and_phases_are_left_alone() -> No
     assert labels == ["runmodel/epoch_end/once"]
     assert times.rows(hooks=False) == []
     assert [r["hook"] for r in times.rows(hooks=True, called_only=False)][-1] == "never"
+
+
+def test_benchmark_timings_are_a_dataclass_kept_in_the_result_as_plain_values() -> None:
+    from runmodel.core.timing import BenchmarkTimings, CallTime
+
+    result = runmodel.Engine(runmodel.packs.Timer()).run(
+        Counting(batches=8), runmodel.Benchmark(warmup=2), steps=8
+    )
+    bench = BenchmarkTimings.of(result.timings)
+    assert bench is not None and bench.measured_steps == 6 and bench.warmup == 2
+    assert bench.to_dict() == {k: result.timings[k] for k in bench.to_dict()}
+    assert list(bench.to_dict()) == [
+        "warmup",
+        "measured_steps",
+        "seconds",
+        "steps_per_s",
+        "samples_per_s",
+        "step_ms_median",
+        "step_ms_p90",
+        "step_ms_mean",
+        "device",
+    ]
+    rows = [CallTime.of(row) for row in result.timings["phases"]]
+    assert [row.to_dict() for row in rows] == result.timings["phases"]
+    assert BenchmarkTimings(5, 0).to_dict() == {"warmup": 5, "measured_steps": 0}
+    assert BenchmarkTimings.of({"warmup": 5, "hooks": []}) is None  # profile mode's

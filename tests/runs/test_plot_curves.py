@@ -25,16 +25,15 @@ import runmodel.cli
 from runmodel.packs import TensorBoard
 from runmodel.plot import (
     Curve,
-    add_arguments,
     event_folders,
     figure,
     labels,
     load_runs,
-    main,
     plot,
     read_curves,
     sweep_figure,
 )
+from runmodel.runs.plot import add_arguments, main
 
 from helpers import dropout_mlp
 

@@ -9,19 +9,16 @@ are imported on first use: ``env`` and ``failures`` are read before torch is imp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = ["DDP", "FSDP"]
+from ...core.exports import lazy_exports
 
-_EXPORTS = {"DDP": "ddp", "FSDP": "fsdp"}
+__all__ = [
+    "DDP",
+    "FSDP",
+]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, {"DDP": ".ddp", "FSDP": ".fsdp"})
 
 if TYPE_CHECKING:
     from .ddp import DDP

@@ -4,11 +4,11 @@
 For the run, the backend joins the processes into torch.distributed's default group
 (``env.make_group``: from torchrun's environment, gloo on the CPU, nccl on CUDA, one GPU
 a process; a group made once lives on for the process's later runs), wraps the model's
-module in ``DistributedDataParallel``, and deals out the data (``data.py``): the
-training ``DataLoader`` is made again with a ``DistributedSampler`` (one seed for every
-process, ``set_epoch`` at each epoch's start, so a resumed run draws the same shards),
-and the eval data is split without padding. When the run ends the model has its own
-module and data back.
+module in ``DistributedDataParallel``, and deals out the data (``dealing.py``, with
+``data.py``): the training ``DataLoader`` is made again with a ``DistributedSampler``
+(one seed for every process, ``set_epoch`` at each epoch's start, so a resumed run draws
+the same shards), and the eval data is split without padding. When the run ends the
+model has its own module and data back.
 
 How a run ends (``docs/distributed.md``, "How a run ends"): at a normal end every process
 checks, with a bounded wait and no collective, that every other one ended at the same
@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
 
-from ...core import FineTuneSpec, Hook, HookOptions, Interrupted, Pack
+from ...core import Hook, HookOptions, Interrupted, Pack, RunHorizon
 from ...models import unwrap
 from ..base import Backend
 from . import env
 from .agreement import EndAgreement
-from .data import Chain, DealingSampler, DealtBatches, shard_eval_data, shard_train_data
+from .dealing import Dealer, shared_seed
 from .failures import record_failure
+from .options import DDPOptions
 from .stopping import REQUEST, StopCheck
 
 __all__ = ["DDP", "DistributedRun", "model_device", "shared_seed"]
@@ -61,6 +61,9 @@ class DDP(Backend):
     trained model can be evaluated, or its weights gathered, in the same script) until
     the process exits or ``runmodel.end_distributed()`` ends it. A group the script made
     is the script's to end.
+
+    The options are declared, each with what it means, and checked together in
+    ``options.DDPOptions``.
     """
 
     def __init__(
@@ -75,46 +78,31 @@ class DDP(Backend):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        who = type(self).__name__
-        if process_group is not None and process_group not in ("gloo", "nccl", "mpi"):
-            raise ValueError(
-                f"{who}(process_group={process_group!r}): give 'gloo' (CPU), 'nccl' "
-                f"(CUDA), 'mpi', or None to choose by the model's device"
-            )
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-        ):
-            raise ValueError(
-                f"{who}(timeout={timeout!r}): give seconds > 0, or None for torch's default"
-            )
-        if (
-            isinstance(end_timeout, bool)
-            or not isinstance(end_timeout, (int, float))
-            or (end_timeout <= 0)
-        ):
-            raise ValueError(
-                f"{who}(end_timeout={end_timeout!r}): give the seconds a process "
-                f"that ended waits for the others to end too (> 0)"
-            )
-        if (
-            isinstance(preempt_check_every, bool)
-            or not isinstance(preempt_check_every, int)
-            or preempt_check_every < 1
-        ):
-            raise ValueError(
-                f"{who}(preempt_check_every={preempt_check_every!r}): give the "
-                f"number of steps between the processes' checks for a signal "
-                f"to stop at (a whole number >= 1)"
-            )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"{who}(seed={seed!r}): give a whole number, or None to draw one")
-        if not isinstance(shard_data, bool):
-            raise TypeError(f"{who}(shard_data=) takes True or False, got {shard_data!r}")
-        if ddp_options is not None and not isinstance(ddp_options, dict):
-            raise TypeError(
-                f"{who}(ddp_options=) takes a dict of DistributedDataParallel "
-                f"arguments, got {ddp_options!r}"
-            )
+        checked = DDPOptions(
+            owner=type(self).__name__,
+            process_group=process_group,
+            timeout=timeout,
+            seed=seed,
+            shard_data=shard_data,
+            ddp_options=ddp_options,
+            end_timeout=end_timeout,
+            preempt_check_every=preempt_check_every,
+        )
+        self._require_torchrun()
+        self.process_group = checked.process_group
+        self.timeout = checked.timeout
+        self.seed = checked.seed
+        self.end_timeout = checked.end_timeout
+        self.preempt_check_every = checked.preempt_check_every
+        self.shard_data = checked.shard_data
+        self.ddp_options: dict[str, Any] = checked.ddp_options or {}
+        self._pack: DistributedRun | None = None
+
+    #: The backend's name, in messages.
+    backend_name = "ddp"
+
+    def _require_torchrun(self) -> None:
+        """Refuse a process torchrun did not start (unless the default group exists)."""
         if not torch.distributed.is_available():
             raise RuntimeError(
                 f"the {self.backend_name} backend needs torch.distributed, which "
@@ -130,17 +118,8 @@ class DDP(Backend):
                     f"`torchrun --nproc-per-node N script.py` (or make the default process "
                     f"group yourself first)"
                 )
-        self.process_group, self.timeout, self.seed = process_group, timeout, seed
-        self.end_timeout = float(end_timeout)
-        self.preempt_check_every = preempt_check_every
-        self.shard_data = shard_data
-        self.ddp_options = dict(ddp_options or {})
-        self._pack: DistributedRun | None = None
 
-    #: The backend's name, in messages.
-    backend_name = "ddp"
-
-    def initialize(self, model: Any, spec: FineTuneSpec) -> None:
+    def initialize(self, model: Any, spec: RunHorizon) -> None:
         super().initialize(model, spec)
         module = getattr(model, "module", None)
         if not isinstance(module, torch.nn.Module):
@@ -196,14 +175,14 @@ class DDP(Backend):
 
 
 class DistributedRun(Pack):
-    """The ``ddp`` backend's part of a run: ``set_epoch`` at each epoch's start, the
-    sampler's seed and where the epoch's data stand in checkpoints (the rest of an epoch
-    begun in another number of processes dealt out anew), the check that stops every
-    process at one step after a signal (``stopping.py``), the processes' agreement that
-    they ended together, and everything put back at the end (last of all teardown hooks).
-    No collective runs at the end: the agreement goes through the group's store, with a
-    bounded wait, and only when this process ended normally (or stopped with the others
-    at a check)."""
+    """The ``ddp`` backend's part of a run: its data (a ``Dealer``: dealt out, ``set_epoch``
+    at each epoch's start, where the epoch stands in checkpoints, put back at the end),
+    and the run's distributed lifecycle: one run record for every process, the check that
+    stops every process at one step after a signal (``stopping.py``), the processes'
+    agreement that they ended together, and everything put back at the end (last of all
+    teardown hooks). No collective runs at the end: the agreement goes through the
+    group's store, with a bounded wait, and only when this process ended normally (or
+    stopped with the others at a check)."""
 
     name = "ddp"
 
@@ -212,49 +191,22 @@ class DistributedRun(Pack):
     ) -> None:
         self.model, self.module = model, module
         self.device = getattr(model, "device", None)
-        self.sampler: DistributedSampler[Any] | None = None
-        self.data: dict[str, Any] = {}  # attribute -> the model's own data, put back after
+        self.dealer = Dealer(model, self.name)
         self.ending = EndAgreement(end_timeout)
         self.check_every = check_every
         self.stop_check: StopCheck | None = None  # made once the group exists
-        # the training data this backend dealt out (None: dealt otherwise, or not at all),
-        # and what one item of it is, in batches: the loader's batch size (1 for a list)
-        self.dealt: DealingSampler | DealtBatches | None = None
-        self.unit = 1
-        # where the epoch under way stands: its number, the skipped batches before it, and
-        # the parts of it that ran in another number of processes (data.Chain)
-        self.epoch, self.skipped_before = -1, 0
-        self.chain: Chain = []
-        self.loaded: dict[str, Any] | None = None  # the checkpoint's state of this pack
-        self.first_epoch = True
         self.checking = True
         REQUEST.checks += 1  # a signal now waits for this run's check
 
     def shard(self, seed: int | None) -> None:
-        model, rank, world = self.model, env.rank(), env.world_size()
-        train = getattr(model, "train_data", None)
-        if train is not None:
-            if seed is None:
-                seed = shared_seed(getattr(train, "generator", None))
-            sharded = shard_train_data(train, rank, world, seed)
-            self.data["train_data"] = train
-            model.train_data = sharded
-            sampler = getattr(sharded, "sampler", None)
-            self.sampler = sampler if isinstance(sampler, DistributedSampler) else None
-            if isinstance(sampler, DealingSampler):
-                self.dealt, self.unit = sampler, sharded.batch_size or 1
-            elif isinstance(sharded, DealtBatches):
-                self.dealt = sharded
-        for name in ("eval_data",):
-            data = getattr(model, name, None)
-            if data is not None:
-                self.data[name] = data
-                setattr(model, name, shard_eval_data(data, rank, world))
+        """Deal the model's data out to the processes (``seed``: the training sampler's,
+        None to draw one for all)."""
+        self.dealer.shard(seed)
 
     def hooks(self) -> Iterator[Hook]:
         # first: before any hook that could draw from the epoch's data
         yield Hook(
-            self.epoch_start,
+            self.dealer.epoch_start,
             "epoch_start",
             HookOptions.of(priority=1000, name=f"{self.name}.set_epoch"),
         )
@@ -295,6 +247,19 @@ class DistributedRun(Pack):
             HookOptions.of(priority=-10_000, name=f"{self.name}.teardown"),
         )
 
+    def check_setup(self, engine: Any) -> None:
+        self.dealer.check_setup(engine)
+
+    def setup(self, engine: Any) -> None:
+        """At setup: one run record for every process (rank 0's: under ``fsdp`` each
+        process writes it into its part of every checkpoint); then the data's setup (a
+        run resumed in the middle of an epoch in another number of processes)."""
+        record = engine.run_record
+        record["id"], record["started"] = env.broadcast_from_0(
+            (record.get("id"), record.get("started"))
+        )
+        self.dealer.setup(engine)
+
     def check_stop(self, engine: Any) -> None:
         assert self.stop_check is not None
         self.stop_check(engine)
@@ -315,97 +280,6 @@ class DistributedRun(Pack):
             first = self.ending.failed(error)
             if first is not None:
                 error.add_note(f"runmodel: rank {first[0]} failed first: {first[1]}")
-
-    # -- the data of an epoch ------------------------------------------------------------
-
-    def drawn(self, state: Any) -> int:
-        """How many batches of the epoch under way this process had drawn when the
-        checkpoint this run resumes from was taken (0: it resumes at an epoch's start)."""
-        loaded = self.loaded
-        if loaded is None or loaded.get("epoch") != state.epoch:
-            return 0
-        return max(0, state.epoch_step + state.skipped - int(loaded.get("skipped_before", 0)))
-
-    def check_setup(self, engine: Any) -> None:
-        """A run resumed in the middle of an epoch begun in another number of processes
-        deals the epoch's rest out anew: only data this backend dealt out can be."""
-        s, loaded = engine.state, self.loaded
-        if s.mode != "train" or loaded is None or loaded.get("world") is None:
-            return
-        drawn, saved = self.drawn(s), int(loaded["world"])
-        if not drawn or (saved == env.world_size() and not loaded.get("chain")):
-            return
-        if loaded.get("epoch_batches") is not None and drawn >= int(loaded["epoch_batches"]):
-            return  # the epoch's data were all drawn: it resumes as at the epoch's end
-        why = self.why_not_dealt()
-        if why is None and loaded.get("dealt") not in (None, self.dealt_kind()):
-            why = f"{self.dealt_kind()}, and the checkpoint's were {loaded['dealt']}"
-        if why is None:
-            return
-        raise ValueError(
-            f"the checkpoint {engine.resumed_from} was written by {saved} process(es) in the "
-            f"middle of epoch {s.epoch + 1} (after {drawn} of its batches), and this run has "
-            f"{env.world_size()}: the rest of the epoch is dealt out anew only for training "
-            f"data the {self.name} backend deals out itself (a DataLoader it makes again, a "
-            f"list of batches), and this run's are {why}. Resume in {saved} process(es), or "
-            f"from a checkpoint taken at an epoch's end (Checkpoint(every='1ep'))"
-        )
-
-    def dealt_kind(self) -> str:
-        return "a list of batches" if isinstance(self.dealt, DealtBatches) else "a DataLoader"
-
-    def why_not_dealt(self) -> str | None:
-        """None when this backend dealt the training data out; else what they are."""
-        if self.dealt is not None:
-            return None
-        data = getattr(self.model, "train_data", None)
-        if "train_data" not in self.data:
-            return "read by each process as it is (DDP(shard_data=False))"
-        if self.sampler is not None:
-            loader = type(data).__name__
-            return f"dealt out by the script's own DistributedSampler (in a {loader})"
-        return f"of a type it cannot deal out ({type(data).__name__})"
-
-    def setup(self, engine: Any) -> None:
-        """At setup: one run record for every process (rank 0's: under ``fsdp`` each
-        process writes it into its part of every checkpoint), which says whether the
-        run's data are this backend's to deal out (a resume in another number of
-        processes checks it); a run resumed in the middle of an epoch that began in
-        another number of processes (or went on in one) draws the rest of it, dealt out
-        anew."""
-        s, record = engine.state, engine.run_record
-        record["id"], record["started"] = env.broadcast_from_0(
-            (record.get("id"), record.get("started"))
-        )
-        why = self.why_not_dealt()
-        record["data"] = "dealt" if why is None else why
-        drawn, loaded = self.drawn(s), self.loaded
-        self.chain = []
-        if not drawn or self.dealt is None or loaded is None or loaded.get("world") is None:
-            return
-        saved, chain = int(loaded["world"]), [list(part) for part in loaded.get("chain") or []]
-        if saved == env.world_size() and not chain:
-            return  # the epoch goes on as it began: the resume skips the drawn batches
-        count = drawn * self.unit - sum(part[1] for part in chain)
-        if count > 0:
-            chain.append([saved, count])
-        if isinstance(self.dealt, DealingSampler):
-            self.dealt.set_epoch(s.epoch)
-        self.dealt.deal(chain)
-        self.chain = chain
-
-    def epoch_start(self, engine: Any) -> None:
-        s = engine.state
-        if self.sampler is not None:
-            self.sampler.set_epoch(s.epoch)
-        if self.first_epoch:  # maybe resumed in its middle: count its skips as they were
-            self.first_epoch = False
-            self.skipped_before = s.skipped - max(0, self.drawn(s) - s.epoch_step)
-        else:
-            self.chain, self.skipped_before = [], s.skipped
-            if isinstance(self.dealt, DealtBatches):
-                self.dealt.dealt_as_ever()
-        self.epoch = s.epoch
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -429,39 +303,18 @@ class DistributedRun(Pack):
         if self.stop_check is not None:  # no reference to a group outlives the run
             self.stop_check.group = None
         model = self.model
-        for name, data in self.data.items():
-            setattr(model, name, data)
-        self.data = {}
+        self.dealer.restore()
         if isinstance(model.module, DistributedDataParallel):
             model.module = self.module
         if self.device is not None and hasattr(model, "device"):
             model.device = self.device
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler's seed, and where the epoch under way stands: the number of
-        processes, the skipped batches before it, its parts in other numbers of
-        processes, what the data are and how many batches the epoch has here."""
-        try:
-            batches: int | None = len(self.model.train_data)
-        except TypeError:
-            batches = None
-        state: dict[str, Any] = {
-            "world": env.world_size(),
-            "epoch": self.epoch,
-            "skipped_before": self.skipped_before,
-            "chain": [list(part) for part in self.chain],
-            "epoch_batches": batches,
-            "dealt": None if self.dealt is None else self.dealt_kind(),
-        }
-        if self.sampler is not None:
-            state["seed"] = int(self.sampler.seed)
-        return state
+        """Where the epoch under way stands, and the sampler's seed (``Dealer``)."""
+        return self.dealer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loaded = dict(state)
-        # a resumed run shuffles as the run it continues, epoch by epoch
-        if self.sampler is not None and "seed" in state:
-            self.sampler.seed = int(state["seed"])
+        self.dealer.load_state_dict(state)
 
 
 def model_device(model: Any) -> torch.device:
@@ -470,10 +323,3 @@ def model_device(model: Any) -> torch.device:
         return torch.device(device)
     parameter = next(model.module.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
-
-
-def shared_seed(generator: torch.Generator | None) -> int:
-    """One seed for every process: each draws one (from ``generator``, or torch's), so
-    that their generators stay alike; process 0's is given to all."""
-    drawn = int(torch.randint(0, 2**62, (), dtype=torch.int64, generator=generator))
-    return int(env.broadcast_from_0(drawn))

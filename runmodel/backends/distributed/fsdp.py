@@ -25,7 +25,7 @@ import inspect
 import secrets
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -35,17 +35,9 @@ from ...checkpoint.sharded import Sharded, ShardedStorage
 from . import env
 from .data import EvalShard, remade, shard_eval_data
 from .ddp import DDP, DistributedRun
+from .options import FSDPOptions
 
 __all__ = ["FSDP", "PaddedEval", "rebuild_optimizer"]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
 
 
 class FSDP(DDP):
@@ -60,7 +52,8 @@ class FSDP(DDP):
     ``MixedPrecisionPolicy``; ``cpu_offload=True`` keeps the shards on the CPU
     (``CPUOffloadPolicy``). ``checkpoint_timeout`` (seconds) bounds every collective of
     a checkpoint save or load, which run on a process group of their own. The other
-    options are ``DDP``'s.
+    options are ``DDP``'s. The options are declared and checked in ``options.py``
+    (``FSDPOptions``, ``DDPOptions``).
     """
 
     backend_name = "fsdp"
@@ -88,38 +81,21 @@ class FSDP(DDP):
             end_timeout=end_timeout,
             **options,
         )
-        if isinstance(units, (str, type)):
-            units = [units]
-        if units is not None and (
-            not isinstance(units, (list, tuple))
-            or not units
-            or not all(isinstance(u, (str, type)) for u in units)
-        ):
-            raise TypeError(
-                f"FSDP(units={units!r}): give module class names, submodule names "
-                f"(as named_modules() names them) or classes, or None for each "
-                f"direct child that holds parameters"
-            )
-        if not isinstance(reshard_after_forward, bool):
-            raise TypeError(
-                f"FSDP(reshard_after_forward=) takes True or False, got {reshard_after_forward!r}"
-            )
-        if not isinstance(cpu_offload, bool):
-            raise TypeError(f"FSDP(cpu_offload=) takes True or False, got {cpu_offload!r}")
-        if (
-            isinstance(checkpoint_timeout, bool)
-            or not isinstance(checkpoint_timeout, (int, float))
-            or checkpoint_timeout <= 0
-        ):
-            raise ValueError(
-                f"FSDP(checkpoint_timeout={checkpoint_timeout!r}): give the "
-                f"seconds a checkpoint's collectives may wait (> 0)"
-            )
-        self.units = None if units is None else list(units)
-        self.reshard_after_forward, self.cpu_offload = reshard_after_forward, cpu_offload
-        self.param_dtype = _dtype("param_dtype", param_dtype)
-        self.reduce_dtype = _dtype("reduce_dtype", reduce_dtype)
-        self.checkpoint_timeout = float(checkpoint_timeout)
+        checked = FSDPOptions(
+            units=units,
+            reshard_after_forward=reshard_after_forward,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            cpu_offload=cpu_offload,
+            checkpoint_timeout=checkpoint_timeout,
+        )
+        # a list by now (FSDPOptions makes one of a single unit)
+        self.units = cast("list[str | type] | None", checked.units)
+        self.reshard_after_forward = checked.reshard_after_forward
+        self.cpu_offload = checked.cpu_offload
+        self.param_dtype: torch.dtype | None = checked.param_dtype
+        self.reduce_dtype: torch.dtype | None = checked.reduce_dtype
+        self.checkpoint_timeout = checked.checkpoint_timeout
         self._storage: ShardedStorage | None = None
 
     def storage(self) -> ShardedStorage | None:
@@ -184,9 +160,9 @@ class ShardedRun(DistributedRun):
 
     def shard(self, seed: int | None) -> None:
         super().shard(seed)
-        if "eval_data" in self.data:
+        if "eval_data" in self.dealer.data:
             self.model.eval_data = padded_eval_data(
-                self.model, self.data["eval_data"], env.rank(), env.world_size()
+                self.model, self.dealer.data["eval_data"], env.rank(), env.world_size()
             )
 
     def agree(self, engine: Any) -> None:
@@ -362,14 +338,3 @@ def padded_eval_data(model: Any, data: Any, rank: int, world: int) -> Any:
             )
         return share
     return PaddedEval(share, len(share), most, model, stand_in)
-
-
-def _dtype(name: str, value: Any) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
-        return _DTYPES[value.removeprefix("torch.")]
-    raise ValueError(
-        f"FSDP({name}={value!r}): give 'bfloat16', 'float16', 'float32' (or a "
-        f"torch dtype), or None to keep the parameters' own"
-    )

@@ -3,7 +3,7 @@
 
 A signal reaches the processes at different moments, and sometimes only some of them (a
 scheduler that signals one process, a Ctrl-C that the launcher forwards). The handler
-(``runs/interrupt.py``) only records it here (``REQUEST``); every ``preempt_check_every``
+(``session/interrupt.py``) only records it here (``REQUEST``); every ``preempt_check_every``
 steps the backend's pack all-reduces a one-element flag (``StopCheck``): the largest
 signal number any process recorded, 0 for none. Every process sees the same value after
 the same step, and every process then stops there, as a first Ctrl-C stops one process

@@ -246,12 +246,13 @@ def read_whole(folder: str | os.PathLike[str], optimizer: bool = True) -> dict[s
     )
     if not isinstance(state.get("module"), dict):
         raise ValueError(f"{str(folder)!r} holds no model weights")
-    return {key: _whole(value) for key, value in state.items()}
+    return {key: _full_tensors(value) for key, value in state.items()}
 
 
-def _whole(value: Any) -> Any:
+def _full_tensors(value: Any) -> Any:
+    """``value`` with each sharded tensor in it gathered whole (``full_tensor``)."""
     if isinstance(value, dict):
-        return {key: _whole(item) for key, item in value.items()}
+        return {key: _full_tensors(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_whole(item) for item in value]
+        return [_full_tensors(item) for item in value]
     return value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -1,4 +1,4 @@
-"""What stays prompt in a process of several (``runs/interrupt.py``), with real signals
+"""What stays prompt in a process of several (``session/interrupt.py``), with real signals
 sent to real processes: a process whose run failed, or that is in its teardown, ends at
 once on SIGTERM (torchrun sends it to the processes left after a failure, and at every
 restart); a second signal more than 2 s after the first ends the process at once and

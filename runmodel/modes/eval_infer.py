@@ -15,7 +15,7 @@ from ..models import MetricSet, TorchModel, inference
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
-    from ..core import Engine
+    from ..core import BareEngine
 
 __all__ = ["Eval", "Infer", "infer_plan"]
 
@@ -25,7 +25,7 @@ class Eval(Mode):
 
     name: ClassVar[str] = "eval"
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         if not isinstance(model, TorchModel):
             return StepPlan(
                 {"runstep": model_step(model)}, context=lambda: _one_pass(engine, model)
@@ -35,7 +35,7 @@ class Eval(Mode):
         compute_output = model.interface.output_fn(model)
         target, compute_loss, has_loss = model.target, model.compute_loss, model.loss_fn is not None
 
-        def eval_step(engine: Engine) -> None:
+        def eval_step(engine: BareEngine) -> None:
             state = engine.state
             batch = state.batch
             state.output = output = compute_output(batch)
@@ -43,10 +43,10 @@ class Eval(Mode):
                 state.loss = compute_loss(output, batch)
             metrics.update(output, target(batch))
 
-        def reset(engine: Engine) -> None:
+        def reset(engine: BareEngine) -> None:
             metrics.reset()
 
-        def compute(engine: Engine) -> None:
+        def compute(engine: BareEngine) -> None:
             engine.state.metrics.update(metrics.compute())
 
         return StepPlan(
@@ -58,7 +58,7 @@ class Eval(Mode):
 
 
 @contextlib.contextmanager
-def _one_pass(engine: Engine, model: Any) -> Iterator[None]:
+def _one_pass(engine: BareEngine, model: Any) -> Iterator[None]:
     """An eval run's loop, without grad and the module in eval mode, between the
     ``eval_start`` and ``eval_end`` phases (the second when the loop ended without an
     error)."""
@@ -80,7 +80,7 @@ class Infer(Mode):
             raise TypeError(f"Infer(collect=) takes True or False, got {collect!r}")
         self.collect = collect
 
-    def plan(self, engine: Engine, model: Any) -> StepPlan:
+    def plan(self, engine: BareEngine, model: Any) -> StepPlan:
         plan = infer_plan(model)
         if self.collect:
             outputs: list[Any] = []
@@ -96,7 +96,7 @@ def infer_plan(model: Any) -> StepPlan:
     check_steps_for("infer", model, "module")
     compute_output = model.interface.output_fn(model)
 
-    def infer_step(engine: Engine) -> None:
+    def infer_step(engine: BareEngine) -> None:
         state = engine.state
         state.output = compute_output(state.batch)
 

@@ -1,0 +1,79 @@
+"""``--set KEY=VALUE`` read once, and the one rule for an option a model does not declare,
+by where it was given."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from runmodel.config import closest
+from runmodel.config.overrides import ConfigError, key_value, split_options, unknown_option
+from runmodel.config.registry import ConfigError as RegistryConfigError
+from runmodel.config.runconfig import apply_overrides
+from runmodel.core import checks
+
+
+@pytest.mark.parametrize(
+    ("pair", "expected"),
+    [
+        ("lr=0.01", ("lr", 0.01)),
+        ("hidden=3", ("hidden", 3)),
+        ("flag=True", ("flag", True)),
+        ("sizes=[1, 2]", ("sizes", [1, 2])),
+        ("name=adam", ("name", "adam")),  # not a literal: the text itself
+        ("name='adam'", ("name", "adam")),
+        ("expr=a=b", ("expr", "a=b")),  # split on the first '='
+        ("empty=", ("empty", "")),
+    ],
+)
+def test_a_pair_is_a_key_and_a_literal_or_its_text(pair: str, expected: tuple) -> None:
+    assert key_value(pair, "lr=0.01") == expected
+
+
+@pytest.mark.parametrize("pair", ["lr", "=3"])
+def test_a_pair_without_a_key_or_an_equals_sign_shows_the_example(pair: str) -> None:
+    with pytest.raises(ConfigError, match=r"write KEY=VALUE, as in --set x=1$"):
+        key_value(pair, "x=1")
+
+
+def test_configs_and_model_sources_read_pairs_alike() -> None:
+    data = apply_overrides({"epochs": 1, "device": "cpu"}, ["epochs=3", "device=b=c"])
+    assert (data["epochs"], data["device"]) == (3, "b=c")
+
+    class Net:
+        init_defaults = {"hidden": 1, "name": "a"}
+
+    assert split_options(["hidden=3", "name=b=c"], Net) == ({"hidden": 3, "name": "b=c"}, {})
+    assert ConfigError is RegistryConfigError  # one error type, wherever it is imported
+
+
+def test_an_undeclared_option_is_ignored_from_python_or_configs_refused_from_the_command_line() -> (
+    None
+):
+    for given in ("python", "config"):
+        with pytest.warns(UserWarning, match=r"^Net: unknown init option 'hiden' ignored; did"):
+            unknown_option(given, "Net", "init", "hiden", ["hidden"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ConfigError,
+            match=r"^--set 'hiden=3': Net declares no init option 'hiden' \(did you mean "
+            r"'hidden'\?\); its options$",
+        ):
+            unknown_option(
+                "command line",
+                "Net",
+                "init",
+                "hiden",
+                ["hidden"],
+                given_as="--set 'hiden=3'",
+                declared="its options",
+            )
+
+
+def test_the_core_and_the_config_layer_guess_alike() -> None:
+    # two copies (the core imports nothing else of runmodel; config is below the core)
+    choices = ["epochs", "steps", "epoch_end", "hidden", "lr"]
+    for word in ("epoch", "step", "hiden", "l", "zzz", "epochs_end"):
+        assert closest(word, choices) == checks.closest(word, choices)
