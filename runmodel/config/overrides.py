@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from . import closest, did_you_mean
+from ..core.checks import closest, did_you_mean_aside
 
 __all__ = [
     "ConfigError",
@@ -95,7 +95,8 @@ def unknown_option(
         return
     what = f"{kind} option" if kind else "option"
     raise ConfigError(
-        f"{given_as}: {owner} declares no {what} {key!r}{did_you_mean(key, known)}; {declared}"
+        f"{given_as}: {owner} declares no {what} {key!r}"
+        f"{did_you_mean_aside(key, known)}; {declared}"
     )
 
 
@@ -134,7 +135,7 @@ def split_options(pairs: Sequence[str], cls: type) -> tuple[dict[str, Any], dict
                 ),
             )
         if not known[scope]:  # the model reads them itself: none can be called unknown
-            close = did_you_mean(name, [*known["init"], *known["setup"]])
+            close = did_you_mean_aside(name, [*known["init"], *known["setup"]])
             unchecked[scope].append(f"--set {pair!r}{close}")
         given[scope][name] = value
     for scope, said in unchecked.items():

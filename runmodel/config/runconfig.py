@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core import MODES
-from . import CONFIG_SUFFIXES, did_you_mean
+from ..core.checks import did_you_mean_aside
+from . import CONFIG_SUFFIXES
 from .overrides import ConfigError, key_value
 from .registry import Spec
 
@@ -192,7 +193,7 @@ def _check_scalar(key: str, value: Any, where: str) -> Any:
 
 
 def _did_you_mean(key: str, choices: Sequence[str] = ()) -> str:
-    return did_you_mean(key, choices or _FIELDS)
+    return did_you_mean_aside(key, choices or _FIELDS)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]+")

@@ -3,9 +3,11 @@ number (not a bool, not a float) at least some value, and the did-you-mean hint 
 that is not one of the choices. They only build values and messages; the caller raises
 with its own words around them, so each error still says whose option was wrong.
 
-``runmodel.config`` keeps its own ``closest`` and ``did_you_mean`` (the core imports nothing
-else of runmodel, and config, below the core, cannot import it): the same guess; here its
-hint is a sentence of its own, there an aside after a quoted name."""
+The did-you-mean is here once for every layer (the core imports nothing else of runmodel,
+so everything may import it, the command line before torch too): ``closest`` is the guess,
+written as a sentence of its own after an error's first sentence (``did_you_mean``:
+`` Did you mean 'x'?``) or as an aside after a quoted name (``did_you_mean_aside``:
+`` (did you mean 'x'?)``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ import difflib
 from collections.abc import Iterable
 from typing import TypeGuard
 
-__all__ = ["closest", "did_you_mean", "is_number", "is_whole_number", "whole_number"]
+__all__ = [
+    "closest",
+    "did_you_mean",
+    "did_you_mean_aside",
+    "is_number",
+    "is_whole_number",
+    "whole_number",
+]
 
 
 def is_number(value: object, above: float | None = None) -> TypeGuard[int | float]:
@@ -72,3 +81,10 @@ def did_you_mean(value: object, choices: Iterable[str], cutoff: float = 0.6) -> 
     after an error's first sentence."""
     found = closest(value, choices, cutoff)
     return f" Did you mean {found!r}?" if found is not None else ""
+
+
+def did_you_mean_aside(value: object, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the nearest choice, or ``""``: the aside to put
+    after a quoted name that names nothing (a config key, a model option, a column)."""
+    found = closest(value, choices)
+    return f" (did you mean {found!r}?)" if found is not None else ""

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._io import read_json
 from ..checkpoint.names import checkpoints_in, position
-from ..config import did_you_mean
+from ..core.checks import did_you_mean_aside
 from ..session.folder import CONFIG, METRICS, RECORD, STATUS, is_run, is_script_run, read_status
 
 __all__ = [
@@ -237,7 +237,7 @@ def _column_named(name: str, available: list[str]) -> str:
         raise ValueError(f"--columns: {name!r} is the end of {', '.join(ending)}: name one")
     shown = short_names(available)
     raise ValueError(
-        f"--columns: no column {name!r}{did_you_mean(name, shown.values())}; "
+        f"--columns: no column {name!r}{did_you_mean_aside(name, shown.values())}; "
         f"the runs have {', '.join(shown[key] for key in available)}"
     )
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import did_you_mean
 from ..config.registry import Spec, registries
 from ..config.runconfig import (
     ConfigError,
@@ -20,7 +19,7 @@ from ..config.runconfig import (
     load_config,
     read_config_file,
 )
-from ..core.checks import closest, is_whole_number
+from ..core.checks import closest, did_you_mean_aside, is_whole_number
 from ..extras import require
 from ..runs.config_run import import_sources
 from ..runs.torchrun import with_backend
@@ -222,7 +221,7 @@ def _whole(value: Any, key: str, what: str) -> int:
 
 
 #: `` (did you mean 'X'?)`` for the choice nearest a word, or nothing: the config layer's.
-close_to = did_you_mean
+close_to = did_you_mean_aside
 
 
 def _choice(kind: str, value: Any, known: Mapping[str, str]) -> Spec:

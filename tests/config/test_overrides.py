@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+import runmodel.config
 from runmodel.config import closest
 from runmodel.config.overrides import ConfigError, key_value, split_options, unknown_option
 from runmodel.config.registry import ConfigError as RegistryConfigError
@@ -72,8 +73,12 @@ def test_an_undeclared_option_is_ignored_from_python_or_configs_refused_from_the
             )
 
 
-def test_the_core_and_the_config_layer_guess_alike() -> None:
-    # two copies (the core imports nothing else of runmodel; config is below the core)
+def test_one_did_you_mean_for_every_layer() -> None:
+    """config's hint is the core's (config is above the core now, which imports nothing
+    else of runmodel): one guess, written as an aside or as a sentence."""
+    assert closest is checks.closest
+    assert runmodel.config.did_you_mean is checks.did_you_mean_aside
     choices = ["epochs", "steps", "epoch_end", "hidden", "lr"]
-    for word in ("epoch", "step", "hiden", "l", "zzz", "epochs_end"):
-        assert closest(word, choices) == checks.closest(word, choices)
+    assert checks.did_you_mean_aside("hiden", choices) == " (did you mean 'hidden'?)"
+    assert checks.did_you_mean("hiden", choices) == " Did you mean 'hidden'?"
+    assert checks.did_you_mean_aside("zzz", choices) == checks.did_you_mean("zzz", choices) == ""
