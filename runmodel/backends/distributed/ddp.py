@@ -4,7 +4,7 @@
 For the run, the backend joins the processes into torch.distributed's default group
 (``env.make_group``: from torchrun's environment, gloo on the CPU, nccl on CUDA, one GPU
 a process; a group made once lives on for the process's later runs), wraps the model's
-module in ``DistributedDataParallel``, and deals out the data (``dealing.py``, with
+module in ``DistributedDataParallel``, and deals out the data (``data.py``, with
 ``data.py``): the training ``DataLoader`` is made again with a ``DistributedSampler``
 (one seed for every process, ``set_epoch`` at each epoch's start, so a resumed run draws
 the same shards), and the eval data is split without padding. When the run ends the
@@ -29,7 +29,7 @@ from ...models import unwrap
 from ..base import Backend
 from . import env
 from .agreement import EndAgreement
-from .dealing import Dealer, shared_seed
+from .data import Dealer, shared_seed
 from .failures import record_failure
 from .options import DDPOptions
 from .stopping import REQUEST, StopCheck

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from runmodel.backends.distributed.data import Dealer
 from runmodel.backends.distributed.ddp import DistributedRun
-from runmodel.backends.distributed.dealing import Dealer
 from runmodel.backends.distributed.options import DDPOptions, FSDPOptions
 
 
