@@ -325,3 +325,15 @@ def test_with_numbers_for_both_counts_nothing_runs_per_step(
     engine.run(model, steps=10)
     assert "throughput.count" not in engine.describe()
     assert seen == [{"samples_per_s": B / 0.25, "items_per_s": B * T / 0.25}] * 2
+
+
+def test_the_run_is_the_same_with_the_pack() -> None:
+    """Counting FLOPs on the first step and measuring after every step change nothing of
+    the training: the same weights, bit for bit."""
+    plain, measured = gpt_model(), gpt_model()
+    runmodel.Engine().run(plain, steps=10)
+    runmodel.Engine(Throughput(every="3st", peak_flops=PEAK)).run(measured, steps=10)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(plain.module.parameters(), measured.module.parameters(), strict=True)
+    )
