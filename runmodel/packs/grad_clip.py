@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..core import HookHandle, Pack, hook, override
-from ..models.torchutil import needs_closure
+from ..models.torchutil import needs_closure, unwrap
 from ._common import require_phased_step, trained_parameters
 
 __all__ = ["GradClip"]
@@ -24,8 +24,11 @@ class GradClip(Pack):
     ``[-value, value]`` (``clip_grad_value_``); give exactly one.
 
     The gradients are those of the parameters of ``engine.model.optimizer`` (read at
-    each step), or of the module's parameters for a model that has no optimizer (its
-    update is an override of ``optimizer_step``, which runs after the clipping). With a
+    each step), taken in the module's order (``module.parameters()``) and then the
+    optimizer's others in its groups' order: so the total norm is, to the bit, that of
+    ``clip_grad_norm_(model.parameters(), max_norm)`` in a script, whatever groups the
+    optimizer has. A model that has no optimizer (its update is an override of
+    ``optimizer_step``, which runs after the clipping) clips its module's parameters. With a
     closure optimizer (``torch.optim.LBFGS``) the clipping is a ``backward`` hook of the
     run instead: each call of the closure clips the gradients it computed, before the
     optimizer reads them. With a GradScaler in ``engine.state.grad_scaler`` (the ``amp`` backend,
@@ -56,8 +59,9 @@ class GradClip(Pack):
         self.value = None if value is None else _positive("value", value)
         self.norm_type = _positive("norm_type", norm_type, inf=True)
         self.last_norm: torch.Tensor | None = None
-        self._optimizer: Any = None  # the optimizer whose parameters _parameters holds
-        self._groups = 0
+        # what _parameters was listed from: the module, the optimizer, and its number of
+        # groups and of parameters (a group added or a parameter appended changes them)
+        self._listed_from: tuple[Any, ...] = ()
         self._parameters: list[torch.Tensor] = []
         self._epoch: _NormMean | None = None
         self._in_closure: HookHandle | None = None  # the backward hook of a closure's run
@@ -101,7 +105,9 @@ class GradClip(Pack):
         if scaler is not None:
             scaler.unscale_(optimizer)
         parameters = (
-            self.parameters_of(optimizer) if optimizer is not None else trained_parameters(model)
+            self.parameters_of(optimizer, getattr(model, "module", None))
+            if optimizer is not None
+            else trained_parameters(model)
         )
         if self.max_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, self.norm_type)
@@ -119,13 +125,23 @@ class GradClip(Pack):
         if self._epoch is not None and self._epoch.steps:
             engine.state.metrics["grad_norm"] = self._epoch.mean_and_reset()
 
-    def parameters_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        """The optimizer's parameters, listed again only when the optimizer or its number
-        of groups changed."""
+    def parameters_of(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
+        """The optimizer's parameters in ``module``'s order, then those outside the module
+        in the groups' order; listed again only when the module, the optimizer or its
+        numbers of groups and parameters change."""
         groups = optimizer.param_groups
-        if optimizer is not self._optimizer or len(groups) != self._groups:
-            self._parameters = [p for group in groups for p in group["params"]]
-            self._optimizer, self._groups = optimizer, len(groups)
+        listed_from = (module, optimizer, len(groups), sum(len(g["params"]) for g in groups))
+        if listed_from != self._listed_from:
+            optimized = {id(p): p for group in groups for p in group["params"]}
+            inner = unwrap(module)
+            in_module = [] if inner is None else list(inner.parameters())
+            ordered = [p for p in in_module if id(p) in optimized]
+            for p in ordered:
+                del optimized[id(p)]
+            self._parameters = ordered + list(optimized.values())
+            self._listed_from = listed_from
         return self._parameters
 
 

@@ -1,10 +1,11 @@
 """Step a ``torch.optim.lr_scheduler`` scheduler with the run, with an optional linear
-warm-up; the learning rate goes into ``state.metrics["lr"]``."""
+warm-up, or write a closed-form learning rate ``lr_at(iteration)`` before every
+iteration; the learning rate goes into ``state.metrics["lr"]``."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +24,8 @@ __all__ = ["LRSchedule"]
 
 Scheduler = lr_scheduler.LRScheduler | lr_scheduler.ReduceLROnPlateau
 Factory = Callable[[torch.optim.Optimizer], Any]
+#: A closed-form schedule: the learning rate of an iteration (0-based optimizer step).
+LRAt = Callable[[int], float]
 INTERVALS = ("step", "epoch")
 _FACTORY_EXAMPLE = "lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)"
 #: Schedulers that take Python callables or other schedulers: not nameable in a config.
@@ -58,6 +61,14 @@ class LRSchedule(Pack):
     (progress, run log, TensorBoard) is the rate that epoch trained with. The
     scheduler's state and the count of optimizer steps are in ``state_dict()``, so a
     resumed run continues the curve exactly.
+
+    ``lr_at=fn`` (by keyword; instead of a scheduler and a warm-up) is a closed form, as
+    scripts write one (nanoGPT's ``get_lr(it)``): before each iteration (after the
+    previous optimizer step, and when the run starts) every group's lr is set to
+    ``fn(iteration)``, written and never multiplied, so the rates are the function's to
+    the bit. ``iteration`` is the 0-based index of the optimizer step about to be taken
+    (``state.step`` without gradient accumulation, one per window with
+    ``GradAccumulation``). A list of functions gives one per param group.
     """
 
     name = "lr_schedule"
@@ -69,6 +80,8 @@ class LRSchedule(Pack):
         interval: str = "step",
         warmup_steps: int = 0,
         metric: str | None = None,
+        *,
+        lr_at: LRAt | Sequence[LRAt] | None = None,
     ) -> None:
         if interval not in INTERVALS:
             raise ValueError(
@@ -83,10 +96,20 @@ class LRSchedule(Pack):
             if metric is None
             else MetricWatcher(metric, owner="LRSchedule", reader=f"LRSchedule(metric={metric!r})")
         )
-        if scheduler is None and warmup_steps == 0:
+        #: the closed form (one function, or one per param group), or None
+        self.lr_at = _checked_lr_at(lr_at)
+        if lr_at is not None and (
+            scheduler is not None or warmup_steps or metric is not None or interval != "step"
+        ):
             raise ValueError(
-                "LRSchedule needs a scheduler, warmup_steps= or both; as in "
-                f"LRSchedule({_FACTORY_EXAMPLE})"
+                "LRSchedule(lr_at=) is the whole schedule, warm-up included, written "
+                "before every iteration: give it alone, without a scheduler, "
+                "warmup_steps=, metric= or interval="
+            )
+        if scheduler is None and warmup_steps == 0 and lr_at is None:
+            raise ValueError(
+                "LRSchedule needs a scheduler, warmup_steps= or both, or lr_at=; as in "
+                f"LRSchedule({_FACTORY_EXAMPLE}) or LRSchedule(lr_at=lambda it: 1e-3)"
             )
         self.interval, self.warmup_steps, self.metric = interval, warmup_steps, metric
         self.reads = () if metric is None else (metric,)  # checked at setup
@@ -125,7 +148,11 @@ class LRSchedule(Pack):
             ),
         )
         has_scheduler = self._given is not None or self._factory is not None
-        if self.warmup_steps or (has_scheduler and self.interval == "step"):
+        if (
+            self.warmup_steps
+            or self.lr_at is not None
+            or (has_scheduler and self.interval == "step")
+        ):
             # around the optimizer step itself, inside the overrides that may skip it
             # (GradAccumulation, NaNGuard, GradClip: priorities 300..100) and outside the
             # amp backend's scaler step (-100): it counts the optimizer's real steps
@@ -181,6 +208,13 @@ class LRSchedule(Pack):
         self._restored = False
         model = engine.model
         self._phased = isinstance(model, TorchModel) and model.interface.phased
+        if self.lr_at is not None:
+            # the engine's count of iterations where it keeps one; else the pack's own
+            iteration = getattr(engine.state, "iteration", None)
+            self.optimizer_steps = self.optimizer_steps if iteration is None else iteration
+            self._write(groups, self.optimizer_steps)
+            engine.state.metrics["lr"] = float(groups[0]["lr"])
+            return
         # the lr before warm-up: the scheduler's, or the group's own (kept in initial_lr as
         # torch's schedulers do, so that a second run of the same optimizer finds it)
         self._base = [g.setdefault("initial_lr", g["lr"]) for g in groups]
@@ -206,6 +240,11 @@ class LRSchedule(Pack):
         optimizer step."""
         groups = self._groups(engine)
         done = self.optimizer_steps
+        if self.lr_at is not None:
+            self.optimizer_steps = done + 1
+            self._write(groups, done + 1)
+            engine.state.metrics["lr"] = float(groups[0]["lr"])
+            return
         warming = done < self.warmup_steps
         if self.interval == "step" and (scheduler := self.scheduler) is not None:
             if warming:
@@ -237,6 +276,26 @@ class LRSchedule(Pack):
     def epoch_start(self, engine: Engine) -> None:
         """The rate this epoch trains with (interval="epoch": set by the last epoch_end)."""
         engine.state.metrics["lr"] = float(self._groups(engine)[0]["lr"])
+
+    # -- a closed form ------------------------------------------------------------------------
+
+    def _write(self, groups: list[dict[str, Any]], iteration: int) -> None:
+        """Every group's lr for ``iteration``: ``lr_at(iteration)`` as it returns it."""
+        lr_at = self.lr_at
+        if callable(lr_at):
+            lr = float(lr_at(iteration))  # once per iteration, as a script calls it
+            for group in groups:
+                group["lr"] = lr
+            return
+        assert lr_at is not None
+        if len(lr_at) != len(groups):
+            raise ValueError(
+                f"LRSchedule(lr_at=) has {len(lr_at)} functions, one per param group, "
+                f"but the optimizer has {len(groups)} groups now; give one function "
+                f"for all groups, or one per group"
+            )
+        for group, fn in zip(groups, lr_at, strict=True):
+            group["lr"] = float(fn(iteration))
 
     # -- warm-up -------------------------------------------------------------------------------
 
@@ -365,6 +424,24 @@ class LRSchedule(Pack):
         self._pending = state.get("scheduler")
         self._saved_kind = state.get("kind")
         self.optimizer_steps, self._restored = int(state.get("optimizer_steps", 0)), True
+
+
+def _checked_lr_at(lr_at: object) -> LRAt | list[LRAt] | None:
+    """``lr_at=``: None, a function of the iteration, or a non-empty list of them."""
+    if lr_at is None or callable(lr_at):
+        return lr_at
+    if (
+        isinstance(lr_at, Sequence)
+        and not isinstance(lr_at, str)
+        and lr_at
+        and all(callable(fn) for fn in lr_at)
+    ):
+        return list(lr_at)
+    raise TypeError(
+        f"LRSchedule(lr_at=) takes a function of the iteration that returns its learning "
+        f"rate (lr_at=get_lr, as in nanoGPT), or a list of them, one per param group; "
+        f"got {lr_at!r}"
+    )
 
 
 def _named(spec: str | Mapping[str, Any]) -> Factory:

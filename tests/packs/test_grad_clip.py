@@ -218,3 +218,165 @@ def test_with_the_amp_backend_on_the_device(device: str) -> None:
         reference_result.metrics["grad_norm"], rel=0.05
     )
     torch.testing.assert_close(params(model), params(reference), rtol=0, atol=0.05)
+
+
+# -- what a script clips --------------------------------------------------------------------
+
+
+def grouped(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A module with weights, biases and LayerNorms, and an AdamW over it in two groups
+    as nanoGPT builds them (matrices decay, the rest does not): the groups interleave the
+    module's order of parameters."""
+    torch.manual_seed(seed)
+    module = nn.Sequential(
+        nn.Linear(4, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 16), nn.LayerNorm(16),
+        nn.Linear(16, 1),
+    )  # fmt: skip
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+    )
+    return module, optimizer
+
+
+def random_batches(steps: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of widely varying scale, so that every step's total norm sums numbers of
+    many sizes (where the order of the sum shows in the last bits)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(8, 4, generator=g) * 10 ** float(torch.rand(1, generator=g) * 3),
+         torch.randn(8, 1, generator=g))
+        for _ in range(steps)
+    ]  # fmt: skip
+
+
+Grads = list[torch.Tensor | None]
+
+
+def same_grads(a: Grads, b: Grads) -> bool:
+    """Bit for bit the same gradients (None where there is none)."""
+    return len(a) == len(b) and all(
+        x is y is None or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def clipped_as_a_script_does(
+    engine: runmodel.Engine, module: nn.Module, max_norm: float
+) -> list[tuple[Grads, Grads, torch.Tensor]]:
+    """Per optimizer step: the gradients GradClip left (in the module's order), those
+    ``clip_grad_norm_(module.parameters(), max_norm)`` leaves on copies of the same
+    gradients, and the norm it returned."""
+    steps: list[tuple[Grads, Grads, torch.Tensor]] = []
+
+    def before(engine: Any, default: Any) -> None:  # outside GradClip (100)
+        copies = [torch.zeros_like(p).requires_grad_() for p in module.parameters()]
+        for copy, p in zip(copies, module.parameters(), strict=True):
+            copy.grad = None if p.grad is None else p.grad.clone()
+        norm = nn.utils.clip_grad_norm_(copies, max_norm)
+        steps.append(([], [c.grad for c in copies], norm))
+        default(engine)
+
+    def after(engine: Any, default: Any) -> None:  # inside GradClip
+        steps[-1][0].extend(None if p.grad is None else p.grad.clone() for p in module.parameters())
+        default(engine)
+
+    engine.override("optimizer_step", before, priority=150)
+    engine.override("optimizer_step", after, priority=50)
+    return steps
+
+
+def test_the_total_norm_is_clip_grad_norm_over_the_module_in_its_order() -> None:
+    """nanoGPT's decay/no-decay AdamW: GradClip clips exactly as
+    ``clip_grad_norm_(model.parameters(), max_norm)``, bit for bit, at each of 200 steps
+    (summing in the groups' order instead gives another norm in the last bits)."""
+    module, optimizer = grouped()
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=nn.MSELoss(), train_data=random_batches(200)
+    )
+    engine, clip = runmodel.Engine(), GradClip(max_norm=0.5)
+    engine.attach(clip)
+    steps = clipped_as_a_script_does(engine, module, 0.5)
+    engine.run(model, epochs=1)
+    assert len(steps) == 200
+    for clipped, expected, _ in steps:
+        assert same_grads(clipped, expected)
+    assert clip.last_norm is not None and torch.equal(clip.last_norm, steps[-1][2])
+    in_group_order = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert in_group_order != [id(p) for p in module.parameters()]  # the groups interleave
+
+
+def test_the_norm_in_the_groups_order_would_differ() -> None:
+    """The reason for the order: over the same gradients, the groups' order gives another
+    total norm at some of 200 random gradient sets."""
+    module, optimizer = grouped()
+    in_module_order = list(module.parameters())
+    in_group_order = [p for group in optimizer.param_groups for p in group["params"]]
+    g = torch.Generator().manual_seed(2)
+    differ = 0
+    for _ in range(200):
+        grads = [torch.randn(p.shape, generator=g) * 10 ** float(torch.rand(1, generator=g) * 3)
+                 for p in in_module_order]  # fmt: skip
+        by_id = {id(p): grad for p, grad in zip(in_module_order, grads, strict=True)}
+        a = torch.nn.utils.get_total_norm(grads)
+        b = torch.nn.utils.get_total_norm([by_id[id(p)] for p in in_group_order])
+        differ += not torch.equal(a, b)
+    assert differ > 0
+
+
+def test_parameters_outside_the_module_come_after_its_own() -> None:
+    """A parameter the optimizer has that the module does not (a learned temperature,
+    say) is clipped with the rest, after the module's parameters."""
+    module, optimizer = grouped()
+    extra = nn.Parameter(torch.ones(3))
+    optimizer.add_param_group({"params": [extra], "weight_decay": 0.0})
+    engine = runmodel.Engine()
+    clip = GradClip(max_norm=0.5)
+    engine.attach(clip)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def grad_for_extra(engine: Any, default: Any) -> None:
+        extra.grad = torch.full((3,), 7.0)
+        copies = [torch.zeros_like(p).requires_grad_() for p in [*module.parameters(), extra]]
+        for copy, p in zip(copies, [*module.parameters(), extra], strict=True):
+            copy.grad = p.grad.clone()
+        seen.append((nn.utils.clip_grad_norm_(copies, 0.5), copies[-1].grad))
+        default(engine)
+
+    engine.override("optimizer_step", grad_for_extra, priority=150)
+    model = runmodel.TorchModel.from_parts(
+        module, optimizer=optimizer, loss_fn=nn.MSELoss(), train_data=random_batches(5)
+    )
+    engine.run(model, epochs=1)
+    assert clip.last_norm is not None and torch.equal(clip.last_norm, seen[-1][0])
+
+
+def test_a_param_group_added_during_the_run_is_clipped() -> None:
+    """A group added at epoch 1 (a frozen head unfrozen, as a fine-tuning callback adds
+    one) is in the norm and clipped from the next optimizer step on."""
+    module, optimizer = grouped()
+    head = nn.Linear(1, 1).requires_grad_(False)
+    engine = runmodel.Engine()
+    engine.attach(GradClip(max_norm=0.5))
+    steps = clipped_as_a_script_does(engine, nn.Sequential(module, head), 0.5)
+
+    @engine.on("epoch_start", once=1)
+    def add_head(engine: Any) -> None:
+        head.requires_grad_(True)
+        engine.model.optimizer.add_param_group({"params": list(head.parameters())})
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return head(module(x))
+
+    class WithHead(runmodel.TorchModel):
+        def setup(self, setup_options: Any = None) -> None:
+            self.module = nn.Sequential(module, head)
+            self.optimizer, self.loss_fn = optimizer, nn.MSELoss()
+            self.train_data = random_batches(4)
+
+    engine.run(WithHead(), epochs=2)
+    assert len(steps) == 8 and steps[-1][1][-1] is not None  # the head's gradient, clipped
+    for clipped, expected, _ in steps:
+        assert same_grads(clipped, expected)

@@ -27,7 +27,7 @@ from runmodel.packs.grad_accumulation import GradAccumulation
 from runmodel.packs.lr_schedule import LRSchedule
 from runmodel.packs.unfreeze import Unfreeze
 
-from helpers import Tiny, assert_equal_params, make_data
+from helpers import Tiny, assert_equal_params, make_data, params
 
 
 def lrs_used(engine: runmodel.Engine, group: int = 0) -> list[float]:
@@ -490,3 +490,183 @@ def test_eval_runs_are_left_alone() -> None:
     result = engine.run(model, mode="eval")
     assert "lr" not in result.metrics and model.optimizer.param_groups[0]["lr"] == 0.1
     assert math.isfinite(result.metrics["loss"])
+
+
+# -- a closed form: lr_at= ------------------------------------------------------------------------
+
+# nanoGPT's train.py, shrunk: its learning rate decay scheduler (cosine with warmup)
+LEARNING_RATE, MIN_LR, WARMUP_ITERS, LR_DECAY_ITERS = 6e-3, 6e-4, 3, 10
+
+
+def get_lr(it: int) -> float:
+    """nanoGPT's ``get_lr``, as written there."""
+    # 1) linear warmup for warmup_iters steps
+    if it < WARMUP_ITERS:
+        return LEARNING_RATE * (it + 1) / (WARMUP_ITERS + 1)
+    # 2) if it > lr_decay_iters, return min learning rate
+    if it > LR_DECAY_ITERS:
+        return MIN_LR
+    # 3) in between, use cosine decay down to min learning rate
+    decay_ratio = (it - WARMUP_ITERS) / (LR_DECAY_ITERS - WARMUP_ITERS)
+    assert 0 <= decay_ratio <= 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # coeff ranges 0..1
+    return MIN_LR + coeff * (LEARNING_RATE - MIN_LR)
+
+
+def grouped_adamw(module: nn.Module) -> torch.optim.Optimizer:
+    """nanoGPT's ``configure_optimizers``: matrices decay, the rest does not."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LEARNING_RATE,
+        betas=(0.9, 0.95),
+    )
+
+
+def nanogpt_data(iterations: int, gas: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return make_data(iterations * gas, batch_size=4, features=4, seed=3)
+
+
+def nanogpt_loop(iterations: int, gas: int, epochs: int = 1) -> tuple[nn.Module, list[float]]:
+    """nanoGPT's training loop: the lr set at the top of each iteration, ``gas``
+    micro-steps each scaled by ``1/gas``, then the step; with the lr of every micro-step.
+    ``iterations`` per pass over the data, ``epochs`` passes."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = grouped_adamw(module)
+    data = iter(nanogpt_data(iterations, gas) * epochs)
+    iterations *= epochs
+    lrs = []
+    for it in range(iterations):
+        lr = get_lr(it)
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+        for _ in range(gas):
+            x, y = next(data)
+            lrs.append(optimizer.param_groups[1]["lr"])
+            loss = nn.functional.mse_loss(module(x), y) / gas
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return module, lrs
+
+
+class NanoGPTLike(runmodel.TorchModel):
+    """``nanogpt_loop``'s model, optimizer and data: an epoch of ``iterations``."""
+
+    def __init__(self, iterations: int, gas: int) -> None:
+        super().__init__("cpu")
+        torch.manual_seed(0)
+        self.module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.data = nanogpt_data(iterations, gas)
+
+    def setup(self, setup_options: Any = None) -> None:
+        self.optimizer, self.loss_fn = grouped_adamw(self.module), nn.MSELoss()
+        self.train_data = self.data
+
+
+def test_lr_at_writes_nanogpts_get_lr_at_every_iteration() -> None:
+    """14 iterations (warm-up, cosine, then min_lr): the lr of every step and the final
+    weights equal the script's, bit for bit."""
+    expected, script_lrs = nanogpt_loop(14, 1)
+    engine, model = runmodel.Engine(), NanoGPTLike(14, 1)
+    pack = LRSchedule(lr_at=get_lr)
+    engine.attach(pack)
+    used = lrs_used(engine, group=1)
+    result = engine.run(model, epochs=1)
+    assert used == script_lrs == [get_lr(it) for it in range(14)]
+    assert len(set(used)) > 5
+    assert torch.equal(params(model), params(expected))
+    assert result.metrics["lr"] == get_lr(14) and pack.optimizer_steps == 14
+
+
+def test_lr_at_with_grad_accumulation_counts_iterations() -> None:
+    """GradAccumulation(3): the lr changes once per window, iteration = step // 3."""
+    expected, script_lrs = nanogpt_loop(14, 3)
+    engine, model = runmodel.Engine(), NanoGPTLike(14, 3)
+    engine.attach(GradAccumulation(3), LRSchedule(lr_at=get_lr))
+    used = lrs_used(engine, group=1)
+    engine.run(model, epochs=1)
+    assert used == script_lrs == [get_lr(step // 3) for step in range(42)]
+    assert torch.equal(params(model), params(expected))
+
+
+@pytest.mark.parametrize("gas", [1, 2])
+def test_lr_at_continues_exactly_after_a_resume(tmp_path: Path, gas: int) -> None:
+    """A run stopped after epoch 1 of 3 (5 iterations each) and resumed from its
+    checkpoint: the lrs and the final weights of the script's 15 iterations."""
+    expected, script_lrs = nanogpt_loop(5, gas, epochs=3)
+
+    def run(resume: Any = None) -> tuple[list[float], NanoGPTLike]:
+        engine, model = runmodel.Engine(), NanoGPTLike(5, gas)
+        engine.attach(GradAccumulation(gas), LRSchedule(lr_at=get_lr))
+        used = lrs_used(engine, group=1)
+        engine.attach(Checkpoint(tmp_path if resume is None else tmp_path / "again"))
+        if resume is None:  # stopped after its first epoch
+            engine.on("epoch_end", lambda e: e.stop(), priority=-10)
+        engine.run(model, epochs=3, resume=resume)
+        return used, model
+
+    first, _ = run()
+    second, resumed = run(resume=tmp_path)
+    assert len(first) == 5 * gas
+    assert first + second == script_lrs
+    assert torch.equal(params(resumed), params(expected))
+
+
+def test_a_multiplying_schedule_would_not_be_the_scripts() -> None:
+    """Why lr_at= writes: ``LambdaLR`` multiplies the base lr by a factor, and
+    ``base * (get_lr(it) / base)`` is not ``get_lr(it)`` at many iterations (nanoGPT's
+    own constants: 6e-4, warm-up 100, decay to 6e-5 over 5000)."""
+    base = 6e-4
+
+    def nanogpt(it: int) -> float:
+        if it < 100:
+            return base * (it + 1) / 101
+        coeff = 0.5 * (1.0 + math.cos(math.pi * min(1.0, (it - 100) / 4900)))
+        return 6e-5 + coeff * (base - 6e-5)
+
+    assert sum(base * (nanogpt(it) / base) != nanogpt(it) for it in range(6000)) > 100
+
+
+def test_lr_at_one_function_per_group() -> None:
+    engine, model = runmodel.Engine(), NanoGPTLike(4, 1)
+    engine.attach(LRSchedule(lr_at=[lambda it: 0.1 / (it + 1), lambda it: 0.01 * it]))
+    decay, no_decay = lrs_used(engine, group=0), lrs_used(engine, group=1)
+    engine.run(model, epochs=1)
+    assert decay == [0.1, 0.05, 0.1 / 3, 0.025] and no_decay == [0.0, 0.01, 0.02, 0.03]
+
+
+def test_lr_at_with_as_many_functions_as_groups_only() -> None:
+    engine = runmodel.Engine()
+    engine.attach(LRSchedule(lr_at=[get_lr]))
+    with pytest.raises(ValueError, match="has 1 functions, one per param group, but the "):
+        engine.run(NanoGPTLike(4, 1), epochs=1)
+
+
+def test_a_positional_function_is_still_a_scheduler_factory() -> None:
+    pack = LRSchedule(lambda opt: lr_scheduler.StepLR(opt, step_size=3, gamma=0.5))
+    assert pack.lr_at is None
+    used, _, _ = train(pack)
+    assert used == [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"scheduler": "StepLR"},
+        {"warmup_steps": 3},
+        {"interval": "epoch"},
+        {"metric": "eval_loss"},
+    ],
+)
+def test_lr_at_is_the_whole_schedule(args: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"LRSchedule\(lr_at=\) is the whole schedule"):
+        LRSchedule(lr_at=get_lr, **args)
+
+
+@pytest.mark.parametrize("bad", [0.1, "cosine", [], [get_lr, 0.1]])
+def test_lr_at_takes_functions(bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"LRSchedule\(lr_at=\) takes a function of the iter"):
+        LRSchedule(lr_at=bad)
