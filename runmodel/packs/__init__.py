@@ -17,6 +17,7 @@ from .progress import Progress
 from .run_log import RunLog
 from .swa import SWA
 from .tensorboard import TensorBoard
+from .throughput import Throughput
 from .timer import Timer
 from .unfreeze import Unfreeze
 
@@ -36,6 +37,7 @@ __all__ = [
     "Progress",
     "RunLog",
     "TensorBoard",
+    "Throughput",
     "Timer",
     "Unfreeze",
 ]
@@ -55,6 +57,7 @@ PACK_TYPES: dict[str, type] = {
     "progress": Progress,
     "swa": SWA,
     "tensorboard": TensorBoard,
+    "throughput": Throughput,
     "timer": Timer,
     "unfreeze": Unfreeze,
 }
