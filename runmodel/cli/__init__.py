@@ -16,7 +16,8 @@ A model's file may define ``configure(engine)``; it is called with the run's eng
 the run (of a source, or of a config naming the model), to attach the hooks and packs that
 the file's model wants.
 
-Here: ``main``, and how an error becomes an exit code (``EXIT_*``): bad input 2, a failed
+Here: ``main``, and how an error becomes an exit code (``EXIT_*``, defined with the
+handlers in ``commands.py``): bad input 2, a failed
 run 1, Ctrl-C 130, a run preempted by a signal 128 + its number (143 for SIGTERM), a reader
 gone from the pipe 141. What the command says last is said so that a closed stdout or
 stderr (``| tee`` ended by the same Ctrl-C) never changes its exit code (``last_words``).

@@ -46,9 +46,9 @@ __all__ = [
     "RunConfig",
     "apply_overrides",
     "digest",
-    "folder_name",
     "load_config",
     "overridden_model_args",
+    "run_folder_name",
     "sanitize",
 ]
 
@@ -141,7 +141,7 @@ class RunConfig:
 
     def run_name(self) -> str:
         """Readable and unique: model, optimizer and their first arguments, the hash."""
-        return folder_name(self.readable_name(), self.to_dict())
+        return run_folder_name(self.readable_name(), self.to_dict())
 
     def readable_name(self) -> str:
         """The readable part of the run's name: model, optimizer and their first two
@@ -161,7 +161,7 @@ def digest(identity: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
-def folder_name(readable: str, identity: Any) -> str:
+def run_folder_name(readable: str, identity: Any) -> str:
     """A run folder's name: ``readable`` (at most 100 characters), then the digest of
     ``identity``: readable, and unique to what makes the run (``docs/config.md``)."""
     return f"{readable[:100]}_{digest(identity)}"

@@ -1,5 +1,7 @@
 """An exponential moving average of the module's weights, updated after every optimizer
-step (``torch.optim.swa_utils``: ``AveragedModel`` with ``get_ema_multi_avg_fn``)."""
+step (``torch.optim.swa_utils``: ``AveragedModel`` with ``get_ema_multi_avg_fn``). What
+EMA and SWA share, swapping the average in for evaluation and out after, and into the
+trained weights at the end (``use_averaged``), is ``weight_averaging.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from ..core import override
 from ..core.checks import is_number
 from ._common import require_phased_step
-from .averaging import WeightAveraging
+from .weight_averaging import WeightAveraging
 
 __all__ = ["EMA"]
 

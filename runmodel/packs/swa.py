@@ -1,6 +1,7 @@
 """Stochastic weight averaging: the running mean of the module's weights at the end of
 each epoch from a given epoch on, with ``SWALR``'s learning rate and ``update_bn``'s
-batch-norm statistics (``torch.optim.swa_utils``)."""
+batch-norm statistics (``torch.optim.swa_utils``). The swap of the average in for
+evaluation, shared with EMA, is ``weight_averaging.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from ..core import hook
 from ..core.checks import whole_number
-from .averaging import WeightAveraging
+from .weight_averaging import WeightAveraging
 
 __all__ = ["SWA"]
 

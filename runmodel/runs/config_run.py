@@ -1,7 +1,8 @@
 """Config runs: a config's run lands in a folder derived from its config, prepared as
-every run in a derived folder is (``folder_run.py``); this module supplies what is a
-config's own (``ConfigKind``): its record, its canonical form (whose hash names the
-folder), its readable name, its packs, and how its model and backend are built.
+every run in a derived folder is (``folder_run.py``, which names the folder:
+``config/runconfig.py``'s ``run_folder_name``); this module supplies what is a config's
+own (``ConfigKind``): its record, its canonical form (the identity hashed into the name),
+its readable name, its packs, and how its model and backend are built.
 
     runs/digits-hidden128_adam-lr0.005_3f9a2c1b40/
         config.json      the canonical config (its hash is in the folder's name)

@@ -43,7 +43,7 @@ from .._io import read_json
 from ..backends.distributed import env
 from ..checkpoint.names import checkpoints_in
 from ..config.registry import Spec, make_pack
-from ..config.runconfig import RunConfig, folder_name
+from ..config.runconfig import RunConfig, run_folder_name
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..models import configure_engine
@@ -166,9 +166,9 @@ class DescribesRun(Protocol):
 
 def run_dir_for(run: RunKind | RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     """The folder of ``run``'s run (a kind's, or a config's) under ``root``: readable and
-    unique (``config.runconfig.folder_name``)."""
+    unique (``config.runconfig.run_folder_name``)."""
     identity = run.to_dict() if isinstance(run, RunConfig) else run.identity()
-    return Path(root) / folder_name(run.readable_name(), identity)
+    return Path(root) / run_folder_name(run.readable_name(), identity)
 
 
 def default_packs(run_dir: Path, progress: bool = True, named: Iterable[str] = ()) -> list[Pack]:
