@@ -15,7 +15,7 @@ import torch
 
 from .._io import atomic_write, naming_disk_full, prepare_folder
 from ..core import Hook, HookOptions, Pack
-from ..core.checks import whole_number
+from ..core.checks import is_number, whole_number
 
 __all__ = ["CSV"]
 
@@ -190,7 +190,7 @@ class CSV(Pack):
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return is_number(value)
 
 
 def _read(

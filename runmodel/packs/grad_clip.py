@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..core import HookHandle, Pack, hook, override
+from ..core.checks import is_number
 from ..models.torchutil import needs_closure, unwrap
 from ._common import require_phased_step, trained_parameters
 
@@ -147,12 +148,7 @@ class GradClip(Pack):
 
 def _positive(option: str, number: object, inf: bool = False) -> float:
     """``number`` as a float, if it is a number > 0 (finite unless ``inf``)."""
-    if (
-        isinstance(number, bool)
-        or not isinstance(number, (int, float))
-        or not number > 0
-        or (number == math.inf and not inf)
-    ):  # nan is not > 0
+    if not is_number(number, above=0) or (number == math.inf and not inf):  # nan is not > 0
         raise ValueError(
             f"GradClip {option}= must be a number > 0{' (or inf)' if inf else ''}, got {number!r}"
         )

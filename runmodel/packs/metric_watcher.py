@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.checks import did_you_mean, whole_number
+from ..core.checks import did_you_mean, is_number, whole_number
 from ..core.exports import lazy_exports
 from ._common import metric_value
 
@@ -65,11 +65,7 @@ class MetricWatcher:
                 f"or 'max' (as for an accuracy); got {mode!r}."
                 f"{did_you_mean(mode, DIRECTIONS, cutoff=0.3)}"
             )
-        if (
-            isinstance(min_delta, bool)
-            or not isinstance(min_delta, (int, float))
-            or not (math.isfinite(min_delta) and min_delta >= 0)
-        ):
+        if not is_number(min_delta) or not (math.isfinite(min_delta) and min_delta >= 0):
             raise ValueError(
                 f"{owner}(min_delta=) must be a number >= 0 (the least change "
                 f"that counts as an improvement); got {min_delta!r}"

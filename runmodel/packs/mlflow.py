@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..core import Hook, HookOptions, Interrupted, Pack
-from ..core.checks import whole_number
+from ..core.checks import is_number, whole_number
 from ..extras import require
 
 __all__ = ["MLflow"]
@@ -236,11 +236,7 @@ class MLflow(Pack):
         loss = s.metrics.get("loss", s.loss)
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             found["loss"] = loss.detach().item()
-        found.update(
-            (k, float(v))
-            for k, v in s.metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        )
+        found.update((k, float(v)) for k, v in s.metrics.items() if is_number(v))
         return found
 
     def _send(self, metrics: list[Any], tags: Mapping[str, str] | None = None) -> None:

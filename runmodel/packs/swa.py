@@ -13,7 +13,7 @@ from torch.optim.swa_utils import SWALR, update_bn
 from torch.utils.data import DataLoader
 
 from ..core import hook
-from ..core.checks import whole_number
+from ..core.checks import is_number, whole_number
 from .weight_averaging import WeightAveraging
 
 __all__ = ["SWA"]
@@ -57,12 +57,7 @@ class SWA(WeightAveraging):
     ) -> None:
         whole_number(start, "SWA(start=)", meaning="the first epoch averaged, from 0")
         rates = swa_lr if isinstance(swa_lr, (list, tuple)) else [swa_lr]
-        if swa_lr is not None and not (
-            rates
-            and all(
-                isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates
-            )
-        ):
+        if swa_lr is not None and not (rates and all(is_number(r, above=0) for r in rates)):
             raise ValueError(
                 f"SWA(swa_lr=) is the learning rate to anneal to: a number > 0, "
                 f"one per param group, or None (leave the rate alone); got "

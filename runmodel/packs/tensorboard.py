@@ -11,7 +11,7 @@ import torch
 
 from .._io import naming_disk_full, prepare_folder
 from ..core import Hook, HookOptions, Pack
-from ..core.checks import whole_number
+from ..core.checks import is_number, whole_number
 
 __all__ = ["TensorBoard"]
 
@@ -113,11 +113,7 @@ class TensorBoard(Pack):
         }
         # the dashboard shows each metric's last value under the tag the epoch ends
         # logged it as: no second copy of the curves
-        final = {
-            f"{mode}/{k}": float(v)
-            for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
+        final = {f"{mode}/{k}": float(v) for k, v in metrics.items() if is_number(v)}
         for summary in hparams(values, final):
             self.writer.file_writer.add_summary(summary)
 

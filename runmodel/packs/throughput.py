@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..core import Hook, HookHandle, HookOptions, Pack
+from ..core.checks import is_number, is_whole_number
 
 __all__ = ["PEAK_FLOPS", "Throughput", "peak_flops_of"]
 
@@ -262,7 +263,6 @@ def _rows(batch: Any) -> int:
 
 
 def _positive(option: str, value: object, whole: bool = False) -> None:
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+    if not (is_whole_number(value, least=1) if whole else is_number(value, above=0)):
         what = "a whole number > 0 or a function of the batch" if whole else "a number > 0"
         raise ValueError(f"Throughput {option}= must be {what}, got {value!r}")

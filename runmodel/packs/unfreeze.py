@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..core import Pack, hook
-from ..core.checks import did_you_mean, is_whole_number
+from ..core.checks import did_you_mean, is_number, is_whole_number
 from ..models import unwrap
 
 if TYPE_CHECKING:
@@ -242,11 +242,7 @@ def _check_lr_scale(lr_scale: object, schedule: Schedule) -> dict[int, float] | 
                 f"Unfreeze: lr_scale names epoch {epoch}, which is not a stage of "
                 f"the schedule (stages: {', '.join(map(str, schedule))})"
             )
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, (int, float))
-            or not (math.isfinite(factor) and factor > 0)
-        ):
+        if not is_number(factor, above=0) or not math.isfinite(factor):
             raise ValueError(
                 f"Unfreeze: lr_scale[{epoch}] must be a number > 0 (the factor "
                 f"of that stage's learning rate); got {factor!r}"
