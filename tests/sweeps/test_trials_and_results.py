@@ -4,6 +4,7 @@ each trial in its own process; the study read back from Optuna's journal file.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,12 +45,15 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(tmp_p
     summary = json.loads((folder / "sweep.json").read_text())
     assert summary["best"]["value"] == max(values.values())
     assert Path(summary["best"]["run_dir"]).name == max(values, key=values.__getitem__)
-    # listed best first, the swept values as columns
+    # listed best first, the swept values as columns; to a pipe without COLUMNS, so whole.
+    # The environment is given, not inherited: pytest imports readline, which sets COLUMNS
+    # (and LINES) in this process's C environment, unseen in os.environ
     listed = subprocess.run(
         [sys.executable, "-m", "runmodel", "runs", str(folder)],
         capture_output=True,
         text=True,
         check=True,
+        env={key: value for key, value in os.environ.items() if key != "COLUMNS"},
     ).stdout.splitlines()
     assert "model.args.hidden" in listed[0] and "optimizer.args.lr" in listed[0]
     shown = [line.split()[0] for line in listed[2:]]
