@@ -111,15 +111,10 @@ def _phased_plan(engine: BareEngine, model: TorchModel, interface: Any) -> StepP
         dispatch.backward(engine)
         dispatch.optimizer_step(engine)
 
-    return StepPlan(
-        {
-            "runstep": train_step,
-            "forward": forward_action,
-            "backward": backward_action,
-            "optimizer_step": optimizer_step_action,
-        },
-        data=track(model.train_data),
-        parts={"forward": forward, "backward": backward, "optimizer_step": optimizer_step},
+    return _plan(
+        model,
+        (train_step, forward_action, backward_action, optimizer_step_action),
+        (forward, backward, optimizer_step),
     )
 
 
@@ -154,15 +149,22 @@ def _closure_plan(engine: BareEngine, model: TorchModel, interface: Any) -> Step
     def train_step(engine: BareEngine) -> None:
         dispatch.optimizer_step(engine)
 
+    return _plan(
+        model,
+        (train_step, forward_action, backward_action, optimizer_step_action),
+        (forward, backward, step_with_closure),
+    )
+
+
+def _plan(model: TorchModel, actions: tuple[Any, ...], parts: tuple[Any, ...]) -> StepPlan:
+    """A train step's plan: its actions (``runstep``, ``forward``, ``backward``,
+    ``optimizer_step``, in that order), the model's training data, and the parts the
+    actions call (``forward``, ``backward``, ``optimizer_step``), which a custom step
+    calls itself."""
     return StepPlan(
-        {
-            "runstep": train_step,
-            "forward": forward_action,
-            "backward": backward_action,
-            "optimizer_step": optimizer_step_action,
-        },
+        dict(zip(("runstep", "forward", "backward", "optimizer_step"), actions, strict=True)),
         data=track(model.train_data),
-        parts={"forward": forward, "backward": backward, "optimizer_step": step_with_closure},
+        parts=dict(zip(("forward", "backward", "optimizer_step"), parts, strict=True)),
     )
 
 
