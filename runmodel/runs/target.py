@@ -8,18 +8,19 @@
 ``open_target(source)`` tells them apart; every command then asks the target, never the
 kind of source. A target runs an *action* one way, ``target.run_with(action)``: it makes
 the model and the engine as the source makes them and calls ``action(engine, model,
-arguments)``, ``arguments`` being ``engine.run``'s keyword arguments as the source gives
-them. A script runs as ``__main__`` up to its first ``engine.run``, which the action
+arguments)``, ``arguments`` being ``engine.run``'s arguments as the source gives them
+(``runmodel.engine.RunArguments``). A script runs as ``__main__`` up to its first ``engine.run``, which the action
 replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchmark,
 profile), ``Train`` (``runmodel run`` of a model), ``WithWeights`` (eval, infer with a
 trained run's weights) and ``Continue`` (resume a script run). ``target.run(request)`` and
-``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config
-runs in its run folder (``config_run.py``), a model source's train run in the folder
-derived from it (``source_run.py``); a target that cannot do one says why.
+``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config's
+run and a model source's train run each in the folder derived from it, prepared by the
+one preparer (``folder_run.py``, given a ``config_run.ConfigKind`` or a
+``source_run.SourceKind``); a target that cannot do one says why.
 
 A run the command starts (or continues) is preempted by SIGTERM and by the signals of
 ``--preempt-signal`` (``RunRequest.preempt``), and interrupted by Ctrl-C, on the one
-interrupt path (``interrupt.py``).
+interrupt path (``runmodel/session/interrupt.py``).
 """
 
 from __future__ import annotations
