@@ -86,7 +86,9 @@ class Supervised(Interface):
     def evaluate(self, model: Any, data: Iterable[Any]) -> dict[str, Any]:
         from .metrics import evaluate
 
-        return evaluate(model, data)
+        # a run's final evaluation and `runmodel eval`: the generators as the training left
+        # them, for the run's last checkpoint (a longer run resumed from it goes on alike)
+        return evaluate(model, data, isolate_rng=True)
 
     def inference(self, model: Any, batch: Any) -> Any:
         with torch.no_grad():

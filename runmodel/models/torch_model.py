@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..checkpoint import check_same_optimizer, qualified_name
 from .interface import Interface, Supervised
@@ -229,8 +230,9 @@ class TorchModel(Model):
 
         By default the loss (with ``loss_fn``; summed in double precision, so that its
         mean equals a script's ``total += len(batch) * loss.item()`` bit for bit) and, for
-        classification losses (cross-entropy, NLL), the accuracy; accumulated on the
-        model's device so that updating them never synchronises it.
+        classification losses (cross-entropy, NLL: ``nn.CrossEntropyLoss()`` or
+        ``F.cross_entropy``, ``nn.NLLLoss()`` or ``F.nll_loss``), the accuracy;
+        accumulated on the model's device so that updating them never synchronises it.
         """
         from ignite.metrics import Accuracy
 
@@ -239,7 +241,7 @@ class TorchModel(Model):
         found: dict[str, Metric] = {}
         if self.loss_fn is not None:
             found["loss"] = DoubleLoss(self.loss_fn, device=self.device)
-        if isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        if _classifying(self.loss_fn):
             found["accuracy"] = Accuracy(device=self.device)
         return found
 
@@ -256,6 +258,15 @@ def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:
         flag = flags.get(name)
         if flag is not None and p.requires_grad != flag:
             p.requires_grad_(bool(flag))
+
+
+def _classifying(loss_fn: object) -> bool:
+    """Whether ``loss_fn`` is a classification loss, as a module or as the function (also
+    in a ``functools.partial``, as ``partial(F.cross_entropy, label_smoothing=0.1)``)."""
+    function = getattr(loss_fn, "func", loss_fn)
+    return isinstance(loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)) or any(
+        function is f for f in (F.cross_entropy, F.nll_loss)
+    )
 
 
 def _step_overridden(runstep: RunStep) -> bool:

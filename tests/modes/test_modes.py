@@ -91,7 +91,7 @@ def test_evaluate_outside_a_run_matches_eval_mode(device: str) -> None:
     assert model.optimizer is not optimizer  # the eval *run* called setup; evaluate() doesn't
 
 
-def test_evaluate_leaves_the_random_generators_as_they_were() -> None:
+def test_evaluate_with_isolate_rng_leaves_the_random_generators_as_they_were() -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     model = Classifier("cpu")
@@ -99,7 +99,7 @@ def test_evaluate_leaves_the_random_generators_as_they_were() -> None:
     x, y = (torch.cat(parts) for parts in zip(*make_data(4, **SHAPE), strict=True))
     model.eval_data = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)  # draws
     before = torch.get_rng_state()
-    runmodel.evaluate(model)
+    runmodel.evaluate(model, isolate_rng=True)
     assert torch.equal(torch.get_rng_state(), before)
     iter(model.eval_data)  # the control: iterating it does draw from the generator
     assert not torch.equal(torch.get_rng_state(), before)

@@ -103,7 +103,7 @@ def test_regression_metrics_and_two_evaluations_side_by_side() -> None:
     )
 
 
-def test_evaluating_does_not_change_the_training() -> None:
+def test_evaluating_with_isolate_rng_does_not_change_the_training() -> None:
     # dropout draws from the generator, and so does iterating a shuffled DataLoader: unless
     # evaluation puts the generator back, the training after it takes other dropout masks
     x, y = make_data(1, 32)[0]
@@ -112,7 +112,7 @@ def test_evaluating_does_not_change_the_training() -> None:
     torch.manual_seed(1)
     runmodel.Engine().run(plain, epochs=3)
     engine = runmodel.Engine()
-    engine.attach(Evaluate(data=shuffled))
+    engine.attach(Evaluate(data=shuffled, isolate_rng=True))
     torch.manual_seed(1)
     result = engine.run(evaluated, epochs=3)
     assert "eval_loss" in result.metrics
