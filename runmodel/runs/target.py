@@ -9,8 +9,8 @@
 kind of source. A target runs an *action* one way, ``target.run_with(action)``: it makes
 the model and the engine as the source makes them and calls ``action(engine, model,
 arguments)``, ``arguments`` being ``engine.run``'s arguments as the source gives them
-(``runmodel.engine.RunArguments``). A script runs as ``__main__`` up to its first ``engine.run``, which the action
-replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchmark,
+(``runmodel.engine.RunArguments``). A script runs as ``__main__`` up to its first
+``engine.run``, which the action replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchmark,
 profile), ``Train`` (``runmodel run`` of a model), ``WithWeights`` (eval, infer with a
 trained run's weights) and ``Continue`` (resume a script run). ``target.run(request)`` and
 ``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config's

@@ -36,6 +36,7 @@ from runmodel.packs import (
     Progress,
     RunLog,
     TensorBoard,
+    Throughput,
     Timer,
     Unfreeze,
 )
@@ -63,6 +64,7 @@ BUILT: dict[type, Callable[[Path], Pack]] = {
     RunLog: lambda tmp: RunLog(tmp / "log.jsonl"),
     SWA: lambda tmp: SWA(),
     TensorBoard: lambda tmp: TensorBoard(tmp / "tb"),
+    Throughput: lambda tmp: Throughput(every="2st", items_per_batch=8, peak_flops=1e12),
     Timer: lambda tmp: Timer(),
     Unfreeze: lambda tmp: Unfreeze({1: "0"}),
     FinalEvaluation: lambda tmp: FinalEvaluation(),
