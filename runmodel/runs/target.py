@@ -10,13 +10,14 @@ kind of source. A target runs an *action* one way, ``target.run_with(action)``: 
 the model and the engine as the source makes them and calls ``action(engine, model,
 arguments)``, ``arguments`` being ``engine.run``'s arguments as the source gives them
 (``runmodel.engine.RunArguments``). A script runs as ``__main__`` up to its first
-``engine.run``, which the action replaces (``runs/script.py``). The actions are ``Describe``, ``Measure`` (benchmark,
-profile), ``Train`` (``runmodel run`` of a model), ``WithWeights`` (eval, infer with a
-trained run's weights) and ``Continue`` (resume a script run). ``target.run(request)`` and
-``target.resume(request)`` are what ``runmodel run`` and ``runmodel resume`` do: a config's
-run and a model source's train run each in the folder derived from it, prepared by the
-one preparer (``folder_run.py``, given a ``config_run.ConfigKind`` or a
-``source_run.SourceKind``); a target that cannot do one says why.
+``engine.run``, which the action replaces (``runs/script.py``). The actions are
+``Describe``, ``Measure`` (benchmark, profile), ``Train`` (``runmodel run`` of a model),
+``WithWeights`` (eval, infer with a trained run's weights) and ``Continue`` (resume a
+script run). ``target.run(request)`` and ``target.resume(request)`` are what ``runmodel
+run`` and ``runmodel resume`` do: a config's run and a model source's train run each in the
+folder derived from it, prepared by the one preparer (``folder_run.py``, given a
+``config_run.ConfigKind`` or a ``source_run.SourceKind``); a target that cannot do one says
+why.
 
 A run the command starts (or continues) is preempted by SIGTERM and by the signals of
 ``--preempt-signal`` (``RunRequest.preempt``), and interrupted by Ctrl-C, on the one
