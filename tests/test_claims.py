@@ -168,6 +168,7 @@ REPEATED = {
     "runmodel/session/__init__.py": ["the one writer of", "the\none way a run is interrupted"],
     "runmodel/session/folder.py": ["the one writer of its files"],
     "runmodel/runs/__init__.py": ["the one preparer"],
+    "runmodel/runs/target.py": ["prepared by the one preparer (``folder_run.py``"],
     "runmodel/engine.py": ["the one interrupt path"],
 }
 

@@ -117,6 +117,11 @@ class RunKind(Protocol):
         """Its length in steps (None: as the model's loop decides)."""
         ...
 
+    @property
+    def config(self) -> RunConfig | None:
+        """The config it runs, as built (a model source's run has none)."""
+        ...
+
     def under_torchrun(self, backend: str | None) -> RunKind:
         """This run in several processes: with its ``ddp``/``fsdp`` backend, or
         ``backend`` (``--backend``; default ``ddp``), which is part of its identity."""
@@ -189,7 +194,8 @@ class FolderRun:
     folder: RunFolder
     engine: Engine
     model: Any
-    mode: str
+    #: the kind of run, as built (a config's: ``kind.config`` is what it runs)
+    kind: RunKind
     built: Built
     #: the checkpoint to continue from (None: from step 0)
     checkpoint: Path | None
@@ -199,6 +205,11 @@ class FolderRun:
     @property
     def directory(self) -> Path:
         return self.folder.directory
+
+    @property
+    def config(self) -> RunConfig | None:
+        """The config the run runs, as built (None for a model source's run)."""
+        return self.kind.config
 
     def run(self, preempt_signals: Iterable[int | str] = ()) -> RunResult:
         """An engine run in its folder, which records status, metrics and the trained
@@ -210,7 +221,7 @@ class FolderRun:
             tell_launcher(self.directory)
         return self.engine.run(
             self.model,
-            self.mode,
+            self.kind.mode,
             steps=self.steps,
             epochs=self.epochs,
             setup_options=self.built.setup_options,
@@ -276,9 +287,7 @@ def prepare_in_folder(
     for pack in engine.table.packs.values():
         if isinstance(pack, DescribesRun):
             pack.describe_run(run_dir.name, kind.params())
-    return FolderRun(
-        folder, engine, built.model, kind.mode, built, checkpoint, kind.epochs, kind.steps
-    )
+    return FolderRun(folder, engine, built.model, kind, built, checkpoint, kind.epochs, kind.steps)
 
 
 def _started_in(record: Mapping[str, Any]) -> Path | None:

@@ -111,6 +111,10 @@ class SourceKind:
     def mode(self) -> str:
         return "train"
 
+    @property
+    def config(self) -> None:
+        return None
+
     def under_torchrun(self, backend: str | None) -> SourceKind:
         """As it is: the command chose its backend for torchrun (``--backend``, the
         record's, else ``ddp``: ``runs/target.py``), and its record holds it."""

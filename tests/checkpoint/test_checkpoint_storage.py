@@ -100,7 +100,7 @@ def test_a_core_engine_without_storage_says_what_to_give_it(tmp_path: Path) -> N
     with pytest.raises(
         ValueError,
         match=r"Checkpoint writes through the engine's checkpoint "
-        r"storage.*runmodel\.core\.Engine\(storage=",
+        r"storage.*runmodel\.core\.BareEngine\(storage=",
     ):
         engine.run(dropout_mlp(), as_mode("train"), epochs=1)
     given = BareEngine(storage=FileStorage())
