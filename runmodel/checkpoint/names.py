@@ -149,13 +149,24 @@ def newest(paths: list[Path]) -> Path | None:
 
 
 def saved_entries(directory: Path) -> list[Path]:
-    """What a Checkpoint pack saved in ``directory``: checkpoint files, best files, sharded
-    checkpoint folders and the best record (what ``overwrite=True`` moves aside)."""
+    """What a Checkpoint pack saved in ``directory``: checkpoint files and best files by
+    their names, sharded checkpoint folders and the best record (what ``overwrite=`` moves
+    aside or deletes); the folder's other files (a script's ``ckpt.pt``, its exported
+    weights, its logs) are not among them."""
     return sorted(
         p
         for p in directory.iterdir()
-        if (p.is_file() and (p.suffix == ".pt" or p.name == BEST_RECORD))
-        or (p.is_dir() and p.name.startswith("ckpt-"))
+        if (p.is_file() and (_named_checkpoint(p) or p.name == BEST_RECORD))
+        or (p.is_dir() and p.name.startswith("ckpt-") and position(p) != (-1, -1))
+    )
+
+
+def _named_checkpoint(path: Path) -> bool:
+    """Whether ``path``'s name is a checkpoint file's or a best-K file's."""
+    return (
+        path.suffix == ".pt"
+        and path.name.startswith(("ckpt-", "best-"))
+        and position(path) != (-1, -1)
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,8 +41,16 @@ class Checkpoint(Pack):
     The folder holds one run's checkpoints (``docs/runs.md``): every checkpoint records
     the run that wrote it (its id and start time). A run started afresh (no
     ``resume=``) into a folder that holds another run's checkpoints is refused at setup,
-    unless ``overwrite=True``, which moves the old run's files into a subfolder
-    ``previous-<run id>/`` (nothing is deleted) and starts afresh.
+    unless ``overwrite=True``, which moves the old run's checkpoints into a subfolder
+    ``previous-<run id>/`` (nothing is deleted) and starts afresh, or
+    ``overwrite="replace"``, which deletes them (a script that reruns into one ``out_dir``).
+    The folder's other files (a script's own ``ckpt.pt``, exported weights, logs) are
+    never moved or deleted, and need no ``overwrite``.
+
+    With ``best=``, the values an evaluation measured before the first step
+    (``Evaluate(at_start=True)``) are the baseline a checkpoint must beat to be among the
+    best (nothing is saved at start); with ``keep=0`` a save that is not a new best
+    writes nothing.
 
     A run resumed from any of them goes on exactly as a straight run would, also from one
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
@@ -87,7 +96,7 @@ class Checkpoint(Pack):
         best: tuple[str, str] | None = None,
         keep_best: int = 1,
         async_save: bool = False,
-        overwrite: bool = False,
+        overwrite: bool | str = False,
     ) -> None:
         self.every = parse_duration(every, "every")
         if self.every.unit == "own":  # a count of epochs
@@ -112,8 +121,12 @@ class Checkpoint(Pack):
         whole_number(keep_best, "keep_best=", least=1)
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save= takes True or False, got {async_save!r}")
-        if not isinstance(overwrite, bool):
-            raise TypeError(f"overwrite= takes True or False, got {overwrite!r}")
+        if not isinstance(overwrite, bool) and overwrite != "replace":
+            raise TypeError(
+                f"overwrite= takes False (refuse a folder holding another run's "
+                f'checkpoints), True (move them into previous-<run id>/) or "replace" '
+                f"(delete them); got {overwrite!r}"
+            )
         self.overwrite = overwrite
         self.directory, self.keep = Path(directory), keep
         self.best, self.keep_best = (None if best is None else (best[0], best[1])), keep_best
@@ -121,6 +134,8 @@ class Checkpoint(Pack):
         self.reads = () if best is None else (best[0],)
         self.saved: list[str] = []
         self.best_saved: list[tuple[float, str]] = []  # (metric value, name), best first
+        #: the metric's value before the first step (Evaluate(at_start=True)): to beat
+        self.baseline: float | None = None
         self.async_save = async_save
         # the run's checkpoint storage (engine.storage, taken at setup) and its background
         # writer (async_save), kept while the storage is the same
@@ -229,7 +244,16 @@ class Checkpoint(Pack):
             self._move_old = False
             self._move_aside()
 
-    def _move_aside(self) -> Path:
+    def _move_aside(self) -> Path | None:
+        """The other run's checkpoints (and nothing else of the folder) moved into
+        ``previous-<run id>/``, or deleted where ``overwrite="replace"``."""
+        if self.overwrite == "replace":
+            for item in saved_entries(self.directory):
+                if item.is_dir():
+                    shutil.rmtree(item)
+                else:
+                    item.unlink()
+            return None
         holder = self.folder_run() or {}
         base = f"previous-{holder.get('id') or time.strftime('%Y%m%d-%H%M%S')}"
         target, n = self.directory / base, 2
@@ -240,9 +264,27 @@ class Checkpoint(Pack):
             os.replace(item, target / item.name)
         return target
 
+    def take_baseline(self, engine: Any) -> None:
+        """Before a run's first step (a run from step 0, not a resumed one): the value
+        ``best=``'s metric has then (an ``Evaluate(at_start=True)``'s) is what a
+        checkpoint must beat to be among the best."""
+        s = engine.state
+        if self.best is None or s.step != 0 or engine.resumed_from is not None:
+            return
+        value = read_metric(s, self.best[0])
+        self.baseline = float(value) if value is not None else None
+        if self.baseline is not None and not math.isfinite(self.baseline):
+            self.baseline = None
+
     def hooks(self) -> Iterator[Hook]:
         # first: the storage is there for any other setup hook that saves
         yield Hook(self.setup, "setup", HookOptions.of(modes="train", priority=10_000))
+        if self.best is not None:  # after Evaluate(at_start=True) (priority 10_000)
+            yield Hook(
+                self.take_baseline,
+                "epoch_start",
+                HookOptions.of(modes="train", priority=9_999, name="checkpoint.baseline"),
+            )
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
         # last: after other hooks' state changes; every rank: under fsdp each writes its
         # shard, else all but rank 0 return at once
@@ -315,7 +357,7 @@ class Checkpoint(Pack):
             raise
         self._rollback = None
 
-    def _write(self, engine: Any, counters: dict[str, int]) -> Path:
+    def _write(self, engine: Any, counters: dict[str, int]) -> Path | None:
         """Save now (or start saving in the background) where ``counters`` say a run
         resumed from it starts; then (once it is on disk) record the best-K and delete
         the checkpoints neither kept nor best."""
@@ -335,6 +377,9 @@ class Checkpoint(Pack):
             kept = [n for n in previous if n != name] + [name]
             self.saved = kept if self.keep is None else kept[-self.keep :] if self.keep else []
             best = self._rank_best(storage, s, epoch, step)
+            if best is None and not self.saved:  # keep=0, not a new best: nothing to keep
+                self.saved, self.best_saved = previous, previous_best
+                return None
             # deleted only once the new one is on disk: what is neither kept nor best (the
             # new one too, when keep=0 keeps the best alone and it is not among them)
             old = {*previous, *(n for _, n in previous_best), name} - {
@@ -378,6 +423,10 @@ class Checkpoint(Pack):
         if not math.isfinite(value):  # NaN sorts anywhere: never the best
             return None
         name = storage.best_name(metric, value, epoch, step)
+        if self.baseline is not None:  # what was measured before the first step
+            first = self._ranker.best_first([(self.baseline, ""), (value, name)])[0]
+            if first[1] != name:  # not better than the baseline (a tie keeps it)
+                return None
         # an equal value keeps the older first
         self.best_saved = self._ranker.best_first([*self.best_saved, (value, name)], self.keep_best)
         return name if (value, name) in self.best_saved else None
@@ -396,11 +445,14 @@ class Checkpoint(Pack):
         return {
             "saved": list(self.saved),
             "best_saved": [[value, name] for value, name in self.best_saved],
+            "baseline": self.baseline,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = list(state.get("saved", []))
         self.best_saved = [(float(value), str(name)) for value, name in state.get("best_saved", [])]
+        baseline = state.get("baseline")
+        self.baseline = None if baseline is None else float(baseline)
 
 
 class _Finish:
