@@ -89,7 +89,7 @@ class RunArguments:
 
 #: What the first ``engine.run`` does instead while ``instead_of_first_run`` is in force.
 _instead: ContextVar[Callable[[Engine, Any, RunArguments], Any] | None] = ContextVar(
-    "runmodel_instead_of_run", default=None
+    "runmodel_instead_of_first_run", default=None
 )
 
 

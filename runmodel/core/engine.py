@@ -39,9 +39,8 @@ __all__ = ["BareEngine"]
 
 
 class BareEngine(Snapshots):
-    """Owns the phases, their hooks and overrides, the run state and the run: the core's
-    engine, which takes a mode and a backend as objects (``runmodel.Engine`` is this one
-    with them by name)."""
+    """Owns the phases, their hooks and overrides, the run state and the run; a mode and a
+    backend are given as objects (``runmodel.Engine`` takes them by name too)."""
 
     def __init__(self, storage: CheckpointStorage | None = None) -> None:
         self.state = State()
@@ -241,16 +240,10 @@ class BareEngine(Snapshots):
             self._loop, self.storage = None, self._own_storage
             self.table.stop()
 
-    def _prepare(
-        self,
-        model: Any,
-        mode: ModeLike,
-        setup_options: dict[str, Any] | None,
-        backend: BackendLike | None,
-        resume: str | os.PathLike[str] | None,
-    ) -> tuple[StepPlan, dict[str, Any] | None]:
-        """Before the first step: ``setup.set_up_and_plan`` (what a subclass may add to)."""
-        return set_up_and_plan(self, model, mode, setup_options, backend, resume)
+    def _prepare(self, model: Any, *args: Any) -> tuple[StepPlan, dict[str, Any] | None]:
+        """Before the first step: ``setup.set_up_and_plan`` (what a subclass may add to);
+        ``args``: the mode, setup options, backend and checkpoint, as it takes them."""
+        return set_up_and_plan(self, model, *args)
 
     def _run_packs(self) -> set[int]:
         """The ids of the packs attached for this run alone (a backend's)."""
