@@ -78,16 +78,17 @@ class DoubleLoss(Loss):
         if len(loss.shape) != 0:
             raise ValueError("loss_fn did not return the average loss.")
         n = self._batch_size(y)
-        if self.reduction == "sum":  # the batch's sum as it is
+        if self.reduction == "mean":  # the default first: one comparison a batch
+            if loss.device == self._sum.device:
+                # in the sum's dtype (loss * n is exact in float64): no temporary per batch
+                self._sum.add_(loss, alpha=n)
+            else:
+                self._sum += loss.to(self._device, self._sum.dtype) * n
+        elif self.reduction == "sum":  # the batch's sum as it is
             self._sum += loss.to(self._device, self._sum.dtype)
-        elif self.reduction == "float32":  # as Lightning: rounded product, then the sum
+        else:  # "float32", as Lightning: the rounded product, then the sum
             self._sum += loss.to(self._device, torch.float32) * n
             self._count32 += n
-        elif loss.device == self._sum.device:
-            # in the sum's dtype (loss * n is exact in float64): no temporary per batch
-            self._sum.add_(loss, alpha=n)
-        else:
-            self._sum += loss.to(self._device, self._sum.dtype) * n
         self._num_examples += n
 
     @sync_all_reduce("_sum", "_num_examples", "_count32")

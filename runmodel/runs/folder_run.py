@@ -179,10 +179,11 @@ def run_dir_for(run: RunKind | RunConfig, root: str | os.PathLike[str] = "runs")
 def default_packs(run_dir: Path, progress: bool = True, named: Iterable[str] = ()) -> list[Pack]:
     """``DEFAULT_PACKS`` in ``run_dir`` (but those ``named`` already, and the progress
     display unless ``progress``)."""
+    own = set(named)
     return [
         make_pack(Spec(name), directory=run_dir / name)
         for name in DEFAULT_PACKS
-        if name not in set(named) and (progress or name != "progress")
+        if name not in own and (progress or name != "progress")
     ]
 
 
