@@ -105,6 +105,7 @@ def wait_for(path: Path, process: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + LIMIT_S
     while not path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()  # a child still waiting would hold communicate() forever
             _, err = process.communicate()
             pytest.fail(f"{path.name} never came:\n{err[-3000:]}")
         time.sleep(0.02)
