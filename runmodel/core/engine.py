@@ -69,8 +69,9 @@ class BareEngine(Snapshots):
         self, phase: str, fn: Callable[[Any], Any] | None = None, **options: Unpack[HookArgs]
     ) -> Any:
         """Hook ``fn(engine)`` on ``phase``; without ``fn``, a decorator. ``options`` are
-        ``HookOptions`` (``priority``, ``before``, ``after``, ``every``, ``once``, ``when``,
-        ``modes``, ``rank``, ``name``, ``reads``/``writes``), checked here, not at run time.
+        ``HookOptions`` (``priority``, ``before``, ``after``, ``every``, ``from_zero``,
+        ``once``, ``when``, ``modes``, ``rank``, ``name``, ``reads``/``writes``), checked
+        here, not at run time.
         Returns a ``HookHandle`` (the decorator form: in place of the function, callable)."""
         return self._register(phase, fn, False, HookOptions.of(**options))
 
@@ -220,6 +221,11 @@ class BareEngine(Snapshots):
     ) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
         self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
+        if mode.kind == "train":  # GradAccumulation's k: what state.iteration divides by
+            self.state.accumulation = max(
+                (getattr(p, "steps_per_iteration", 1) for p in self.table.packs.values()),
+                default=1,
+            )
         if not self._resuming:
             self._loaded_run = None
         self._resuming = False

@@ -12,6 +12,13 @@ step of those epochs; steps on ``epoch_end`` mean the steps of the epoch that en
 the counters cannot tell (seconds, steps on ``epoch_start`` or a run phase), they count
 from this run's start.
 
+Iterations (``"it"``, ``state.iteration``: optimizer steps, one per window under
+``GradAccumulation(k)``): on a step phase ``every="250it"`` fires at the runstep that
+completes every 250th iteration (its window's last), ``once="1000it"`` at iteration
+1000's first runstep. ``every=N, from_zero=True`` counts positions 0, N, 2N... instead
+of N-1, 2N-1...: a script's ``if it % N == 0`` where ``every=N`` is its
+``if (it + 1) % N == 0``; with iterations, at each such iteration's first runstep.
+
 Relative to the epoch: ``every="200est"`` on a step phase fires at the 200th, 400th...
 step of each epoch (``state.epoch_step`` 199, 399, ...), counting anew in every epoch:
 what a script writes as ``if (batch + 1) % 200 == 0``. Only step phases count steps of
@@ -60,9 +67,12 @@ class _Crossing:
 
     __slots__ = ("done", "last", "once", "read", "size")
 
-    def __init__(self, read: Callable[[], float], size: float, once: bool) -> None:
+    def __init__(
+        self, read: Callable[[], float], size: float, once: bool, from_zero: bool = False
+    ) -> None:
         self.read, self.size, self.once = read, size, once
-        self.last = read()
+        # from_zero: a multiple reached at the first call counts (0: the first call fires)
+        self.last = read() - 1e-9 if from_zero else read()
         # reached before this run (a run starting at it, as a fresh one at 0, reaches it)
         self.done = once and self.last > size
 
@@ -76,9 +86,10 @@ class _Crossing:
         return crossed
 
 
-def _counting(n: int, once: bool) -> Callable[[int], bool]:
-    """``once``: at position ``n``; else on the n-th, 2n-th, ... (positions n-1, 2n-1...)."""
-    return (lambda p: p == n) if once else (lambda p: (p + 1) % n == 0)
+def _counting(n: int, once: bool, shift: int) -> Callable[[int], bool]:
+    """``once``: at position ``n``; else on the n-th, 2n-th, ... (positions n-1, 2n-1...;
+    ``shift`` 0: positions 0, n, 2n..., ``from_zero``)."""
+    return (lambda p: p == n) if once else (lambda p: (p + shift) % n == 0)
 
 
 def check_unit(phase: str, duration: Duration, option: str) -> None:
@@ -93,17 +104,30 @@ def check_unit(phase: str, duration: Duration, option: str) -> None:
         )
 
 
-def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Filter:
-    """The filter for ``every=duration`` (``once=duration`` if ``once``) on ``phase``."""
+def make_filter(
+    state: State, phase: str, duration: Duration, once: bool, from_zero: bool = False
+) -> Filter:
+    """The filter for ``every=duration`` (``once=duration`` if ``once``) on ``phase``;
+    ``from_zero``: at positions 0, n, 2n... rather than n-1, 2n-1..."""
     scope, unit, n = PHASES[phase].scope, duration.unit, int(duration.amount)
+    shift = 0 if from_zero else 1
     if unit == "est":  # the n-th, 2n-th, ... step of each epoch (a step phase: checked)
-        return _Position(lambda: state.step, lambda _: (state.epoch_step + 1) % n == 0)
+        return _Position(lambda: state.step, lambda _: (state.epoch_step + shift) % n == 0)
     if unit == "s":
         t0 = time.monotonic()
-        return _Crossing(lambda: time.monotonic() - t0, duration.amount, once)
-    test = _counting(n, once)
+        return _Crossing(lambda: time.monotonic() - t0, duration.amount, once, from_zero)
+    test = _counting(n, once, shift)
     if scope == "step" and unit in ("own", "st"):
         return _Position(lambda: state.step, test)
+    if scope == "step" and unit == "it":
+        if once:  # the first runstep of iteration n
+            return _Position(lambda: state.iteration, test)
+        # a window's last runstep (first, from_zero) whose iteration the test takes: in
+        # padded runsteps, a multiple of k * n
+        return _Position(
+            lambda: state.step,
+            lambda step: (step + state.window_padding + shift) % (state.accumulation * n) == 0,
+        )
     if scope == "epoch" and unit in ("own", "ep"):
         return _Position(lambda: state.epoch, test)
     if scope == "step":  # epochs: the epoch's first step
@@ -111,7 +135,8 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
     if phase == "epoch_end" and unit == "st":  # the steps of this epoch
         if once:
             return lambda: state.step - state.epoch_step <= n < state.step
-        return lambda: state.step // n > (state.step - state.epoch_step) // n
+        back = 1 - shift  # whether the epoch's steps a, ..., b - 1 hold a position it takes
+        return lambda: (state.step - back) // n > (state.step - state.epoch_step - back) // n
     if scope in ("run", "eval") and unit == "own":
         events = [-1]  # the phase's own events in this run
 
@@ -120,7 +145,15 @@ def make_filter(state: State, phase: str, duration: Duration, once: bool) -> Fil
             return events[0]
 
         return _Position(count, test)
-    return _Crossing((lambda: state.step) if unit == "st" else (lambda: state.epoch), n, once)
+    return _Crossing(_COUNTERS[unit](state), n, once, from_zero)
+
+
+# what a crossing counts (from the run's start), by unit
+_COUNTERS: dict[str, Callable[[State], Callable[[], int]]] = {
+    "st": lambda state: lambda: state.step,
+    "it": lambda state: lambda: state.iteration,
+    "ep": lambda state: lambda: state.epoch,
+}
 
 
 def moment_past(phase: str, duration: Duration, state: State) -> bool:
@@ -133,6 +166,8 @@ def moment_past(phase: str, duration: Duration, state: State) -> bool:
         return False
     if scope == "step" and unit in ("own", "st"):
         return n < state.step
+    if scope == "step" and unit == "it":
+        return n < state.iteration
     if scope == "epoch" and unit in ("own", "ep"):
         return n < state.epoch
     if scope == "step":  # the first step of epoch n
@@ -140,7 +175,7 @@ def moment_past(phase: str, duration: Duration, state: State) -> bool:
     if phase == "epoch_end" and unit == "st":  # within the epoch that ends
         return n < state.step - state.epoch_step
     # counted from the run's start (_Crossing): reached before this run
-    return (state.step if unit == "st" else state.epoch) > n
+    return _COUNTERS[unit](state)() > n
 
 
 def past_once_hooks(table: HookTable, state: State, phases: Iterable[str]) -> list[Hook]:

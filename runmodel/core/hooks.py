@@ -56,7 +56,9 @@ class Hook:
         ):
             return None
         counter = o.every or o.once
-        crossing = counter and make_filter(state, self.phase, counter, once=o.once is not None)
+        crossing = counter and make_filter(
+            state, self.phase, counter, once=o.once is not None, from_zero=o.from_zero
+        )
         when = o.when
         if not crossing and when is None:
             return fn

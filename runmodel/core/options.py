@@ -48,6 +48,7 @@ class HookArgs(TypedDict, total=False):
     before: str | Iterable[str] | None
     after: str | Iterable[str] | None
     every: int | str | None
+    from_zero: bool
     once: bool | int | str | None
     when: Callable[[Any], bool] | None
     modes: str | Iterable[str] | None
@@ -61,8 +62,9 @@ class HookArgs(TypedDict, total=False):
 class Duration:
     """An amount of a unit. ``"own"`` counts the phase's own events (``every=3``) or is a
     position in the phase's own counter (``once=3``); ``"ep"`` epochs, ``"st"`` steps,
-    ``"est"`` steps of each epoch (``state.epoch_step``, from 0 again in every epoch),
-    ``"s"`` seconds of wall-clock time."""
+    ``"it"`` iterations (optimizer steps: ``state.iteration``), ``"est"`` steps of each
+    epoch (``state.epoch_step``, from 0 again in every epoch), ``"s"`` seconds of
+    wall-clock time."""
 
     amount: float
     unit: str
@@ -81,6 +83,8 @@ class HookOptions:
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     every: Duration | None = None
+    # every= counts positions 0, N, 2N... (a script's `if i % N == 0`), not N-1, 2N-1...
+    from_zero: bool = False
     once: Duration | None = None
     when: Callable[[Any], bool] | None = None
     modes: frozenset[str] | None = None
@@ -113,6 +117,14 @@ class HookOptions:
                 "every= and once= exclude each other: every= fires repeatedly, "
                 "once= fires a single time; give one of them"
             )
+        from_zero = args.get("from_zero", False)
+        if not isinstance(from_zero, bool):
+            raise TypeError(f"from_zero= must be True or False, got {from_zero!r}")
+        if from_zero and every is None:
+            raise ValueError(
+                "from_zero=True says where every= counts from (positions 0, N, 2N... "
+                "instead of N-1, 2N-1...); give it with every="
+            )
         when = args.get("when")
         if when is not None:
             check_signature(when, ("engine",), "when=")
@@ -124,6 +136,7 @@ class HookOptions:
             before=_names(args.get("before"), "before"),
             after=_names(args.get("after"), "after"),
             every=None if every is None else parse_duration(every, "every"),
+            from_zero=from_zero,
             once=None if once is None else parse_duration(once, "once"),
             when=when,
             modes=_modes(args.get("modes")),
@@ -143,6 +156,7 @@ class HookOptions:
         """The filters, as ``describe()`` shows them."""
         parts = [
             f"every={self.every}" if self.every else "",
+            "from_zero" if self.from_zero else "",
             f"once={self.once}" if self.once else "",
             f"when={describe_fn(self.when)}" if self.when else "",
             f"modes={','.join(sorted(self.modes))}" if self.modes else "",
@@ -162,6 +176,11 @@ _UNITS = {
     "st": "st",
     "step": "st",
     "steps": "st",
+    "it": "it",
+    "iter": "it",
+    "iters": "it",
+    "iteration": "it",
+    "iterations": "it",
     "est": "est",
     "epoch_step": "est",
     "epoch_steps": "est",
@@ -176,9 +195,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z_]+)\s*$")
 
 def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     """``every=``: ``3`` (every third event of the phase), ``"2ep"``, ``"500st"``,
-    ``"200est"`` (the 200th, 400th... step of each epoch), ``"10min"``. ``once=``: a
-    position in the run's own counters, from 0 like them (``2``: the phase's own counter
-    at 2; ``"2ep"``: at epoch 2; ``True``: the first)."""
+    ``"250it"`` (iterations: optimizer steps), ``"200est"`` (the 200th, 400th... step of
+    each epoch), ``"10min"``. ``once=``: a position in the run's own counters, from 0
+    like them (``2``: the phase's own counter at 2; ``"2ep"``: at epoch 2; ``True``: the
+    first)."""
     if isinstance(value, Duration):
         return value
     position = option == "once"
@@ -196,8 +216,9 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     if match is None or unit is None:
         raise ValueError(
             f"{option}={value!r} is not a duration: write a number and a unit, "
-            f"one of ep, st, s, min, h, or est for the steps of each epoch (as "
-            f"in '2ep', '500st', '10min', '200est')"
+            f"one of ep, st, s, min, h, it for iterations (optimizer steps), or "
+            f"est for the steps of each epoch (as in '2ep', '500st', '10min', "
+            f"'250it', '200est')"
         )
     if position and unit == "est":
         raise ValueError(
@@ -211,7 +232,9 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
     if unit in _SECONDS:
         unit = "s"
     elif amount != int(amount):
-        raise ValueError(f"{option}={value!r}: epochs and steps are whole numbers")
+        raise ValueError(
+            f"{option}={value!r}: epochs and steps are whole numbers, and so are iterations"
+        )
     if amount < least or (unit == "s" and amount <= 0):
         least_text = "at least 0" if position and unit != "s" else "more than zero"
         raise ValueError(f"{option}={value!r} must be {least_text}")
@@ -219,8 +242,8 @@ def parse_duration(value: bool | int | str | Duration, option: str) -> Duration:
 
 
 _FORMS = {
-    "every": "a positive int or a duration such as '2ep', '500st', '200est', '10min'",
-    "once": "a position such as 2 (the phase's own counter), '2ep', '500st', a time "
+    "every": "a positive int or a duration such as '2ep', '500st', '250it', '200est', '10min'",
+    "once": "a position such as 2 (the phase's own counter), '2ep', '500st', '1000it', a time "
     "such as '10min', or True (the first)",
 }
 

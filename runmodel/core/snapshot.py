@@ -85,6 +85,8 @@ class Snapshots:
                 "epoch": s.epoch,
                 "epoch_step": s.epoch_step,
                 "skipped": s.skipped,
+                # GradAccumulation's shorter windows (state.iteration): only where some were
+                **({"window_padding": s.window_padding} if s.window_padding else {}),
                 **(counters or {}),
             },
             "loss": _plain(s.loss),
@@ -103,6 +105,7 @@ class Snapshots:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counters and pack states; the next run continues these counters."""
+        self.state.window_padding = 0  # none saved (or a checkpoint from before): step // k
         for name, value in state.get("counters", {}).items():
             setattr(self.state, name, int(value))
         # what hooks read before the first step (epoch_end right after a checkpoint taken

@@ -85,6 +85,7 @@ class State:
     """
 
     __slots__ = (
+        "accumulation",
         "batch",
         "ended",
         "epoch",
@@ -105,12 +106,18 @@ class State:
         "step",
         "stopping",
         "timings",
+        "window_padding",
     )
 
     def __init__(self) -> None:
         self.mode = self.kind = "train"  # kind: the step a runstep is (train, eval, infer)
         self.ended: str | None = None  # in teardown hooks: how the run ended (as the result)
         self.epoch = self.step = self.epoch_step = self.skipped = self.rank = 0
+        # the runsteps of one iteration (GradAccumulation's k; the engine sets it when a
+        # train run starts), and those that epochs' shorter last windows lacked, so that
+        # a window always starts at a multiple of it (iteration reads both)
+        self.accumulation = 1
+        self.window_padding = 0
         self.max_steps: int | None = None
         self.max_epochs: int | None = None
         # in epoch_end: whether the epoch's loop finished (False when the budget or stop()
@@ -135,6 +142,15 @@ class State:
         self.stopping: str | None = None
 
     @property
+    def iteration(self) -> int:
+        """The iteration (optimizer step) the current runstep belongs to, from 0, as
+        ``step`` is the runstep's; once the run is over, the iterations it did. Equal to
+        ``step`` without gradient accumulation; ``step // k`` with ``GradAccumulation(k)``
+        (an epoch whose steps are no multiple of k ends with a shorter window, one
+        iteration too). Computed when read: a step costs nothing more for it."""
+        return (self.step + self.window_padding) // self.accumulation
+
+    @property
     def interrupted(self) -> bool:
         """Whether an interrupt (Ctrl-C, a preemption signal) is ending the run."""
         return self.stopping in ("interrupted", "preempted")
@@ -149,9 +165,10 @@ class State:
     ) -> None:
         """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
         if not keep_counters:
-            self.step = self.epoch = self.epoch_step = self.skipped = 0
+            self.step = self.epoch = self.epoch_step = self.skipped = self.window_padding = 0
             self.loss, self.metrics = None, {}
         self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
+        self.accumulation = 1
         self.ended = self.stopping = None
         self.rank = current_rank()
         self.batch = self.output = self.error = self.grad_scaler = None
@@ -182,7 +199,8 @@ class State:
     def __repr__(self) -> str:
         return (
             f"State(mode={self.mode!r}, epoch={self.epoch}, step={self.step}, "
-            f"epoch_step={self.epoch_step}, skipped={self.skipped}, metrics={self.metrics})"
+            f"iteration={self.iteration}, epoch_step={self.epoch_step}, "
+            f"skipped={self.skipped}, metrics={self.metrics})"
         )
 
 

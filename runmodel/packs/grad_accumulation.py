@@ -34,6 +34,8 @@ class GradAccumulation(Pack):
     step, on the accumulated gradient. ``optimizer_step`` *hooks* still fire at every
     step, since the phase does.
 
+    ``state.iteration`` counts the windows (the engine reads ``steps_per_iteration``).
+
     Under the ``fsdp`` backend the accumulating steps skip the gradient reduction
     (``set_requires_gradient_sync(False)``): only a window's last backward (or the
     epoch's last, by ``len(train_data)``) reduces the summed gradients across the
@@ -56,6 +58,11 @@ class GradAccumulation(Pack):
         self._sync: Callable[[bool], Any] | None = None
         self._length: int | None = None
         self._unsynced = False
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """The steps (micro-batches) of one iteration: ``k``."""
+        return self.k
 
     def check_setup(self, engine: Any) -> None:
         """The model's optimizer, and one that takes no closure."""
@@ -126,8 +133,11 @@ class GradAccumulation(Pack):
                     stacklevel=2,
                 )
                 engine.model.optimizer.zero_grad()
-                return
-            self._step(engine)
+            else:
+                self._step(engine)
+            # after the step (LRSchedule(lr_at=) read the window's iteration): the next
+            # epoch's first window starts at a whole iteration
+            engine.state.window_padding += self.k - engine.state.epoch_step % self.k
 
     def teardown(self, engine: Any) -> None:
         if self._sync is not None and self._unsynced:

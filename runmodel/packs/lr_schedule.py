@@ -209,9 +209,7 @@ class LRSchedule(Pack):
         model = engine.model
         self._phased = isinstance(model, TorchModel) and model.interface.phased
         if self.lr_at is not None:
-            # the engine's count of iterations where it keeps one; else the pack's own
-            iteration = getattr(engine.state, "iteration", None)
-            self.optimizer_steps = self.optimizer_steps if iteration is None else iteration
+            self.optimizer_steps = engine.state.iteration  # the engine's count: one place
             self._write(groups, self.optimizer_steps)
             engine.state.metrics["lr"] = float(groups[0]["lr"])
             return
@@ -241,8 +239,9 @@ class LRSchedule(Pack):
         groups = self._groups(engine)
         done = self.optimizer_steps
         if self.lr_at is not None:
-            self.optimizer_steps = done + 1
-            self._write(groups, done + 1)
+            # the next iteration's: the engine counts them (the step's is state.iteration)
+            self.optimizer_steps = engine.state.iteration + 1
+            self._write(groups, self.optimizer_steps)
             engine.state.metrics["lr"] = float(groups[0]["lr"])
             return
         warming = done < self.warmup_steps
