@@ -50,6 +50,9 @@ def agreed_failure(ok: torch.Tensor, rank: int, processes: int) -> int | None:
         return None if bool(ok) else rank
     import torch.distributed as dist
 
+    local = getattr(ok, "to_local", None)  # fsdp: a verdict on this process's shards
+    if callable(local):
+        ok = local()
     failed = torch.where(ok, 0, rank + 1).to(torch.int32).reshape(1)
     if dist.get_backend() == "gloo" and failed.device.type != "cpu":
         failed = failed.cpu()
