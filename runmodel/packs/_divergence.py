@@ -14,7 +14,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,9 @@ def locate(engine: Any) -> Finding | None:
         hasattr(p, "to_local") for p in module.parameters()
     ):  # sharded (fsdp): a replay's collectives would need every process to take its path
         return None
+    bad_input = next((t for t in _tensors(engine.state.batch) if not _finite(t)), None)
+    if bad_input is not None:
+        return _finding("", "batch", bad_input, "the step's batch holds NaN or inf")
     names = {id(m): name for name, m in module.named_modules()}
     bad_weight = _first_bad(module.named_parameters())
     if bad_weight is not None:  # the step began with them: an earlier update made them
@@ -130,7 +133,7 @@ def locate(engine: Any) -> Finding | None:
         names[id(loss_fn)] = "loss_fn"
         hooked.append(loss_fn)
     found: list[Finding] = []
-    with _restored(module), ExitStack() as hooks:
+    with _restored(module), _alone(model, wrapped, module), ExitStack() as hooks:
         for m in hooked:
             hooks.callback(m.register_forward_hook(_on_forward(names, found)).remove)
             hooks.callback(m.register_full_backward_hook(_on_backward(names, found)).remove)
@@ -138,17 +141,12 @@ def locate(engine: Any) -> Finding | None:
             if p.requires_grad:
                 hooks.callback(p.register_post_accumulate_grad_hook(_on_grad(name, found)).remove)
         interface = model.interface
-        no_sync = getattr(wrapped, "no_sync", None)  # DDP: this process's gradients only
-        with (
-            torch.enable_grad(),
-            no_sync() if callable(no_sync) else nullcontext(),
-            warnings.catch_warnings(),
-        ):
+        with torch.enable_grad(), warnings.catch_warnings():
             # the first module's inputs need no gradient: its hook sees its outputs' only
             warnings.filterwarnings("ignore", "Full backward hook is firing")
             _output, loss = interface.forward(model, engine.state.batch)
             if isinstance(loss, torch.Tensor) and loss.requires_grad:
-                interface.backward(model, loss)  # always, as every process replays
+                interface.backward(model, loss)
     if found:
         return found[0]
     phase = "forward" if not _finite(engine.state.loss) else "backward"
@@ -215,6 +213,21 @@ def _first_bad(
     named: Iterator[tuple[str, torch.Tensor]],
 ) -> tuple[str, torch.Tensor] | None:
     return next(((n, p) for n, p in named if p.is_floating_point() and not _finite(p)), None)
+
+
+@contextmanager
+def _alone(model: Any, wrapped: Any, module: torch.nn.Module) -> Iterator[None]:
+    """The replay calls the module itself, not its wrapper: no DDP collective (every
+    process may take its own path through the replay, or none), no compiled graph (the
+    hooks see every module)."""
+    if wrapped is module or getattr(model, "_module", None) is not wrapped:
+        yield
+        return
+    model._module = module  # TorchModel's: its compute_output calls it
+    try:
+        yield
+    finally:
+        model._module = wrapped
 
 
 class _restored:

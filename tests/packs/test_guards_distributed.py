@@ -1,7 +1,9 @@
 """SpikeGuard and NaNGuard in two processes (torchrun, gloo on the CPU), under ddp and
 fsdp: a spike or a NaN in rank 1's batch only skips the same step on both ranks (one
 all-reduce of the verdict), the weights stay equal across the ranks, and every process
-exits 0. One launch runs the four trainings in turn."""
+exits 0; under ddp, ``locate=True`` names rank 1's batch on rank 1, and makes no
+collective (rank 0 replays its own batch alone). One launch runs the four trainings in
+turn."""
 
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ SCRIPT = textwrap.dedent(
             "skipped": getattr(guard, "spikes", None) or getattr(guard, "skipped", 0),
             "steps": result.steps,
             "found": (engine.state.divergence or {}).get("step"),
+            "phase": (engine.state.divergence or {}).get("phase"),
             "weights": {k: v.tolist() for k, v in weights.items()},
         }
 
@@ -66,7 +69,7 @@ SCRIPT = textwrap.dedent(
         found[f"{backend}-spike"] = train(
             backend, SpikeGuard(window=3), lambda x, y: (x, y + 8.5))
         found[f"{backend}-nan"] = train(
-            backend, NaNGuard(), lambda x, y: (torch.full_like(x, float("nan")), y))
+            backend, NaNGuard(locate=True), lambda x, y: (torch.full_like(x, float("nan")), y))
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(found, f)
     """
@@ -111,3 +114,6 @@ def test_a_bad_batch_on_rank_1_skips_the_same_step_on_both(
     assert first["weights"] == second["weights"]
     if run.endswith("spike"):
         assert first["found"] == second["found"] == BAD
+    elif run == "ddp-nan":  # located where the NaN is: rank 1's batch (rank 0's is finite)
+        assert (first["phase"], second["phase"]) == (None, "batch")
+        assert second["found"] == BAD
