@@ -132,21 +132,10 @@ def locate(engine: Any) -> Finding | None:
     if isinstance(loss_fn, torch.nn.Module) and id(loss_fn) not in names:
         names[id(loss_fn)] = "loss_fn"
         hooked.append(loss_fn)
-    found: list[Finding] = []
-    with _restored(module), _alone(model, wrapped, module), ExitStack() as hooks:
-        for m in hooked:
-            hooks.callback(m.register_forward_hook(_on_forward(names, found)).remove)
-            hooks.callback(m.register_full_backward_hook(_on_backward(names, found)).remove)
-        for name, p in module.named_parameters():
-            if p.requires_grad:
-                hooks.callback(p.register_post_accumulate_grad_hook(_on_grad(name, found)).remove)
-        interface = model.interface
-        with torch.enable_grad(), warnings.catch_warnings():
-            # the first module's inputs need no gradient: its hook sees its outputs' only
-            warnings.filterwarnings("ignore", "Full backward hook is firing")
-            _output, loss = interface.forward(model, engine.state.batch)
-            if isinstance(loss, torch.Tensor) and loss.requires_grad:
-                interface.backward(model, loss)
+    try:
+        found, loss = _replay(engine, wrapped, module, hooked, names, modules_backward=True)
+    except RuntimeError:  # a module changed its input in place: no full backward hooks
+        found, loss = _replay(engine, wrapped, module, hooked, names, modules_backward=False)
     if found:
         return found[0]
     phase = "forward" if not _finite(engine.state.loss) else "backward"
@@ -160,6 +149,37 @@ def locate(engine: Any) -> Finding | None:
             f"{', '.join(culprits)}",
         )
     return None
+
+
+def _replay(
+    engine: Any,
+    wrapped: Any,
+    module: torch.nn.Module,
+    hooked: list[torch.nn.Module],
+    names: dict[int, str],
+    modules_backward: bool,
+) -> tuple[list[Finding], Any]:
+    """The step's forward and backward again, with hooks that note each non-finite
+    value where it appears (``modules_backward``: full backward hooks on the modules,
+    beside the parameters' gradient hooks); what it found, first first, and its loss."""
+    model = engine.model
+    found: list[Finding] = []
+    with _restored(module), _alone(model, wrapped, module), ExitStack() as hooks:
+        for m in hooked:
+            hooks.callback(m.register_forward_hook(_on_forward(names, found)).remove)
+            if modules_backward:
+                hooks.callback(m.register_full_backward_hook(_on_backward(names, found)).remove)
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                hooks.callback(p.register_post_accumulate_grad_hook(_on_grad(name, found)).remove)
+        interface = model.interface
+        with torch.enable_grad(), warnings.catch_warnings():
+            # the first module's inputs need no gradient: its hook sees its outputs' only
+            warnings.filterwarnings("ignore", "Full backward hook is firing")
+            _output, loss = interface.forward(model, engine.state.batch)
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                interface.backward(model, loss)
+    return found, loss
 
 
 def _on_forward(names: dict[int, str], found: list[Finding]) -> Callable[..., None]:

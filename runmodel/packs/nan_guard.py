@@ -163,7 +163,12 @@ class NaNGuard(Pack):
     def _locate(self, engine: Any, message: str) -> None:
         """Replay the step to name where its non-finite value starts: one line on
         stderr, a record in ``divergence.json`` and ``engine.state.divergence``."""
-        finding = locate(engine)
+        try:
+            finding = locate(engine)
+        except Exception as error:  # locating must not end the run
+            # (a module that changes its input in place refuses full backward hooks)
+            print(f"{message}: the replay that locates it failed: {error!r}", file=sys.stderr)
+            return
         if finding is None:
             print(
                 f"{message}: not found again in a replay of the step on process "

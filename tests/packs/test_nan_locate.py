@@ -177,3 +177,22 @@ def test_an_override_that_makes_the_update_non_finite_is_named(
     assert engine.state.divergence is not None
     assert engine.state.divergence["module"] == "head.0"
     assert engine.state.divergence["phase"] == "optimizer_step override 'divide_by_count'"
+
+
+def test_a_module_changing_its_input_in_place_is_still_located(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ReLU(inplace=True) refuses full backward hooks: the replay runs again without
+    them, and the forward's culprit is named all the same."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), Log(), nn.Linear(4, 1))
+    m = runmodel.TorchModel.from_parts(
+        module,
+        optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
+        loss_fn=nn.MSELoss(),
+        train_data=data()[:3],
+    )
+    engine = runmodel.Engine(NaNGuard("stop", locate=True), progress=False)
+    engine.run(m, epochs=1)  # relu gives 0 somewhere: log(0) at the first step
+    assert "starts in 2 (forward" in capsys.readouterr().err
+    assert engine.state.divergence is not None and engine.state.divergence["step"] == 0
