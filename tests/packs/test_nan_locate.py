@@ -96,7 +96,7 @@ def run(guard: NaNGuard, tmp: Path, poison: Any = None) -> tuple[runmodel.Engine
         hooks = sum(
             len(mod._forward_hooks) + len(mod._backward_hooks) + len(mod._forward_pre_hooks)
             for mod in m.module.modules()
-        )
+        ) + sum(len(p._post_accumulate_grad_hooks or {}) for p in m.module.parameters())
         seen.append(hooks)
 
     with pytest.warns(RuntimeWarning, match="skipped") if guard.action == "skip" else _nothing():
