@@ -87,6 +87,7 @@ class State:
     __slots__ = (
         "accumulation",
         "batch",
+        "divergence",
         "ended",
         "epoch",
         "epoch_complete",
@@ -135,6 +136,9 @@ class State:
         # packs that read gradients (clipping, NaN checks) can unscale them first
         self.grad_scaler: Any = None
         self.error: BaseException | None = None
+        #: the newest divergence found (``NaNGuard(locate=True)``, ``SpikeGuard``): the
+        #: record it added to the run folder's ``divergence.json``; None while none is
+        self.divergence: dict[str, Any] | None = None
         #: why the run is ending once it is: ``"stopped"`` (``stop()``), ``"budget"``
         #: (the step budget is spent), ``"interrupted"`` (Ctrl-C) or ``"preempted"`` (a
         #: preemption signal); None while it runs on. ``epoch_end`` hooks of an epoch cut
@@ -167,6 +171,7 @@ class State:
         if not keep_counters:
             self.step = self.epoch = self.epoch_step = self.skipped = self.window_padding = 0
             self.loss, self.metrics = None, {}
+            self.divergence = None
         self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
         self.accumulation = 1
         self.ended = self.stopping = None

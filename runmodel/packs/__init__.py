@@ -15,6 +15,7 @@ from .mlflow import MLflow
 from .nan_guard import NaNGuard
 from .progress import Progress
 from .run_log import RunLog
+from .spike_guard import SpikeGuard
 from .swa import SWA
 from .tensorboard import TensorBoard
 from .throughput import Throughput
@@ -36,6 +37,7 @@ __all__ = [
     "NaNGuard",
     "Progress",
     "RunLog",
+    "SpikeGuard",
     "TensorBoard",
     "Throughput",
     "Timer",
@@ -55,6 +57,7 @@ PACK_TYPES: dict[str, type] = {
     "mlflow": MLflow,
     "nan_guard": NaNGuard,
     "progress": Progress,
+    "spike_guard": SpikeGuard,
     "swa": SWA,
     "tensorboard": TensorBoard,
     "throughput": Throughput,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from ..core import Pack, hook, override
 from ..core.checks import whole_number
 from ._common import refuse_closure_optimizer, require_phased_step, trained_parameters, zero_grads
+from ._divergence import agreed_failure, locate, record, world
 
 __all__ = ["NaNGuard"]
 
@@ -41,23 +43,36 @@ class NaNGuard(Pack):
     With ``GradAccumulation`` the gradients checked are those accumulated so far, and a
     bad step drops its whole window: the window's optimizer step is not taken and its
     gradients are zeroed.
+
+    ``locate=True``: when a check fails, the step is run again from its state before the
+    update, with forward and backward hooks on every module, to name where the
+    non-finite value starts: the first module to return one from finite inputs, else the
+    first whose gradient became one, else the hook or override of the step (or the
+    update of an earlier step) that made it. One line on stderr names it; the record goes
+    to the run folder's ``divergence.json`` and ``engine.state.divergence``. Healthy
+    steps pay nothing for it; the replay puts back the gradients, buffers and random
+    generators it touched (``docs/divergence.md``).
+
+    In a distributed run (ddp, fsdp) the verdict is agreed: each check all-reduces one
+    number, and a non-finite value on any process skips (or stops at) the step on all.
     """
 
     name = "nan_guard"
     writes = ("nan_skipped",)
 
-    def __init__(self, action: str = "skip", every: int = 1) -> None:
+    def __init__(self, action: str = "skip", every: int = 1, *, locate: bool = False) -> None:
         if action not in ACTIONS:
             raise ValueError(
                 f"NaNGuard action= must be 'skip' (skip the step and go on) or "
                 f"'stop' (end the run), got {action!r}"
             )
         whole_number(every, "NaNGuard every=", least=1, meaning="check every N-th step")
-        self.action, self.every = action, every
+        self.action, self.every, self.locate = action, every, locate
         self.skipped = 0  # optimizer steps not taken, over the whole training
         self.last: str | None = None  # what the latest one found
         self._found: str | None = None  # what this step (or window) found, until its step
         self._warned = False
+        self._processes = 1  # the run's processes, which agree on each verdict
 
     def check_setup(self, engine: Any) -> None:
         """A closure optimizer is refused: its step cannot be skipped."""
@@ -74,7 +89,7 @@ class NaNGuard(Pack):
     def setup(self, engine: Any) -> None:
         """A new run; in train mode, check that its step fires backward and
         optimizer_step (else this pack would never run)."""
-        self._found, self._warned = None, False
+        self._found, self._warned, self._processes = None, False, world()
         require_phased_step(engine, type(self).__name__)
 
     @hook(priority=1000, modes=TRAIN_MODES)  # first: before hooks that read gradients
@@ -90,8 +105,13 @@ class NaNGuard(Pack):
             if grads:
                 norm = _total_norm(grads)
                 finite = finite & torch.isfinite(norm).to(finite.device)
-        if not finite:  # a sync, on a GPU
-            self._handle(engine)
+        if self._processes == 1:
+            if not finite:  # a sync, on a GPU
+                self._handle(engine, state.rank)
+            return
+        failed = agreed_failure(finite, state.rank, self._processes)
+        if failed is not None:
+            self._handle(engine, failed)
 
     @override("optimizer_step", priority=200, modes=TRAIN_MODES)
     def guard(self, engine: Any, default: Callable[[Any], Any]) -> None:
@@ -115,16 +135,20 @@ class NaNGuard(Pack):
 
     # -- when a check fails ------------------------------------------------------------
 
-    def _handle(self, engine: Any) -> None:
+    def _handle(self, engine: Any, rank: int) -> None:
         s = engine.state
+        where = "" if rank == s.rank else f" on process {rank}"
+        what = self._what(engine) if rank == s.rank else "loss or gradient"
         message = (
-            f"{type(self).__name__}: non-finite {self._what(engine)} at step {s.step} "
+            f"{type(self).__name__}: non-finite {what}{where} at step {s.step} "
             f"(epoch {s.epoch}, batch {s.epoch_step})"
         )
         self.last = message
         if self._found is not None:
             return  # this window is dropped already
         self._found = message
+        if self.locate:
+            self._locate(engine, message)
         if self.action == "stop":
             engine.stop(message)
         elif not self._warned:
@@ -135,6 +159,30 @@ class NaNGuard(Pack):
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def _locate(self, engine: Any, message: str) -> None:
+        """Replay the step to name where its non-finite value starts: one line on
+        stderr, a record in ``divergence.json`` and ``engine.state.divergence``."""
+        try:
+            finding = locate(engine)
+        except Exception as error:  # locating must not end the run
+            # (a module that changes its input in place refuses full backward hooks)
+            print(f"{message}: the replay that locates it failed: {error!r}", file=sys.stderr)
+            return
+        if finding is None:
+            print(
+                f"{message}: not found again in a replay of the step on process "
+                f"{engine.state.rank} (from another process's batch, or from random draws)",
+                file=sys.stderr,
+            )
+            return
+        how = finding.pop("how")
+        print(
+            f"{message}: starts in {finding['module'] or 'the model'} ({finding['phase']}; "
+            f"{how}; shape {tuple(finding['shape'])}, {finding['dtype']})",
+            file=sys.stderr,
+        )
+        record(engine, {"guard": type(self).__name__, **finding, "rank": engine.state.rank})
 
     def _what(self, engine: Any) -> str:
         """``loss``, or the gradient of the first parameter whose gradient is not finite."""
