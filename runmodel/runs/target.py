@@ -41,7 +41,7 @@ from .._io import read_json
 from ..backends.distributed import env
 from ..config import is_config_file
 from ..config.overrides import split_options
-from ..config.registry import check_model_args, registries
+from ..config.registry import check_model_args
 from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
 from ..engine import Engine, RunArguments
@@ -50,7 +50,7 @@ from ..models.seeding import seed as seed_generators
 from ..session.folder import RECORD, is_script_run, read_status
 from ..session.interrupt import say
 from . import torchrun
-from .config_run import build, import_sources, load_run_config, prepare, resume_dir
+from .config_run import build_config, import_sources, load_run_config, prepare, resume_dir
 from .folder_run import FolderRun, prepare_in_folder, refuse_checkpoints_outside
 from .script import is_script, run_script
 from .source_run import SourceKind, source_record
@@ -359,17 +359,17 @@ class ModelTarget(Target):
         return cls, model, init, setup, resolved
 
     @staticmethod
-    def _engine(cls: type[Model], packs: Sequence[Pack] = ()) -> Engine:
+    def _engine(cls: type[Model], model: Model, packs: Sequence[Pack] = ()) -> Engine:
         """The engine: ``packs`` attached, then what the model's file configures."""
         engine = Engine(progress=False)  # the command attaches its own (--no-progress)
         engine.attach(*packs)
-        configure_engine(cls, engine)
+        configure_engine(cls, engine, model)
         return engine
 
     def run_with(self, action: Action) -> Any:
         with loading():
             cls, model, _, _, setup = self._model()
-            engine = self._engine(cls)
+            engine = self._engine(cls, model)
         return action(engine, model, RunArguments(setup_options=setup or None))
 
     def run(self, request: RunRequest) -> RunResult:
@@ -553,14 +553,21 @@ class ConfigTarget(Target):
             config = self._checked()
             if _distributed(config) and not env.launched():  # one process, plain backend
                 config = dataclasses.replace(config, backend=None)
-            config, model, backend = build(config, self.base, backend=action.trains)
+            config, model, backend, imported = build_config(
+                config, self.base, backend=action.trains
+            )
             engine = Engine(progress=False)
-            configure_engine(registries["model"].get(config.model.type_), engine)
+            for module in imported:
+                configure_engine(module, engine, model)
         return action(
             engine,
             model,
             RunArguments(
-                mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend
+                mode=config.mode,
+                epochs=config.epochs,
+                steps=config.steps,
+                backend=backend,
+                setup_options=dict(config.setup) or None,
             ),
         )
 
