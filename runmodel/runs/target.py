@@ -52,7 +52,7 @@ from ..session.interrupt import say
 from . import torchrun
 from .config_run import build_config, import_sources, load_run_config, prepare, resume_dir
 from .folder_run import FolderRun, prepare_in_folder, refuse_checkpoints_outside
-from .script import is_script, run_script
+from .script import is_script, main_block_ignored, run_script
 from .source_run import SourceKind, source_record
 from .weights import evaluate_model
 
@@ -478,10 +478,17 @@ class ScriptTarget(Target):
 
     def run(self, request: RunRequest) -> RunResult:
         """``runmodel run`` takes a model source or a config: loading the script as a model
-        source says what it lacks (a Model subclass), or which import failed."""
+        source says what it lacks (a Model subclass), or which import failed; a file
+        whose model's run is set up under its ``__main__`` block says so."""
         with loading():
-            load_model_class(self.source)
-        raise TargetError(f"{self.source} is a script: run it with `python {self.source}`")
+            cls = load_model_class(self.source)
+        raise TargetError(
+            f'{self.source} sets its run up under `if __name__ == "__main__":` and '
+            f"defines no configure(engine), so it is a script (every command runs it as "
+            f"one): run it with `python {self.source}`, move that setup into a "
+            f"configure(engine) function, or name the class to train it without that "
+            f"setup (`runmodel run {self.source}:{cls.__name__}`)"
+        )
 
     def resume(self, request: RunRequest) -> RunResult:
         if self.directory is None:
@@ -707,6 +714,13 @@ def open_target(
             return ConfigTarget.of_file(source, overrides)
         if is_script(source):
             return ScriptTarget(source, argv, os.getcwd())
+        if main_block_ignored(source):  # the user named the class: say what is left out
+            say(
+                f"runmodel: note: {source} is loaded as a model source: the "
+                f'`if __name__ == "__main__":` block of {source.partition(":")[0]} does not '
+                f"run, so the packs and hooks it attaches are not attached (name the file "
+                f"alone to run it as a script, or attach them in a configure(engine))"
+            )
         return ModelTarget(source, device, options, seed)
 
 
