@@ -6,8 +6,8 @@
 An option a model does not declare (not in its ``init_defaults`` or ``setup_defaults``)
 meets one rule by where it was given (``REFUSED``), decided here in ``unknown_option``:
 from Python it is ignored with one warning (the model contract); in a config file and on
-the command line it is refused before anything runs, with a did-you-mean. The table is docs/models.md's
-"Options a model does not declare".
+the command line it is refused before anything runs, with a did-you-mean. The table is
+docs/models.md's "Options a model does not declare".
 
 Standard library only: the command line reads options before torch is imported.
 """

@@ -10,10 +10,11 @@ import io
 from pathlib import Path
 
 import pytest
-from helpers import Tiny
 
 import runmodel
 from runmodel.packs import Checkpoint, Evaluate, GradClip, LRSchedule, Progress
+
+from helpers import Tiny
 
 
 def test_a_second_grad_clip_is_refused_naming_both_attach_lines() -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import io
 
 import pytest
-from helpers import Tiny
 
 import runmodel
 from runmodel.packs import Evaluate, Progress
+
+from helpers import Tiny
 
 
 def test_the_cut_short_epochs_line_has_no_stale_evaluation() -> None:
