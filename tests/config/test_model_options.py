@@ -68,8 +68,7 @@ def test_a_misspelt_model_option_in_a_config_is_refused_and_names_no_folder(
     with pytest.raises(ConfigError) as caught:
         prepare(load_config(config, ["model.args.hiden=64"]), root, base=config.parent)
     assert str(caught.value).endswith(
-        "declares no init option 'hiden' (did you mean 'hidden'?); its init options: "
-        "hidden, seed"
+        "declares no init option 'hiden' (did you mean 'hidden'?); its init options: hidden, seed"
     ), caught.value
     assert not root.exists()
 
