@@ -366,8 +366,8 @@ def _export(subcommands: Subcommands) -> None:
         "folder, a Checkpoint pack's folder: its newest readable checkpoint; a run folder: "
         "its best, else its last, as eval takes) to OUT, one torch.save file that "
         "torch.load(weights_only=True) loads into the bare module; or, with --format pt2 "
-        "or onnx, a run folder's module with its best (else last, else final) weights as a program, checked against the module "
-        "on a batch of the run's data",
+        "or onnx, a run folder's module with its best (else last, else final) weights as "
+        "a program, checked against the module on a batch of the run's data",
     )
     export.add_argument("path", metavar="PATH")
     export.add_argument("out", metavar="OUT")
