@@ -32,7 +32,7 @@ from . import core
 from .backends.distributed import env
 from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
-from .models import declared_options
+from .models import setup_options_for
 from .modes import as_mode
 from .session.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
 
@@ -155,7 +155,7 @@ class Engine(core.BareEngine):
         auto = resume == "auto"
         if auto:
             resume = self._newest_checkpoint_folder()
-        setup_options = _declared_setup_options(model, setup_options)
+        setup_options = setup_options_for(model, setup_options)
         if folder is not None and not folder.claimed and env.rank() == 0:
             folder.claim(resuming=resume is not None, auto=auto)
         with self._attached_for_run(folder, mode):
@@ -351,12 +351,3 @@ def _backend(backend: BackendArgument) -> core.BackendLike:
     if backend is None or isinstance(backend, (str, Spec, dict)):
         return make_backend(backend or "plain")
     return backend
-
-
-def _declared_setup_options(model: Any, given: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``given`` checked against the setup options ``model`` declares (``setup_defaults``)
-    and completed with their defaults, before anything runs."""
-    defaults = getattr(model, "setup_defaults", None)
-    if given is None and not defaults:
-        return None
-    return declared_options(model, "setup", given, defaults or {})

@@ -396,7 +396,7 @@ def evaluate(args: argparse.Namespace) -> int:
     """``runmodel eval|infer RUN_DIR``: the run's model with its chosen weights, on its
     data; eval adds its result to the run's eval.json, infer saves the outputs."""
     from ..runs.target import WithWeights
-    from ..runs.weights import choose_weights, record_eval
+    from ..runs.weights import choose_weights, record_eval, weights_kind
     from ..session.folder import EVAL, is_run
 
     if not is_run(Path(args.run_dir)):
@@ -412,9 +412,10 @@ def evaluate(args: argparse.Namespace) -> int:
         with bad_input(FileNotFoundError):
             weights = choose_weights(run_dir, args.checkpoint).resolve()
         _check_weights(weights)
+        averaged = " (its averaged weights)" if args.averaged else ""
         last_words(
-            f"runmodel {args.command}: {run_dir.name} with {weights}"
-            + (" (its averaged weights)" if args.averaged else "")
+            f"runmodel {args.command}: {run_dir.name} at its {weights_kind(weights)}"
+            f"{averaged}, with {weights}"
         )
         if args.averaged:  # a checkpoint without an average: said in one line, before
             from ..checkpoint.export import averaged_weights
@@ -457,17 +458,25 @@ def export(args: argparse.Namespace) -> int:
     module as a program (``runs/export.py``), checked against the module on a batch."""
     if args.format != "state_dict":
         return _export_program(args)
-    if args.checkpoint is not None:
-        raise UsageError(
-            f"--checkpoint picks a run folder's weights for --format pt2 or onnx; "
-            f"for a state dict give the checkpoint itself as PATH "
-            f"({args.checkpoint})"
-        )
     from ..checkpoint.export import export as export_weights
+    from ..runs.weights import choose_weights, weights_kind
+    from ..session.folder import MODEL, is_run
 
+    path, kind = Path(args.path), "checkpoint"
+    if is_run(path):  # the weights `runmodel eval` uses: its best, else its last
+        with bad_input(FileNotFoundError):
+            chosen = choose_weights(path, args.checkpoint)
+        if chosen.name != MODEL:  # (no checkpoint at all: said as for any folder)
+            path, kind = chosen, weights_kind(chosen)
+    elif args.checkpoint is not None:
+        raise UsageError(
+            f"--checkpoint picks a run folder's weights, and {args.path} is not a run "
+            f"folder: give the checkpoint itself as PATH ({args.checkpoint})"
+        )
     with bad_input(OSError, ValueError):
-        used, out = export_weights(args.path, args.out, averaged=args.averaged)
-    last_words(f"exported {used}{' (its averaged weights)' if args.averaged else ''} to {out}")
+        used, out = export_weights(path, args.out, averaged=args.averaged)
+    averaged = ", its averaged weights" if args.averaged else ""
+    last_words(f"exported {used} to {out} (the {kind}{averaged})")
     return EXIT_OK
 
 

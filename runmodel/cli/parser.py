@@ -363,11 +363,11 @@ def _export(subcommands: Subcommands) -> None:
         "file, or a run's model as a torch.export or ONNX program",
         commands.export,
         "write the full model state dict of a checkpoint (a file, a sharded checkpoint "
-        "folder, a Checkpoint pack's folder or a run folder: its newest readable "
-        "checkpoint) to OUT, one torch.save file that torch.load(weights_only=True) loads "
-        "into the bare module; or, with --format pt2 or onnx, a run folder's module with "
-        "its best (else last, else final) weights as a program, checked against the module "
-        "on a batch of the run's data",
+        "folder, a Checkpoint pack's folder: its newest readable checkpoint; a run folder: "
+        "its best, else its last, as eval takes) to OUT, one torch.save file that "
+        "torch.load(weights_only=True) loads into the bare module; or, with --format pt2 "
+        "or onnx, a run folder's module with its best (else last, else final) weights as "
+        "a program, checked against the module on a batch of the run's data",
     )
     export.add_argument("path", metavar="PATH")
     export.add_argument("out", metavar="OUT")
@@ -387,7 +387,7 @@ def _export(subcommands: Subcommands) -> None:
     export.add_argument(
         "--checkpoint",
         metavar="best|last|FILE",
-        help="with --format pt2 or onnx: the run's weights to use (default: "
+        help="from a run folder: the run's weights to use (default, as for eval: "
         "best, else last, else the final model.pt)",
     )
     _debug(export)

@@ -5,9 +5,9 @@
 
 An option a model does not declare (not in its ``init_defaults`` or ``setup_defaults``)
 meets one rule by where it was given (``REFUSED``), decided here in ``unknown_option``:
-from Python and in a config file it is ignored with one warning (a config leaves it out),
-on the command line it is refused before anything runs. The table is docs/models.md's
-"Options a model does not declare".
+from Python it is ignored with one warning (the model contract); in a config file and on
+the command line it is refused before anything runs, with a did-you-mean. The table is
+docs/models.md's "Options a model does not declare".
 
 Standard library only: the command line reads options before torch is imported.
 """
@@ -42,7 +42,7 @@ Given = Literal["python", "config", "command line"]
 
 #: Whether an option a model does not declare is refused where it was given (the rest
 #: are ignored with a warning).
-REFUSED: dict[Given, bool] = {"python": False, "config": False, "command line": True}
+REFUSED: dict[Given, bool] = {"python": False, "config": True, "command line": True}
 
 
 def key_value(pair: str, example: str) -> tuple[str, Any]:

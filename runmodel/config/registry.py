@@ -30,6 +30,7 @@ __all__ = [
     "Registry",
     "Spec",
     "check_model_args",
+    "check_setup_args",
     "known_model_args",
     "make_backend",
     "make_interface",
@@ -237,20 +238,45 @@ def _declared_init_options(spec: Spec) -> tuple[str, dict[str, Any] | None]:
     return getattr(factory, "__name__", spec.type_), declared or None
 
 
-def known_model_args(spec: Spec) -> Spec:
-    """``spec`` with the init options its registered model does not declare left out,
-    each with the model contract's one warning (``overrides.unknown_option``): an
-    ignored option must not name a run folder or change its hash. A factory that
-    declares nothing (no ``init_defaults``) takes what it is given, so none is left out."""
+def known_model_args(spec: Spec, where: str = "config") -> Spec:
+    """``spec``, its init options checked against those its registered model declares:
+    one it does not declare is refused as on the command line (``overrides.unknown_option``:
+    a ``ConfigError`` with a did-you-mean and the declared names; ``where`` names the
+    config). A factory that declares nothing (no ``init_defaults``) takes what it is
+    given."""
     name, declared = _declared_init_options(spec)
     if not declared:
         return spec
-    unknown = [key for key in spec.args if key not in declared]
-    if not unknown:
-        return spec
-    for key in unknown:
-        unknown_option("config", name, "init", key, declared)
-    return Spec(spec.type_, {k: v for k, v in spec.args.items() if k in declared})
+    for key in spec.args:
+        if key not in declared:
+            unknown_option(
+                "config",
+                f"{name} (model {spec.type_!r})",
+                "init",
+                key,
+                declared,
+                given_as=f"{where}: model.args.{key}",
+                declared=f"its init options: {', '.join(declared)}",
+            )
+    return spec
+
+
+def check_setup_args(model: Any, setup: dict[str, Any], where: str = "config") -> None:
+    """Refuse a config's setup option (``[setup]``) that ``model`` does not declare in its
+    ``setup_defaults``, as ``known_model_args`` refuses an init option. A model that
+    declares none takes what it is given."""
+    declared = getattr(model, "setup_defaults", None) or {}
+    for key in setup if declared else ():
+        if key not in declared:
+            unknown_option(
+                "config",
+                type(model).__name__,
+                "setup",
+                key,
+                declared,
+                given_as=f"{where}: setup.{key}",
+                declared=f"its setup options: {', '.join(declared)}",
+            )
 
 
 def check_model_args(spec: Spec, given: dict[str, str]) -> list[str]:

@@ -71,6 +71,8 @@ class RunConfig:
     device: str | None = None
     mode: str = "train"
     imports: tuple[str, ...] = ()
+    #: The model's setup options (``setup_options`` of its ``setup``), a table in a file.
+    setup: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
@@ -98,6 +100,12 @@ class RunConfig:
                     if not isinstance(value, list):
                         raise ConfigError(f"{where} must be a list of specs, got {value!r}")
                     values[key] = tuple(Spec.of(v, f"{where}[{i}]") for i, v in enumerate(value))
+                elif key == "setup":
+                    if not isinstance(value, dict):
+                        raise ConfigError(
+                            f"{where} is a table of the model's setup options, got {value!r}"
+                        )
+                    values[key] = copy.deepcopy(value)
                 elif key == "imports":
                     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                         raise ConfigError(f"{where} must be a list of paths or module names")
@@ -126,6 +134,8 @@ class RunConfig:
             "device": self.device,
             "mode": self.mode,
             "imports": list(self.imports),
+            # only where given: a config without setup options keeps its hash and folder
+            **({"setup": copy.deepcopy(self.setup)} if self.setup else {}),
         }
 
     def digest(self) -> str:
@@ -267,7 +277,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def _set(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
     spec_depth = 1 if keys[0] in _SPEC_FIELDS else 2 if keys[0] == "packs" else None
-    if spec_depth is None and len(keys) > 1 and keys[0] != "imports":
+    if spec_depth is None and len(keys) > 1 and keys[0] not in ("imports", "setup"):
         raise ConfigError(f"--set {item!r}: {keys[0]!r} is a plain value, not a table")
     if (
         spec_depth is not None

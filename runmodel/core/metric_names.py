@@ -3,7 +3,8 @@
 Packs declare the keys of ``state.metrics`` they read and write (``Pack.reads`` and
 ``Pack.writes``), hooks with ``reads=``/``writes=``, and the step its own (``loss``, and
 what the mode's plan puts there). A name read that nothing declares but that is a typo
-away from one declared (``eval_acuracy``) stops the run before its first step, and so
+away from one declared (``eval_acuracy``), or that cuts its last word short (``eval_acc``
+for ``eval_accuracy``), stops the run before its first step whatever else runs, and so
 does any other name nothing declares when every hook of the run declares what it writes
 (``Checkpoint(best=("eval_accuracy", "max"))`` with no Evaluate attached; ``writes=()``
 declares that a hook writes none). A hook of the user's may write metrics without
@@ -67,8 +68,9 @@ def declared_reads(table: HookTable, mode: str, rank: int) -> set[str]:
 def check_metric_names(table: HookTable, mode: str, rank: int, step_writes: Iterable[str]) -> None:
     """Refuse a read metric name that is not one of the names declared written by the
     packs and hooks of this run (mode ``mode``, process ``rank``) and the step: always
-    when it is close to one of them; else when every hook of the user's that runs declares
-    what it writes (``writes=``, ``writes=()`` for none)."""
+    when it is close to one of them (``closest_name``), whatever else runs; else when every
+    hook of the user's that runs declares what it writes (``writes=``, ``writes=()`` for
+    none)."""
     written, readers, undeclared = _declarations(table, mode, rank, step_writes)
     for who, name in readers:
         check_not_test(name, who, "reads")
@@ -170,11 +172,23 @@ def _pack_text(key: str, pack: Pack) -> str:
 
 
 def closest_name(name: str, names: Iterable[str]) -> str | None:
-    """The declared name nearest ``name`` within a small edit distance: 1 for names of
-    up to 7 characters, 2 for longer ones."""
+    """The declared name ``name`` was meant to be: the nearest within a small edit
+    distance (1 for names of up to 7 characters, 2 for longer ones), else the one whose
+    last word it cuts short (``eval_acc`` for ``eval_accuracy``)."""
+    names = list(names)
     limit = 1 if len(name) < 8 else 2
     best = min(((edit_distance(name, n), n) for n in names), default=None)
-    return best[1] if best is not None and best[0] <= limit else None
+    if best is not None and best[0] <= limit:
+        return best[1]
+    return next((n for n in sorted(names) if _shortened(name, n)), None)
+
+
+def _shortened(short: str, long: str) -> bool:
+    """Whether ``short`` is ``long`` with its last ``_`` word cut short (``eval_acc``,
+    ``eval_accuracy``): the same words before it, and at least one letter of it."""
+    head, _, word = short.rpartition("_")
+    long_head, _, long_word = long.rpartition("_")
+    return head == long_head and bool(word) and long_word.startswith(word) and word != long_word
 
 
 def edit_distance(a: str, b: str) -> int:

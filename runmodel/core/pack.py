@@ -4,6 +4,8 @@ a pack's methods as hooks or overrides."""
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
     from .options import HookArgs
 
-__all__ = ["Pack", "flatten_packs", "hook", "override"]
+__all__ = ["Pack", "attach_site", "check_repeats", "flatten_packs", "hook", "override"]
 
 _MARK = "__runmodel_hooks__"
 
@@ -70,6 +72,11 @@ class Pack:
     #: in ``check_setup`` when they depend on the model (``docs/writing_packs.md``).
     reads: Collection[str] = ()
     writes: Collection[str] = ()
+    #: Whether two packs of this very class may be attached to one engine. A pack that
+    #: changes the training (a schedule, clipping, accumulation) says False: a second one
+    #: would compound the first (attached twice by mistake: by a config and by a model
+    #: file's ``configure``), and attaching it is refused, naming both places.
+    repeatable: bool = True
 
     def hooks(self) -> Iterator[Hook]:
         """This pack's own hooks (not its children's), in definition order; a subclass's
@@ -156,3 +163,52 @@ def flatten_packs(packs: Iterable[Pack], taken: set[str]) -> list[tuple[str, Pac
     for pack in packs:
         visit(pack, None)
     return flat
+
+
+_CORE = os.path.dirname(os.path.abspath(__file__))
+_FACADE = os.path.join(os.path.dirname(_CORE), "engine.py")
+
+
+def attach_site() -> str:
+    """``file:line`` of the code that attached packs: the innermost caller outside the
+    engine (``runmodel/core/`` and the ``runmodel.Engine`` facade)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(_CORE + os.sep) or path == _FACADE):
+            return f"{_relative(path)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
+
+
+def _relative(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def check_repeats(
+    new: list[tuple[str, Pack]], attached: dict[str, Pack], sites: dict[int, str], site: str
+) -> None:
+    """Refuse a pack whose class is not ``repeatable`` when a pack of that very class is
+    attached already (``attached``, each attached at ``sites[id(pack)]``) or comes earlier
+    among ``new`` (attached here, at ``site``), naming both places."""
+    seen: dict[type, tuple[str, str]] = {
+        type(p): (k, sites.get(id(p), "?")) for k, p in attached.items() if not p.repeatable
+    }
+    for key, pack in new:
+        kind = type(pack)
+        if kind.repeatable:
+            continue
+        if kind in seen:
+            first_key, first_site = seen[kind]
+            raise ValueError(
+                f"two {kind.__name__} packs on one engine: {first_key!r} attached at "
+                f"{first_site}, and {key!r} at {site}. A second {kind.__name__} would "
+                f"compound the first (a config's packs and a model file's configure(engine) "
+                f"both attaching one?); attach one, or detach the first "
+                f"({kind.__name__}.repeatable is False)"
+            )
+        seen[kind] = (key, site)

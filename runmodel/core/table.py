@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .hooks import Hook, HookHandle, resolve_order
-from .pack import Pack, flatten_packs, pack_hooks
+from .pack import Pack, attach_site, check_repeats, flatten_packs, pack_hooks
 from .phases import ACTION_PHASES, PHASES
 from .plan import Action, StepPlan, Wrapper
 from .where import Where
@@ -65,6 +65,7 @@ class HookTable:
         self.hooks: dict[str, list[Hook]] = {p: [] for p in PHASES}
         self.overrides: dict[str, list[Hook]] = {p: [] for p in ACTION_PHASES}
         self.packs: dict[str, Pack] = {}
+        self.attached_at: dict[int, str] = {}  # id(pack): file:line of its attach
         self.dispatch = Dispatch()
         self.where = Where()
         self.wrappers: list[Wrapper] = []  # engine.instrument(): around hooks and phases
@@ -101,10 +102,13 @@ class HookTable:
                     f"{seen[id(pack)]!r}; make a new instance to use a pack twice"
                 )
             seen[id(pack)] = key
+        site = attach_site()
+        check_repeats(flat, self.packs, self.attached_at, site)
         handle = self.add(
             [h for _, p in flat for h in pack_hooks(p)], packs=tuple(p for _, p in flat)
         )
         self.packs.update(flat)
+        self.attached_at.update((id(p), site) for _, p in flat)
         return handle
 
     def _detach(self, handle: HookHandle) -> None:
@@ -114,7 +118,7 @@ class HookTable:
             self._compiled.pop(h, None)
         self._reorder(hooks)
         for key in [k for k, p in self.packs.items() if p in handle.packs]:
-            del self.packs[key]
+            self.attached_at.pop(id(self.packs.pop(key)), None)
 
     def _holds(self, handle: HookHandle) -> bool:
         return any(h in self._list(h) for h in handle.hooks)

@@ -6,7 +6,13 @@ from __future__ import annotations
 from .interface import Interface, Supervised
 from .loader import configure_engine, load_model, load_model_class, load_source
 from .metrics import MetricSet, evaluate, inference
-from .model import Model, declared_options, resolve_options, unknown_option_text
+from .model import (
+    Model,
+    declared_options,
+    resolve_options,
+    setup_options_for,
+    unknown_option_text,
+)
 from .torch_model import TorchModel
 from .torchutil import torch_device, unwrap
 
@@ -24,6 +30,7 @@ __all__ = [
     "load_model_class",
     "load_source",
     "resolve_options",
+    "setup_options_for",
     "torch_device",
     "unknown_option_text",
     "unwrap",

@@ -64,16 +64,41 @@ def _load_file(path: Path, source: str) -> ModuleType:
     return module
 
 
-def configure_engine(model_type: Any, engine: Any) -> bool:
-    """Call ``configure(engine)`` of the module that defines ``model_type`` (a model class
-    or factory), if it has one: how a model file attaches the hooks and packs it wants,
-    for command-line and config runs alike. Returns whether there was one."""
-    module = sys.modules.get(getattr(model_type, "__module__", "") or "")
+def configure_engine(source: Any, engine: Any, model: Any = None) -> bool:
+    """Call ``configure(engine)`` of ``source`` (a module), or of the module that defines
+    ``source`` (a model class or factory), if it has one: how a model file attaches the
+    hooks and packs it wants, for command-line and config runs alike. A ``configure``
+    that takes two arguments is called ``configure(engine, model)`` with the run's model,
+    built with its resolved options (``model.init_options``), so what it attaches may
+    depend on them (the layer count deciding an unfreeze schedule). Returns whether there
+    was one."""
+    module = (
+        source
+        if isinstance(source, ModuleType)
+        else sys.modules.get(getattr(source, "__module__", "") or "")
+    )
     configure = getattr(module, "configure", None)
     if not callable(configure):
         return False
-    configure(engine)
+    if _takes_model(configure):
+        configure(engine, model)
+    else:
+        configure(engine)
     return True
+
+
+def _takes_model(configure: Any) -> bool:
+    """Whether ``configure`` takes a second positional argument (the model)."""
+    try:
+        parameters = inspect.signature(configure).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
 
 
 def load_model_class(source: str) -> type[Model]:

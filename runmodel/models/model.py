@@ -11,7 +11,13 @@ from ..config.overrides import unknown_option, unknown_option_text
 if TYPE_CHECKING:
     from ..core import RunStep
 
-__all__ = ["Model", "declared_options", "resolve_options", "unknown_option_text"]
+__all__ = [
+    "Model",
+    "declared_options",
+    "resolve_options",
+    "setup_options_for",
+    "unknown_option_text",
+]
 
 
 def resolve_options(
@@ -49,6 +55,17 @@ def declared_options(
             f"{type(owner).__name__}: {kind}_options must be a dict or None, got {given!r}"
         )
     return dict(given or {})
+
+
+def setup_options_for(model: object, given: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What ``model.setup`` is given for the setup options ``given``: checked against the
+    options ``model`` declares (``setup_defaults``) and completed with their defaults, as
+    every caller of ``setup`` (a run, an export) gives them; None where nothing is given
+    and nothing declared."""
+    defaults = getattr(model, "setup_defaults", None)
+    if given is None and not defaults:
+        return None
+    return declared_options(model, "setup", given, defaults or {})
 
 
 def _checked(owner: str, kind: str, key: str, value: Any, default: Any) -> Any:

@@ -43,6 +43,7 @@ class GradAccumulation(Pack):
     """
 
     name = "grad_accumulation"
+    repeatable = False  # a second one would compound the first
 
     def __init__(self, k: int) -> None:
         whole_number(

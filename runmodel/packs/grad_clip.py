@@ -45,6 +45,7 @@ class GradClip(Pack):
     """
 
     name = "grad_clip"
+    repeatable = False  # a second one would compound the first
     writes = ("grad_norm",)
 
     def __init__(

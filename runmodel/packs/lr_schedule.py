@@ -72,6 +72,7 @@ class LRSchedule(Pack):
     """
 
     name = "lr_schedule"
+    repeatable = False  # a second one would compound the first
     writes = ("lr",)
 
     def __init__(

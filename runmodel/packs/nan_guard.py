@@ -58,6 +58,7 @@ class NaNGuard(Pack):
     """
 
     name = "nan_guard"
+    repeatable = False  # a second one would compound the first
     writes = ("nan_skipped",)
 
     def __init__(self, action: str = "skip", every: int = 1, *, locate: bool = False) -> None:

@@ -42,7 +42,9 @@ class Progress(Pack):
     redraws, at most every ``refresh`` seconds, never once per step. Elsewhere (a log
     file, a pipe, CI): one plain line per epoch with the loss, the float metrics and the
     time. At an epoch's end the loss shown is the epoch's mean (``state.metrics["loss"]``,
-    which a train run computes because this pack reads it), where the run has one.
+    which a train run computes because this pack reads it), where the run has one. An
+    epoch cut short (Ctrl-C, a preemption) shows only the metrics written during it: not
+    the previous epoch's evaluation, which it did not repeat.
     ``file`` is where it writes (default: standard error).
     """
 
@@ -58,6 +60,7 @@ class Progress(Pack):
         self.bar: Any = None
         self.count = 0  # steps of this epoch; the bar catches up when it redraws
         self._shown_at = self._epoch_began = 0.0
+        self._metrics_before: dict[str, Any] = {}  # state.metrics as the epoch began
 
     @property
     def stream(self) -> IO[str]:
@@ -74,6 +77,7 @@ class Progress(Pack):
     def epoch_start(self, engine: Any) -> None:
         self._epoch_began = self._shown_at = time.monotonic()
         self.count = 0
+        self._metrics_before = dict(engine.state.metrics)
         if not interactive(self.stream):
             return
         from tqdm.auto import tqdm  # a notebook's widget in Jupyter, else the text bar
@@ -108,8 +112,12 @@ class Progress(Pack):
     def epoch_end(self, engine: Any) -> None:
         s = engine.state
         loss = _loss_text(s.metrics.get("loss", s.loss))  # the epoch's mean, if there is one
+        shown = s.metrics
+        if not s.epoch_complete:  # cut short (Ctrl-C): what this epoch measured, no older
+            before = self._metrics_before
+            shown = {k: v for k, v in s.metrics.items() if before.get(k, _UNSET) is not v}
         metrics = "".join(
-            f"  {k} {v:.4g}" for k, v in s.metrics.items() if isinstance(v, float) and k != "loss"
+            f"  {k} {v:.4g}" for k, v in shown.items() if isinstance(v, float) and k != "loss"
         )
         if self.bar is not None:
             self.bar.set_postfix_str(f"step {s.step}" + loss + metrics, refresh=False)
@@ -133,6 +141,9 @@ class Progress(Pack):
         if self.bar is not None:  # an error ended the epoch
             self.bar.close()
             self.bar = None
+
+
+_UNSET = object()
 
 
 def _epoch_length(engine: Any) -> int | None:

@@ -49,6 +49,7 @@ class Unfreeze(Pack):
     """
 
     name = "unfreeze"
+    repeatable = False  # a second one would compound the first
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ class WeightAveraging(Pack):
 
     #: the AveragedModel's ``multi_avg_fn`` (None: the running mean, SWA's)
     multi_avg_fn: Callable[..., Any] | None = None
+    repeatable = False  # two averages would both stand in for the module at evaluation
 
     def __init__(self, *, use_averaged: bool, use_buffers: bool) -> None:
         if not isinstance(use_averaged, bool):

@@ -19,17 +19,18 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .._io import read_json
 from ..config.registry import (
+    check_setup_args,
     known_model_args,
     make_backend,
     make_interface,
     make_model,
     make_pack,
     optimizer_factory,
-    registries,
 )
 from ..config.runconfig import RunConfig
 from ..core import Pack, RunResult
@@ -43,6 +44,7 @@ from .table import flatten
 __all__ = [
     "ConfigKind",
     "build",
+    "build_config",
     "execute",
     "import_sources",
     "load_run_config",
@@ -51,12 +53,16 @@ __all__ = [
 ]
 
 
-def import_sources(config: RunConfig, base: Path) -> None:
+def import_sources(config: RunConfig, base: Path) -> tuple[ModuleType, ...]:
     """Load the files and modules ``config.imports`` names (a relative ``.py`` from
-    ``base``), which register what the config names."""
+    ``base``), which register what the config names; returns them, in that order: a
+    config run calls the ``configure(engine)`` of each that defines one, and no other
+    (not that of a file they import in turn, such as the model's own)."""
+    modules = []
     for item in config.imports:
         path = base / item if item.endswith(".py") and not os.path.isabs(item) else item
-        load_source(str(path))
+        modules.append(load_source(str(path))[0])
+    return tuple(modules)
 
 
 @dataclass(frozen=True)
@@ -89,9 +95,9 @@ class ConfigKind:
         return dataclasses.replace(self, config=torchrun.with_backend(self.config, backend))
 
     def build(self) -> tuple[ConfigKind, Built]:
-        config, model, backend = build(self.config, self.base)
-        model_class: Any = registries["model"].get(config.model.type_)
-        return dataclasses.replace(self, config=config), Built(model, backend, None, model_class)
+        config, model, backend, imported = build_config(self.config, self.base)
+        built = Built(model, backend, dict(config.setup) or None, imported)
+        return dataclasses.replace(self, config=config), built
 
     def record(self) -> dict[str, Any]:
         return {
@@ -127,19 +133,28 @@ def build(
     (``base``: where relative ``imports`` are found). ``backend=False``: the model alone
     (None for the backend), to evaluate a run's weights in this one process, whatever
     backend (ddp, fsdp) trained it."""
+    return build_config(config, base, backend=backend)[:3]
+
+
+def build_config(
+    config: RunConfig, base: str | os.PathLike[str] = ".", *, backend: bool = True
+) -> tuple[RunConfig, Any, Any, tuple[ModuleType, ...]]:
+    """``build``, and the modules the config imports (``import_sources``): those whose
+    ``configure(engine)`` its run calls."""
     seed(config.seed)  # runmodel.seed: before the model is built
-    import_sources(config, Path(base))
-    # issue 19: a model option the model ignores names no folder and changes no hash
-    config = dataclasses.replace(config, model=known_model_args(config.model))
+    imported = import_sources(config, Path(base))
+    # a model option the model does not declare is refused, as on the command line
+    known_model_args(config.model)
     model = make_model(config.model, device=config.device)
+    check_setup_args(model, config.setup)
     if config.interface is not None:
         model.interface = make_interface(config.interface)
     if not backend:
-        return config, model, None
+        return config, model, None, imported
     made = make_backend(config.backend or "plain")
     if config.optimizer is not None:  # a bad name or bad arguments show now
         made.optimizer = optimizer_factory(config.optimizer)
-    return config, model, made
+    return config, model, made, imported
 
 
 def load_run_config(directory: Path) -> tuple[RunConfig, Path]:

@@ -28,6 +28,7 @@ from .._io import atomic_write
 from ..checkpoint.export import model_state
 from ..engine import RunArguments
 from ..extras import require
+from ..models import setup_options_for
 from ..models.torchutil import unwrap
 
 __all__ = [
@@ -82,7 +83,7 @@ class ExportProgram:
     trains: ClassVar[bool] = False
 
     def __call__(self, engine: Any, model: Any, arguments: RunArguments) -> Exported:
-        model.setup(arguments.setup_options)
+        model.setup(setup_options_for(model, arguments.setup_options))  # as a run's
         try:
             model.load_state_dict(model_state(self.weights, averaged=self.averaged))
             return export_module(model, self.out, self.format, weights=self.weights)

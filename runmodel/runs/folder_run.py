@@ -85,13 +85,13 @@ LAUNCH_RECORD = "RUNMODEL_LAUNCH_RECORD"
 @dataclass(frozen=True)
 class Built:
     """A kind's run, built: the model (seeded), the backend that prepares it, the setup
-    options it is given, and the class whose ``configure(engine)`` attaches its file's
-    packs and hooks."""
+    options it is given, and what its ``configure(engine)`` is called from (a model
+    source's class: its file's; a config's imported modules, each of its own)."""
 
     model: Any
     backend: Any
     setup_options: dict[str, Any] | None
-    model_class: type | None
+    configured_by: tuple[Any, ...] = ()
 
 
 class RunKind(Protocol):
@@ -272,8 +272,8 @@ def prepare_in_folder(
     named = [getattr(p, "name", "") for p in own]
     engine = engine or Engine(progress=False)  # progress= above decides
     engine.attach(*packs, *own, *default_packs(run_dir, progress, named))
-    if built.model_class is not None:
-        configure_engine(built.model_class, engine)
+    for source in built.configured_by:
+        configure_engine(source, engine, built.model)
     record = kind.record()
     record.setdefault("directory", str(run_dir.resolve()))  # where it was started
     if directory is not None:  # a folder's run continued: its checkpoints stay inside it

@@ -1,7 +1,9 @@
-"""Scripts run by the ``runmodel`` command: a ``.py`` file that is no model source runs as
-``__main__`` (with its arguments, from its working folder) up to its first
-``engine.run``, which then does what the command asked instead of training: describe,
-benchmark or profile, evaluate or infer with a trained run's weights, continue the run.
+"""Scripts run by the ``runmodel`` command: a ``.py`` file that is no model source
+(``is_script``: it defines no ``Model``, or sets its run up under ``if __name__ ==
+"__main__":`` without a ``configure(engine)``) runs as ``__main__`` (with its arguments,
+from its working folder) up to its first ``engine.run``, which then does what the
+command asked instead of training: describe, benchmark or profile, evaluate or infer
+with a trained run's weights, continue the run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from ..core import RunResult
 from ..engine import RunArguments, instead_of_first_run
 
-__all__ = ["ScriptEnded", "is_script", "run_script"]
+__all__ = ["ScriptEnded", "is_script", "main_block_ignored", "run_script"]
 
 #: What the command does in place of the script's ``engine.run``:
 #: ``instead(engine, model, run_arguments) -> result``.
@@ -37,14 +39,38 @@ _MODEL_BASES = {"Model", "TorchModel"}
 
 
 def is_script(source: str) -> bool:
-    """Whether ``source`` is a script: a ``.py`` file (with no ``:Class``) that defines no
-    ``Model`` subclass. Read, not imported: a script's top level is its run."""
-    if ":" in source or not source.endswith(".py") or not Path(source).is_file():
+    """Whether ``source`` is a script, the one rule every command follows: a ``.py`` file
+    (with no ``:Class``) that defines no ``Model`` subclass, or one that sets its run up
+    under ``if __name__ == "__main__":`` and defines no ``configure(engine)`` (that block
+    is then the only place its packs and hooks are attached, and only running the file
+    as a script honours it). Read, not imported: a script's top level is its run."""
+    if ":" in source:
         return False
+    tree = _parsed(source)
+    if tree is None:
+        return False
+    return not _defines_model(tree) or (_has_main_block(tree) and not _defines_configure(tree))
+
+
+def main_block_ignored(source: str) -> bool:
+    """Whether a command that loads ``source`` as a model source leaves out setup the file
+    has: a ``file.py:Class`` whose file sets its run up under ``if __name__ ==
+    "__main__":`` and defines no ``configure(engine)``."""
+    location = source.partition(":")[0]
+    tree = _parsed(location) if ":" in source else None
+    return tree is not None and _has_main_block(tree) and not _defines_configure(tree)
+
+
+def _parsed(path: str) -> ast.Module | None:
+    if not path.endswith(".py") or not Path(path).is_file():
+        return None
     try:
-        tree = ast.parse(Path(source).read_text(), source)
+        return ast.parse(Path(path).read_text(), path)
     except (OSError, SyntaxError, ValueError):
-        return False
+        return None
+
+
+def _defines_model(tree: ast.Module) -> bool:
     models = set(_MODEL_BASES)
     changed = True
     while changed:  # a class whose base is one of the file's model classes is one too
@@ -57,7 +83,33 @@ def is_script(source: str) -> bool:
             ):
                 models.add(node.name)
                 changed = True
-    return not (models - _MODEL_BASES)
+    return bool(models - _MODEL_BASES)
+
+
+def _has_main_block(tree: ast.Module) -> bool:
+    """A top-level ``if __name__ == "__main__":``."""
+    for node in tree.body:
+        test = node.test if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Compare) and len(test.comparators) == 1:
+            sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+            if isinstance(test.ops[0], ast.Eq) and sides == {
+                ast.dump(ast.Name("__name__", ast.Load())),
+                ast.dump(ast.Constant("__main__")),
+            }:
+                return True
+    return False
+
+
+def _defines_configure(tree: ast.Module) -> bool:
+    """A top-level ``configure``: a function, or a name imported as it."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "configure":
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (alias.asname or alias.name) == "configure" for alias in node.names
+        ):
+            return True
+    return False
 
 
 def _base_name(node: ast.expr) -> str:

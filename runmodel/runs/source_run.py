@@ -122,7 +122,7 @@ class SourceKind:
 
     def build(self) -> tuple[SourceKind, Built]:
         model, setup_options, cls = self.make()
-        return self, Built(model, self.backend_name(), setup_options, cls)
+        return self, Built(model, self.backend_name(), setup_options, (cls,))
 
     def record(self) -> dict[str, Any]:
         return dict(self.source_record)

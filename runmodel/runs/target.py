@@ -41,7 +41,7 @@ from .._io import read_json
 from ..backends.distributed import env
 from ..config import is_config_file
 from ..config.overrides import split_options
-from ..config.registry import check_model_args, registries
+from ..config.registry import check_model_args
 from ..config.runconfig import RunConfig, load_config, overridden_model_args
 from ..core import Pack, RunResult
 from ..engine import Engine, RunArguments
@@ -50,9 +50,9 @@ from ..models.seeding import seed as seed_generators
 from ..session.folder import RECORD, is_script_run, read_status
 from ..session.interrupt import say
 from . import torchrun
-from .config_run import build, import_sources, load_run_config, prepare, resume_dir
+from .config_run import build_config, import_sources, load_run_config, prepare, resume_dir
 from .folder_run import FolderRun, prepare_in_folder, refuse_checkpoints_outside
-from .script import is_script, run_script
+from .script import is_script, main_block_ignored, run_script
 from .source_run import SourceKind, source_record
 from .weights import evaluate_model
 
@@ -359,17 +359,17 @@ class ModelTarget(Target):
         return cls, model, init, setup, resolved
 
     @staticmethod
-    def _engine(cls: type[Model], packs: Sequence[Pack] = ()) -> Engine:
+    def _engine(cls: type[Model], model: Model, packs: Sequence[Pack] = ()) -> Engine:
         """The engine: ``packs`` attached, then what the model's file configures."""
         engine = Engine(progress=False)  # the command attaches its own (--no-progress)
         engine.attach(*packs)
-        configure_engine(cls, engine)
+        configure_engine(cls, engine, model)
         return engine
 
     def run_with(self, action: Action) -> Any:
         with loading():
             cls, model, _, _, setup = self._model()
-            engine = self._engine(cls)
+            engine = self._engine(cls, model)
         return action(engine, model, RunArguments(setup_options=setup or None))
 
     def run(self, request: RunRequest) -> RunResult:
@@ -478,10 +478,17 @@ class ScriptTarget(Target):
 
     def run(self, request: RunRequest) -> RunResult:
         """``runmodel run`` takes a model source or a config: loading the script as a model
-        source says what it lacks (a Model subclass), or which import failed."""
+        source says what it lacks (a Model subclass), or which import failed; a file
+        whose model's run is set up under its ``__main__`` block says so."""
         with loading():
-            load_model_class(self.source)
-        raise TargetError(f"{self.source} is a script: run it with `python {self.source}`")
+            cls = load_model_class(self.source)
+        raise TargetError(
+            f'{self.source} sets its run up under `if __name__ == "__main__":` and '
+            f"defines no configure(engine), so it is a script (every command runs it as "
+            f"one): run it with `python {self.source}`, move that setup into a "
+            f"configure(engine) function, or name the class to train it without that "
+            f"setup (`runmodel run {self.source}:{cls.__name__}`)"
+        )
 
     def resume(self, request: RunRequest) -> RunResult:
         if self.directory is None:
@@ -553,14 +560,21 @@ class ConfigTarget(Target):
             config = self._checked()
             if _distributed(config) and not env.launched():  # one process, plain backend
                 config = dataclasses.replace(config, backend=None)
-            config, model, backend = build(config, self.base, backend=action.trains)
+            config, model, backend, imported = build_config(
+                config, self.base, backend=action.trains
+            )
             engine = Engine(progress=False)
-            configure_engine(registries["model"].get(config.model.type_), engine)
+            for module in imported:
+                configure_engine(module, engine, model)
         return action(
             engine,
             model,
             RunArguments(
-                mode=config.mode, epochs=config.epochs, steps=config.steps, backend=backend
+                mode=config.mode,
+                epochs=config.epochs,
+                steps=config.steps,
+                backend=backend,
+                setup_options=dict(config.setup) or None,
             ),
         )
 
@@ -700,6 +714,13 @@ def open_target(
             return ConfigTarget.of_file(source, overrides)
         if is_script(source):
             return ScriptTarget(source, argv, os.getcwd())
+        if main_block_ignored(source):  # the user named the class: say what is left out
+            say(
+                f"runmodel: note: {source} is loaded as a model source: the "
+                f'`if __name__ == "__main__":` block of {source.partition(":")[0]} does not '
+                f"run, so the packs and hooks it attaches are not attached (name the file "
+                f"alone to run it as a script, or attach them in a configure(engine))"
+            )
         return ModelTarget(source, device, options, seed)
 
 

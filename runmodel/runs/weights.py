@@ -18,7 +18,7 @@ from ..core import Pack, RunResult
 from ..engine import Engine
 from ..session.folder import METRICS, MODEL, RECORD, read_status, record_evaluation, resolve
 
-__all__ = ["SPLITS", "choose_weights", "evaluate_model", "record_eval"]
+__all__ = ["SPLITS", "choose_weights", "evaluate_model", "record_eval", "weights_kind"]
 
 WHICH = ("best", "last")
 #: The data ``runmodel eval`` evaluates on: the model's eval_data or test_data.
@@ -75,6 +75,14 @@ def choose_weights(run_dir: Path, which: str | None = None) -> Path:
         f"{run_dir} has no trained weights: no checkpoint and no "
         f"model.pt (did the run finish an epoch?)"
     )
+
+
+def weights_kind(path: Path) -> str:
+    """What ``choose_weights`` chose, in words: ``"best checkpoint"``, ``"final weights"``
+    (``model.pt``) or ``"checkpoint"`` (the newest, where the run has no best)."""
+    if path.name == MODEL:
+        return "final weights"
+    return "best checkpoint" if path.name.startswith("best-") else "checkpoint"
 
 
 def _existing(run_dir: Path, name: str | None, run: str | None) -> Path | None:

@@ -1,6 +1,8 @@
 """The sweep's metric, checked at setup against what a config run of its config records:
-the run is set up in a temporary folder and stopped before its first step, and the
-metric names it would record are read from what its packs and hooks declare."""
+the run is set up in a temporary folder and ended before its first step, and the
+metric names it would record are read from what its packs and hooks declare. It is
+ended as by an error of its own (``Probed``), not stopped: a stopped run is saved
+(``Checkpoint``), evaluated and ranked by its metrics, which only a run produces."""
 
 from __future__ import annotations
 
@@ -41,9 +43,13 @@ def recorded_metrics(engine: Any) -> dict[str, str]:
     return found
 
 
+class Probed(Exception):
+    """Ends the probe's run once the metric names are read."""
+
+
 class _Probe(Pack):
-    """After every other setup hook, reads the metric names the run records, and stops
-    it before its first step."""
+    """After every other setup hook, reads the metric names the run records, and ends
+    it before its first step (``Probed``)."""
 
     name = "sweep_probe"
 
@@ -53,7 +59,7 @@ class _Probe(Pack):
     @hook(priority=-10_000)
     def setup(self, engine: Any) -> None:
         self.found.update(recorded_metrics(engine))
-        engine.stop("sweep: the metric names read")
+        raise Probed("sweep: the metric names read")
 
 
 def check_metric(spec: SweepSpec) -> None:
@@ -80,8 +86,14 @@ def check_metric(spec: SweepSpec) -> None:
                 base=spec.config.parent,
             )
             prepared.engine.run(
-                prepared.model, mode=config.mode, epochs=1, backend=prepared.built.backend
+                prepared.model,
+                mode=config.mode,
+                epochs=1,
+                backend=prepared.built.backend,
+                setup_options=prepared.built.setup_options,
             )
+        except Probed:
+            pass
         except Exception as error:  # the base config itself is broken: every trial would be
             raise SweepError(
                 f"the sweep's config cannot run: {type(error).__name__}: {error}"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-import warnings
 from pathlib import Path
 
 import pytest
 
 from runmodel.cli import main
+from runmodel.config.overrides import ConfigError
 from runmodel.config.runconfig import load_config
 from runmodel.models import TorchModel
 from runmodel.runs import prepare
@@ -58,24 +58,19 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_misspelt_model_option_warns_once_and_names_no_folder(config: Path) -> None:
+def test_a_misspelt_model_option_in_a_config_is_refused_and_names_no_folder(
+    config: Path,
+) -> None:
+    """Issue 38 (it warned before, issue 19): a config's option the model does not
+    declare is refused as on the command line, with the close name and what the model
+    declares, before any folder is made."""
     root = config.parent / "runs"
-    plain = load_config(config)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        prepared = prepare(load_config(config, ["model.args.hiden=64"]), root, base=config.parent)
-    [warning] = [str(w.message) for w in caught]
-    assert warning == (
-        "Small: unknown init option 'hiden' ignored; did you mean 'hidden'? (known: hidden, seed)"
-    )
-    # the folder and the hash are the plain config's: the option changed nothing
-    assert prepared.directory == root / plain.run_name()
-    assert "hiden" not in prepared.directory.name
-    assert prepared.config == plain and prepared.config.digest() == plain.digest()
-    prepared.run()
-    written = json.loads((prepared.directory / "config.json").read_text())
-    assert written["model"]["args"] == {"hidden": 16}
-    assert prepared.model.module[0].out_features == 16  # the declared option, not the typo
+    with pytest.raises(ConfigError) as caught:
+        prepare(load_config(config, ["model.args.hiden=64"]), root, base=config.parent)
+    assert str(caught.value).endswith(
+        "declares no init option 'hiden' (did you mean 'hidden'?); its init options: hidden, seed"
+    ), caught.value
+    assert not root.exists()
 
 
 @pytest.mark.parametrize("command", ["run", "describe"])

@@ -3,6 +3,7 @@ by where it was given."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -49,28 +50,32 @@ def test_configs_and_model_sources_read_pairs_alike() -> None:
     assert ConfigError is RegistryConfigError  # one error type, wherever it is imported
 
 
-def test_an_undeclared_option_is_ignored_from_python_or_configs_refused_from_the_command_line() -> (
+def test_an_undeclared_option_is_ignored_from_python_and_refused_from_configs_and_the_command_line() -> (  # noqa: E501
     None
 ):
-    for given in ("python", "config"):
-        with pytest.warns(UserWarning, match=r"^Net: unknown init option 'hiden' ignored; did"):
-            unknown_option(given, "Net", "init", "hiden", ["hidden"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(
-            ConfigError,
-            match=r"^--set 'hiden=3': Net declares no init option 'hiden' \(did you mean "
-            r"'hidden'\?\); its options$",
-        ):
-            unknown_option(
-                "command line",
-                "Net",
-                "init",
-                "hiden",
-                ["hidden"],
-                given_as="--set 'hiden=3'",
-                declared="its options",
-            )
+    """Issue 38: one rule for a config and ``--set`` (a config only warned before)."""
+    with pytest.warns(UserWarning, match=r"^Net: unknown init option 'hiden' ignored; did"):
+        unknown_option("python", "Net", "init", "hiden", ["hidden"])
+    for given, how in (
+        ("config", "run.toml: model.args.hiden"),
+        ("command line", "--set 'hiden=3'"),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(
+                ConfigError,
+                match=rf"^{re.escape(how)}: Net declares no init option 'hiden' \(did you "
+                r"mean 'hidden'\?\); its options$",
+            ):
+                unknown_option(
+                    given,  # type: ignore[arg-type]
+                    "Net",
+                    "init",
+                    "hiden",
+                    ["hidden"],
+                    given_as=how,
+                    declared="its options",
+                )
 
 
 def test_one_did_you_mean_for_every_layer() -> None:
