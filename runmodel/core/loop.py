@@ -72,7 +72,9 @@ class Loop:
 
     def interrupt(self, reason: str | None, signal: int | None) -> None:
         """``engine.interrupt()``: stop after this step, then raise ``Interrupted``
-        (``Preempted`` for a preemption ``signal``) once the model's loop has ended."""
+        (``Preempted`` for a preemption ``signal``) once the model's loop has ended. A
+        preemption before this run's first step is held until that step is done (a run
+        that ends first, its budget spent, ends as it would have)."""
         if signal is not None and (self.first_step is None or self.state.step == self.first_step):
             # a preemption before this run's first step waits for that step: a job signalled
             # as it starts again (SLURM's time-limit signal comes up to a minute early) still

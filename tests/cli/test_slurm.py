@@ -112,6 +112,7 @@ class Slurm:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.env = {**ENV, "SLURM_CONF": str(folder / "slurm.conf")}
+        self.job_logs: list[Path] = []  # shown, with the daemons' logs, when a wait fails
 
     def __call__(self, *command: str, check: bool = True, **run: Any) -> str:
         run.setdefault("env", self.env)
@@ -133,7 +134,8 @@ class Slurm:
             time.sleep(0.5)
         logs = "".join(
             f"\n--- {log.name}\n" + log.read_text()[-3000:]
-            for log in sorted(self.folder.glob("*.log"))
+            for log in [*sorted(self.folder.glob("*.log")), *self.job_logs]
+            if log.exists()
         )
         raise AssertionError(f"SLURM: no {what} within {limit_s:g} s{logs}")
 
@@ -234,7 +236,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
             if jobs:
                 cluster("scancel", "--full", "--signal=KILL", *jobs, check=False)
                 cluster("scancel", *jobs, check=False)
-                time.sleep(2)
+                deadline = time.monotonic() + 60  # their processes end before slurmd does
+                while time.monotonic() < deadline and cluster("squeue", "-h", check=False):
+                    time.sleep(1)
         for daemon in reversed(started):
             daemon.terminate()
             try:
@@ -276,11 +280,11 @@ def test_the_documented_script_requeues_resumes_and_ends_as_the_straight_run(
     env = {**slurm.env, "PAUSE": "0.3"}
     job = slurm("sbatch", "--parsable", "digits.sh", cwd=project, env=env).strip()
     log = project / f"digits-{job}.log"
+    slurm.job_logs.append(log)
     said: list[str] = []
 
     def progressed(start: int) -> None:
         """The job's start number ``start`` runs, and its run took two steps."""
-        shutil.copy(log, slurm.folder / "job.log") if log.exists() else None
         slurm.wait_for(f"two steps of start {start}", lambda: _steps_of_start(log, start) >= 2)
 
     def restarted(start: int) -> None:
