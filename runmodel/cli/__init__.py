@@ -117,12 +117,15 @@ def _run(args: argparse.Namespace) -> int:
 
 def _interrupted(stopped: KeyboardInterrupt) -> int:
     """Ctrl-C (130), or a preemption signal (``runmodel.Preempted``: 128 + its number,
-    143 for SIGTERM), as a shell reports a process that the signal ended."""
+    143 for SIGTERM), as a shell reports a process that the signal ended. A process that
+    torchrun started says nothing of it: the launcher says it once for the run (rank 0
+    said where the run saved)."""
     number = int(getattr(stopped, "signal", signal.SIGINT))
     if number == signal.SIGINT:
         last_words("runmodel: interrupted")
         return EXIT_INTERRUPTED
-    last_words(f"runmodel: preempted by {signal.Signals(number).name}")
+    if not env.launched():
+        last_words(f"runmodel: preempted by {signal.Signals(number).name}")
     return 128 + number
 
 

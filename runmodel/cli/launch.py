@@ -20,6 +20,7 @@ Nothing here imports torch until a run is launched, so ``runmodel --help`` stays
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -182,6 +183,19 @@ def preemption_arguments(args: argparse.Namespace) -> list[str]:
     return ["--signals-to-handle", names, "--shutdown-timeout", str(grace)]
 
 
+def _kill_deadline(args: argparse.Namespace) -> str:
+    """When what is left of the run's processes is killed. Under SLURM, SLURM may kill
+    them first: its job step's processes get its SIGKILL ``KillWait`` seconds after its
+    own signal (a preemption's ``GraceTime`` first), whatever torchrun waits."""
+    grace = preemption_arguments(args)[-1]
+    if "SLURM_JOB_ID" in os.environ:
+        return (
+            f"SIGKILL from torchrun {grace} s on, or from SLURM once its KillWait (a "
+            f"preemption's GraceTime) is up, whichever comes first"
+        )
+    return f"{grace} s before torchrun ends them with SIGKILL"
+
+
 def launch(
     args: argparse.Namespace,
     argv: Sequence[str],
@@ -205,8 +219,7 @@ def launch(
         number = int(stopped.sigval)
         say(
             f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
-            f"the run's processes, which stop after a step and save ("
-            f"{preemption_arguments(args)[-1]} s before torchrun ends them with SIGKILL)"
+            f"the run's processes, which stop after a step and save ({_kill_deadline(args)})"
         )
         return 128 + number
     except ChildFailedError as failed:

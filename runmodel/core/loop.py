@@ -43,6 +43,8 @@ class Loop:
         self.skip = self.in_step_start = False
         self.refusing = False  # while packs' check() runs: a failure is a refusal
         self.first_epoch = True
+        self.first_step: int | None = None  # the step this run's first runstep call found
+        self.held: tuple[str | None, int] | None = None  # a preemption before its first step
         self.position = Position(self.state, None)  # the plan's data tracker joins later
         self.guard = -1  # runstep takes its slow path while step >= guard
 
@@ -51,6 +53,7 @@ class Loop:
         p = self.position
         busy = (
             self.stopping
+            or self.held is not None
             or self.epoch_ending
             or not self.epoch_open
             or p.replay
@@ -69,7 +72,15 @@ class Loop:
 
     def interrupt(self, reason: str | None, signal: int | None) -> None:
         """``engine.interrupt()``: stop after this step, then raise ``Interrupted``
-        (``Preempted`` for a preemption ``signal``) once the model's loop has ended."""
+        (``Preempted`` for a preemption ``signal``) once the model's loop has ended. A
+        preemption before this run's first step is held until that step is done (a run
+        that ends first, its budget spent, ends as it would have)."""
+        if signal is not None and (self.first_step is None or self.state.step == self.first_step):
+            # a preemption before this run's first step waits for that step: a job signalled
+            # as it starts again (SLURM's time-limit signal comes up to a minute early) still
+            # makes progress, instead of being requeued with none, again and again
+            self.held, self.guard = (reason, signal), -1
+            return
         if reason is None:
             reason = (
                 "interrupted: Ctrl-C" if signal is None else f"preempted: {signal_name(signal)}"
@@ -131,7 +142,13 @@ class Loop:
 
     def _before_step(self) -> bool:
         """The slow path of runstep: end the run, drop the call, open an epoch, or go on
-        with a resumed epoch (drop a replayed batch; restore the generators)."""
+        with a resumed epoch (drop a replayed batch; restore the generators); a preemption
+        held until this run's first step is done stops it now."""
+        if self.first_step is None:
+            self.first_step = self.state.step
+        elif self.held is not None and self.first_step < self.state.step < self.budget:
+            (reason, signal), self.held = self.held, None
+            self.interrupt(reason, signal)
         if self.stopping or self.state.step >= self.budget:
             self.ended = "stopped" if self.stopping else "budget"
             if self.state.stopping is None:

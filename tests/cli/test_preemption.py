@@ -37,6 +37,7 @@ RUNMODEL = (sys.executable, "-m", "runmodel")
 MODEL = textwrap.dedent('''
     """A small classifier registered as "tiny"; SAMPLES (64) training samples."""
     import os
+    import signal
     import time
 
     import torch
@@ -79,6 +80,9 @@ MODEL = textwrap.dedent('''
             def slowly(engine):
                 print("ready", flush=True)
                 time.sleep(float(os.environ.get("PAUSE", "0.05")))
+
+        if os.environ.get("TERM_AT_SETUP"):  # a preemption before the run's first step
+            engine.on("setup", lambda engine: os.kill(os.getpid(), signal.SIGTERM))
 
         @engine.on("teardown")
         def stopped_at(engine):
@@ -254,6 +258,59 @@ def test_a_signal_asked_for_preempts_a_model_sources_run_exit_128_plus_its_numbe
     assert err.splitlines()[-1] == "runmodel: preempted by SIGUSR1", err
 
 
+def test_a_preemption_before_the_first_step_waits_for_one_step(
+    project: Path, straight: Any
+) -> None:
+    """SIGTERM before a run's first step (its setup): the run takes that step, saves it and
+    exits 143, a new run and a resumed one alike, so a job signalled as it starts again
+    (SLURM's early time-limit signal) still makes progress; the finished run is exact."""
+    runs = project / "runs-at-setup"
+    args = ["--no-progress"]
+    first = _run(*RUNMODEL, "run", "run.toml", "--runs-dir", runs, *args, cwd=project,
+                 TERM_AT_SETUP="1")  # fmt: skip
+    assert first.returncode == 143, first.stderr[-4000:]
+    folder = _only(runs)
+    status = _read(folder, "status.json")
+    assert (status["status"], int(status["step"])) == ("preempted", 1), status
+    again = _run(*RUNMODEL, "resume", folder, *args, cwd=project, TERM_AT_SETUP="1")
+    assert again.returncode == 143, again.stderr[-4000:]
+    status = _read(folder, "status.json")
+    assert (status["status"], int(status["step"])) == ("preempted", 2), status
+    assert status["files"]["last_checkpoint"] == "checkpoint/ckpt-00000-0000000002.pt"
+
+    done = _run(*RUNMODEL, "resume", folder, *args, cwd=project)
+    assert done.returncode == 0, done.stderr[-4000:]
+    _same_weights(folder, straight())
+    assert _read(folder, "metrics.json")["metrics"] == _read(straight(), "metrics.json")["metrics"]
+
+
+def test_the_launchers_preemption_line_says_who_kills_when(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchrun's ``--shutdown-timeout`` is when the processes are killed, except under
+    SLURM, whose own SIGKILL comes when its KillWait (or a preemption's GraceTime) is up."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def preempted(options: Any) -> None:
+        raise SignalException("", signal.SIGTERM)
+
+    monkeypatch.setattr("torch.distributed.run.run", preempted)
+    args = parser().parse_args(["run", "model.py", "--nproc-per-node", "2"])
+    said = []
+    for job in (None, "4242"):
+        if job is None:
+            monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        else:
+            monkeypatch.setenv("SLURM_JOB_ID", job)
+        assert launch.launch(args, ["run", "model.py"]) == 143
+        said.append(capsys.readouterr().err.strip())
+    assert said[0].endswith("save (30 s before torchrun ends them with SIGKILL)"), said
+    assert said[1].endswith(
+        "save (SIGKILL from torchrun 30 s on, or from SLURM once its KillWait (a preemption's "
+        "GraceTime) is up, whichever comes first)"
+    ), said
+
+
 def test_a_closed_output_pipe_never_changes_the_exit_code(project: Path) -> None:
     """``runmodel run CONFIG 2>&1 | tee log`` and Ctrl-C: tee is gone before the command
     says its last words; they are dropped, the exit code stays 130 (not Python's 120 for
@@ -383,6 +440,11 @@ def test_sigterm_to_the_launcher_stops_every_process_at_the_same_step_and_saves(
         STOPPED=str(stopped),
     )
     assert code == 143, err[-4000:]
+    # one line says it for the run (the launcher), not one for each process
+    assert [line for line in err.splitlines() if "preempted" in line] == [
+        "runmodel run: preempted by SIGTERM: handed on to the run's processes, which stop "
+        "after a step and save (30 s before torchrun ends them with SIGKILL)"
+    ], err[-4000:]
     folder = _only(runs)
     status = _read(folder, "status.json")
     assert (status["status"], status.get("signal")) == ("preempted", "SIGTERM"), status
