@@ -10,9 +10,15 @@ signal would have (``ends_as_its_signal``): 130 in a shell for Ctrl-C, 143 for S
 
 Nothing on this path writes to the terminal before the state is saved, and nothing it
 writes can fail the run: with ``python train.py 2>&1 | tee log`` the same Ctrl-C ends
-``tee``, and a write to the closed pipe raises ``BrokenPipeError`` (``say`` drops it).
+``tee``, and a write to the closed pipe raises ``BrokenPipeError`` (``say`` drops it; a
+hook's own ``print`` is guarded, below).
 
-A second Ctrl-C stops at once, as Python's own handler does. The handlers are installed
+A second Ctrl-C stops at once, as Python's own handler does. A second preemption signal
+within ``SAME_SIGNAL_S`` seconds is the same preemption (a wrapper forwarding it, a
+scheduler signalling the group); a later one stops the run at once (``StoppedAtOnce``:
+its status is written, the checkpoints are left as they were). From the first signal to
+the end of the run, a write to a closed stdout or stderr is dropped (``_Output``), so a
+``print`` in a hook cannot fail the step that is finishing. The handlers are installed
 only in the main thread and where Python's own are in place (an outer run, or a handler
 the script set, keeps its own; a Ctrl-C that the process ignores, as a shell's
 background job does, stays ignored).
