@@ -122,6 +122,38 @@ def test_a_second_sigterm_soon_after_the_first_does_not_cost_the_save(project: P
     assert _saved_at_the_step_named(project / "runs" / "twice", "preempted") > 3, err
 
 
+def test_a_second_sigterm_later_stops_at_once_and_says_so_in_the_status(
+    project: Path,
+) -> None:
+    """Past the window (2 s), a second SIGTERM stops the run at once: nothing more saved,
+    the status ``interrupted`` (not ``running``), the process ended by SIGTERM."""
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "runs/late"],
+        cwd=project,
+        env={**ENV, "READY_AT": "3", "PAUSE": "30"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        while (line := proc.stdout.readline()) != "ready\n":
+            assert line, f"ended before it was ready: {proc.communicate()}"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err
+    status = _status(project / "runs" / "late")
+    assert status["status"] == "interrupted" and "SIGTERM again" in status["error"], status
+    assert not list((project / "runs" / "late").glob("checkpoint/ckpt-*"))
+
+
 def test_a_closed_output_during_ctrl_c_ends_the_run_as_the_interrupt(project: Path) -> None:
     code, _ = signal_when_ready(
         [sys.executable, "train.py", "runs/piped"],
