@@ -174,12 +174,10 @@ def _checked(flag: str) -> Any:
     return check
 
 
-def check_grace(args: argparse.Namespace, relaunched: bool = False) -> None:
-    """``--preempt-grace`` is torchrun's: refused where no launch takes it (a run in
-    this process; ``relaunched``: a resume that starts its processes again takes it)."""
-    if getattr(args, "preempt_grace", None) is not None and not (
-        relaunched or asked_for(args) or env.launched()
-    ):
+def check_grace(args: argparse.Namespace) -> None:
+    """``--preempt-grace`` is torchrun's: refused for a run in this process (no launch
+    takes it)."""
+    if getattr(args, "preempt_grace", None) is not None and not (asked_for(args) or env.launched()):
         raise ValueError(
             f"--preempt-grace {args.preempt_grace}: torchrun's time to save after a "
             f"preemption signal, for a run in several processes: add --nproc-per-node N, "
@@ -300,10 +298,12 @@ def ended_on_purpose(code: int, saved: bool = False) -> int:
 
 def _launch_folder() -> Path | None:
     """The launch's own folder, in a process the launcher started (None elsewhere)."""
+    if not env.launched():  # (a usage error outside torchrun imports nothing more)
+        return None
     from ..runs.folder_run import LAUNCH_RECORD
 
     record = os.environ.get(LAUNCH_RECORD)
-    return Path(record).parent if record and env.launched() else None
+    return Path(record).parent if record else None
 
 
 def _ended() -> int | None:
