@@ -34,7 +34,14 @@ from .checkpoint import FileStorage
 from .config.registry import Spec, make_backend
 from .models import setup_options_for
 from .modes import as_mode
-from .session.interrupt import ends_as_its_signal, say, signal_number, watch_interrupts
+from .session.interrupt import (
+    StoppedAtOnce,
+    ends_as_its_signal,
+    preempting,
+    say,
+    signal_number,
+    watch_interrupts,
+)
 
 if TYPE_CHECKING:
     import ignite.engine
@@ -135,22 +142,22 @@ class Engine(core.BareEngine):
         backend: BackendArgument = None,
         resume: str | os.PathLike[str] | Literal["auto"] | None = None,
         run_dir: str | os.PathLike[str] | RunFolder | None = None,
-        preempt_signals: Iterable[int | str] = (),
+        preempt_signals: Iterable[int | str] | int | str = (),
     ) -> core.RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs,
         prepared by ``backend``, from ``resume``, in ``run_dir``, stopped by Ctrl-C and
         ``preempt_signals`` once a step is done (each argument: ``RunArguments``). The
         steps around the core's run are the methods below, in this order (the module's
         docstring lists them)."""
+        preempt = preempting(preempt_signals)  # bad input: before the run
         given = RunArguments(
-            mode, steps, epochs, setup_options, backend, resume, run_dir, tuple(preempt_signals)
+            mode, steps, epochs, setup_options, backend, resume, run_dir, tuple(preempt)
         )
         replace = _instead.get()
         if replace is not None:
             _instead.set(None)  # once: the asked thing may run the engine itself
             return replace(self, model, given)
         mode = as_mode(mode)
-        preempt = [signal_number(s) for s in given.preempt_signals]  # bad input: before the run
         folder = self._folder_for(run_dir, mode) if run_dir is not None else None
         auto = resume == "auto"
         if auto:
@@ -178,20 +185,22 @@ class Engine(core.BareEngine):
         run saved before it ended: it then says where, and how to go on."""
         try:
             with watch_interrupts(self, preempt) as self._on_setup:
-                result = super().run(model, mode, **arguments)
+                try:  # the status written while a second signal is still the same one
+                    result = super().run(model, mode, **arguments)
+                except BaseException as error:
+                    if folder is not None:
+                        folder.finish(self, None, error)
+                    raise
+                if folder is not None:
+                    folder.finish(self, result)
         except core.Interrupted as interrupted:  # saved: now say so, in one line
-            if folder is not None:
-                folder.finish(self, None, interrupted)
             if env.rank() == 0:
                 say(self._interrupted(interrupted, auto, folder))
             ends_as_its_signal(interrupted)  # uncaught, it ends the process as its signal
             raise interrupted.with_traceback(None) from None
-        except BaseException as error:
-            if folder is not None:
-                folder.finish(self, None, error)
+        except StoppedAtOnce as stopped:
+            ends_as_its_signal(stopped)
             raise
-        if folder is not None:
-            folder.finish(self, result)
         return result
 
     @contextlib.contextmanager

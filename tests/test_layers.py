@@ -259,6 +259,10 @@ ASSIGNABLE = {
     ("sys", "excepthook"),
     # a script run as __main__ by the command gets its own arguments, put back after
     ("sys", "argv"),
+    # from an interrupt's signal to the end of its run, a write to a closed pipe is
+    # dropped (session/interrupt.py: put back as the run's watch ends)
+    ("sys", "stdout"),
+    ("sys", "stderr"),
 }
 
 

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 from ..backends.distributed import env
 from ..backends.distributed.failures import record_failure
-from ..core.state import REFUSED, refused_at_setup
+from ..core.state import REFUSED, Interrupted, refused_at_setup
+from . import launch
 from .commands import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -64,12 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``runmodel`` command; returns the exit code."""
     made = parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = made.parse_known_args(argv)
-    args.argv, args.extra = argv, unknown(extra)  # a launch passes them on; a script takes them
-    if args.extra and not script_arguments_allowed(args):
-        made.error(f"unrecognized arguments: {' '.join(args.extra)}")
     try:
-        return _run(args)
+        args, extra = made.parse_known_args(argv)
+        args.argv, args.extra = argv, unknown(extra)  # a launch passes them on; a script too
+        if args.extra and not script_arguments_allowed(args):
+            made.error(f"unrecognized arguments: {' '.join(args.extra)}")
+    except SystemExit as refused:  # argparse's usage error, exit 2 (or --help's exit 0)
+        if refused.code == EXIT_USAGE:
+            _flushed()
+            launch.ended_on_purpose(EXIT_USAGE)
+        raise
+    try:
+        code = _run(args)
+        return launch.ended_on_purpose(code) if code == EXIT_USAGE else code
+    except Interrupted as stopped:  # saved, at the step every process of a launch stopped at
+        return launch.ended_on_purpose(_interrupted(stopped), saved=True)
     finally:
         _flushed()
 
@@ -79,7 +89,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
         return code
-    except KeyboardInterrupt as stopped:  # runmodel.Interrupted included: saved and ended
+    except Interrupted:  # saved and ended: main says how
+        raise
+    except KeyboardInterrupt as stopped:
         return _interrupted(stopped)
     except BrokenPipeError:  # `runmodel runs | head`: the reader has all it wanted
         quiet(sys.stdout)  # no error at exit

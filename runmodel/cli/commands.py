@@ -205,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
             f"in several processes: add --nproc-per-node N (a config may name "
             f'its backend itself: backend = {{type = "{args.backend}"}})'
         )
+    with bad_input(ValueError):
+        launch.check_grace(args)
     if launch.asked_for(args):
         return _launch_run(args)
     mode = args.mode
@@ -366,6 +368,9 @@ def resume(args: argparse.Namespace) -> int:
         target = _run_folder(args)
         if not env.launched() and _relaunch(args, target):
             return _launch_in_folder(args, "resume")
+    with bad_input(ValueError):
+        launch.check_grace(args)
+    with bad_input():
         result = target.resume(_request(args))
     report(result, args.json)
     return EXIT_OK
@@ -491,6 +496,11 @@ def _export_program(args: argparse.Namespace) -> int:
             f"config, model source or script makes it: PATH must be a run "
             f"folder, and {args.path} is not one (a checkpoint alone holds "
             f"weights; --format state_dict exports those)"
+        )
+    if Path(args.out).is_dir():  # before the run's model is made
+        raise UsageError(
+            f"{args.out} is a folder: give the program's file, such as "
+            f"{Path(args.out) / ('model.' + args.format)}"
         )
     from ..extras import require
     from ..runs.export import ExportProgram

@@ -14,16 +14,28 @@ signal on to its processes, which stop together after a step and save; it waits
 SIGKILL. The command then exits 128 + the signal's number (143 for SIGTERM), as a shell
 reports a process that the signal ended.
 
+A launch also ends, at once and with no restart under ``--max-restarts``, when one of its
+processes ends it on purpose (``ended_on_purpose``): a refusal at setup (bad input, a run
+folder that holds the run already: exit 2, nothing written) or a stop by a preemption
+signal that reached a process and not the launcher (the processes stopped together and
+saved: exit 128 + N). The process writes the code in the launch's own folder (beside
+``LAUNCH_RECORD``'s file), which the launcher reads; torchrun would take either for a
+failure, and restart the run into a resume.
+
 Nothing here imports torch until a run is launched, so ``runmodel --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..backends.distributed import env
@@ -36,6 +48,8 @@ __all__ = [
     "TORCHRUN_SIGNALS",
     "add_arguments",
     "asked_for",
+    "check_grace",
+    "ended_on_purpose",
     "launch",
     "preemption_arguments",
     "torchrun_arguments",
@@ -45,6 +59,15 @@ __all__ = [
 PREEMPT_GRACE = 30
 #: The signals torchrun handles (and sends on to its processes) by default.
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+#: The file, in the launch's own folder, where a process says how it ended the launch.
+ENDED = "ended"
+#: The loggers of torchrun's words on ending its processes.
+TORCHRUN_LOGS = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+)
+#: Seconds a refusing process waits for the launcher to end the others (and it) at once.
+REFUSAL_WAIT_S = 30.0
 
 
 class LaunchOption(NamedTuple):
@@ -109,11 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser, text: str | None = None) -> N
     group.add_argument(
         "--preempt-grace",
         type=_seconds,
-        default=PREEMPT_GRACE,
         metavar="SECONDS",
         help="after a preemption signal, how long torchrun "
         "lets the processes save before it sends SIGKILL (its "
-        f"--shutdown-timeout; default {PREEMPT_GRACE})",
+        f"--shutdown-timeout; default {PREEMPT_GRACE}; with --nproc-per-node or another "
+        "launcher option)",
     )
 
 
@@ -137,13 +160,29 @@ def _checked(flag: str) -> Any:
             )
         if flag in ("--node-rank", "--master-port", "--max-restarts") and not text.isdigit():
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-        if flag == "--nnodes" and not all(p.isdigit() and int(p) >= 1 for p in text.split(":", 1)):
+        parts = text.split(":", 1)
+        if flag == "--nnodes" and not all(p.isdigit() and int(p) >= 1 for p in parts):
             raise argparse.ArgumentTypeError(
                 f"{text!r}: give a number of machines >= 1, or MIN:MAX"
+            )
+        if flag == "--nnodes" and int(parts[0]) > int(parts[-1]):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: MIN:MAX with MIN <= MAX, as in {parts[-1]}:{parts[0]}"
             )
         return text
 
     return check
+
+
+def check_grace(args: argparse.Namespace) -> None:
+    """``--preempt-grace`` is torchrun's: refused for a run in this process (no launch
+    takes it)."""
+    if getattr(args, "preempt_grace", None) is not None and not (asked_for(args) or env.launched()):
+        raise ValueError(
+            f"--preempt-grace {args.preempt_grace}: torchrun's time to save after a "
+            f"preemption signal, for a run in several processes: add --nproc-per-node N, "
+            f"or drop it (a run in this process saves as soon as its step is done)"
+        )
 
 
 def asked_for(args: argparse.Namespace) -> bool:
@@ -213,9 +252,14 @@ def launch(
     options = get_args_parser().parse_args(
         [*torchrun_arguments(args), *preemption_arguments(args), "-m", "runmodel", *argv]
     )
+    quiet_on_purpose = _QuietOnPurpose()  # torchrun's "death signal" words after a refusal
+    for name in TORCHRUN_LOGS:
+        logging.getLogger(name).addFilter(quiet_on_purpose)
     try:
         run(options)  # not torch.distributed.run.main, which prints its own report
     except SignalException as stopped:  # torchrun handed it on to the processes
+        if _ended() == 2:  # a process refused at setup and asked for the end: it said why
+            return 2
         number = int(stopped.sigval)
         say(
             f"runmodel {command}: preempted by {signal.Signals(number).name}: handed on to "
@@ -231,4 +275,61 @@ def launch(
         if on_failure is not None:
             on_failure(rank, text)
         return 2 if failed.failures[rank].exitcode == 2 else 1
-    return 0
+    finally:
+        for name in TORCHRUN_LOGS:
+            logging.getLogger(name).removeFilter(quiet_on_purpose)
+    return _ended() or 0
+
+
+def ended_on_purpose(code: int, saved: bool = False) -> int:
+    """In a process this launcher started: the exit code ``code`` for a process that
+    ends the launch on purpose, where torchrun would take it for a failure and restart
+    the processes under ``--max-restarts``. A refusal at setup (``code`` 2) is written for
+    the launcher, which is then asked (SIGTERM) to end the others and this process at
+    once (they may wait on this one); a stop by a signal that saved (``saved``: every
+    process stopped at the same step) is written too, and the process exits 0 so that
+    torchrun sees its group finish. Anything else, or outside such a launch: ``code``."""
+    folder = _launch_folder()
+    if folder is None or not (code == 2 or saved):
+        return code
+    try:
+        with open(folder / ENDED, "x") as file:
+            file.write(str(code))
+        first = True
+    except FileExistsError:
+        first = False
+    except OSError:
+        return code
+    if saved:
+        return 0
+    if first:
+        os.kill(os.getppid(), signal.SIGTERM)  # torchrun's agent runs in the launcher
+    time.sleep(REFUSAL_WAIT_S)  # ended by the launcher's SIGTERM well before
+    return code
+
+
+def _launch_folder() -> Path | None:
+    """The launch's own folder, in a process the launcher started (None elsewhere)."""
+    if not env.launched():  # (a usage error outside torchrun imports nothing more)
+        return None
+    from ..runs.folder_run import LAUNCH_RECORD
+
+    record = os.environ.get(LAUNCH_RECORD)
+    return Path(record).parent if record else None
+
+
+def _ended() -> int | None:
+    """The code a process of the launch wrote on ending it on purpose (None: none did)."""
+    from ..runs.folder_run import LAUNCH_RECORD
+
+    record = os.environ.get(LAUNCH_RECORD)
+    with contextlib.suppress(OSError, ValueError):
+        return int((Path(record).parent / ENDED).read_text()) if record else None
+    return None
+
+
+class _QuietOnPurpose(logging.Filter):
+    """Drops torchrun's warnings once a process ended the launch on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _ended() is None

@@ -76,7 +76,16 @@ class SWA(WeightAveraging):
 
     def check_setup(self, engine: Any) -> None:
         super().check_setup(engine)
-        if engine.state.mode != "train" or self.swa_lr is None:
+        if engine.state.mode != "train":
+            return
+        last = engine.state.max_epochs
+        if last is not None and self.start >= last:
+            raise ValueError(
+                f"SWA(start={self.start}) averages from epoch {self.start} (counted from 0), "
+                f"and the run ends after epoch {last - 1} (epochs={last}): nothing would be "
+                f"averaged; give SWA a start below {last}, or the run more epochs"
+            )
+        if self.swa_lr is None:
             return
         from .lr_schedule import LRSchedule
 

@@ -62,6 +62,17 @@ class WeightAveraging(Pack):
                 f"{owner} averages a TorchModel's module weights; "
                 f"{type(model).__name__} has no module"
             )
+        others = [
+            name
+            for name, pack in engine.table.packs.items()
+            if isinstance(pack, WeightAveraging) and pack is not self and pack.use_averaged
+        ]
+        if self.use_averaged and others:
+            raise ValueError(
+                f"{owner} and {others[0]!r} both have use_averaged=True: one average at a "
+                f"time can stand in the module's place at an evaluation; set "
+                f"use_averaged=True on one of them"
+            )
         if _sharded(module):
             raise ValueError(
                 f"{owner} is refused under the fsdp backend: the module's parameters are "

@@ -100,7 +100,12 @@ def export_module(
     ``weights``: where the module's weights came from, for the summary."""
     if format not in ("pt2", "onnx"):
         raise ValueError(f"format {format!r}: a program is 'pt2' or 'onnx'")
-    if format == "onnx":  # said before any work
+    out = Path(out)
+    if out.is_dir():  # said before any work (the write would fail only at its end)
+        raise ValueError(
+            f"{out} is a folder: give the program's file, such as {out / ('model.' + format)}"
+        )
+    if format == "onnx":
         for name in ("onnx", "onnxscript", "onnxruntime"):
             require(name, needed_by="runmodel export --format onnx")
     module = unwrap(getattr(model, "module", None))
@@ -109,7 +114,6 @@ def export_module(
             f"export --format {format} exports a TorchModel's module; "
             f"{type(model).__name__} has none"
         )
-    out = Path(out)
     args, kwargs = example_inputs(model, module)
     training = module.training
     module.eval()

@@ -66,6 +66,7 @@ __all__ = [
     "FolderRun",
     "RunKind",
     "claim_folder",
+    "follow_into",
     "prepare_in_folder",
     "record_launch_failure",
     "refuse_checkpoints_outside",
@@ -295,6 +296,19 @@ def _started_in(record: Mapping[str, Any]) -> Path | None:
     """The folder a run was started in, as its record says."""
     directory = record.get("directory")
     return Path(directory).resolve() if isinstance(directory, str) else None
+
+
+def follow_into(engine: Engine, run_dir: Path, named: Path | None) -> None:
+    """A run continued in ``run_dir`` (a copy, a folder moved) whose script names its own
+    folder ``named`` (``engine.run(..., run_dir=)``, resolved): a pack folder inside
+    ``named``, however the script spelled it (``RUN + "/checkpoint"``, absolute or
+    relative to the working folder), is the same folder inside ``run_dir``."""
+    if named is None:
+        return
+    for pack in engine.table.packs.values():
+        folder = getattr(pack, "directory", None)
+        if isinstance(folder, Path) and folder.resolve().is_relative_to(named):
+            pack.directory = run_dir.resolve() / folder.resolve().relative_to(named)  # type: ignore[attr-defined]
 
 
 def refuse_checkpoints_outside(engine: Engine, run_dir: Path, started_in: Path | None) -> None:

@@ -51,7 +51,7 @@ from ..session.folder import RECORD, is_script_run, read_status
 from ..session.interrupt import say
 from . import torchrun
 from .config_run import build_config, import_sources, load_run_config, prepare, resume_dir
-from .folder_run import FolderRun, prepare_in_folder, refuse_checkpoints_outside
+from .folder_run import FolderRun, follow_into, prepare_in_folder, refuse_checkpoints_outside
 from .script import is_script, main_block_ignored, run_script
 from .source_run import SourceKind, source_record
 from .weights import evaluate_model
@@ -249,8 +249,10 @@ class Continue:
         record = read_json(self.run_dir / RECORD)
         epochs = self.epochs if self.epochs is not None else record.get("epochs", arguments.epochs)
         steps = self.steps if self.steps is not None else record.get("steps", arguments.steps)
+        named = _folder_of(arguments.run_dir)
+        follow_into(engine, self.run_dir, named)
         with loading():  # bad input: said as the command says it
-            refuse_checkpoints_outside(engine, self.run_dir, _folder_of(arguments.run_dir))
+            refuse_checkpoints_outside(engine, self.run_dir, named)
         return engine.run(
             model,
             arguments.mode,

@@ -403,7 +403,10 @@ class RunFolder(Pack):
         if not self.began:
             if error is not None and not refused_at_setup(error) and engine.state.rank == 0:
                 self._failed_before_setup(error)
-            return  # refused at setup: nothing ran, the folder is as it was
+            elif self.claimed:  # refused at setup: the folder as it was before the claim
+                with contextlib.suppress(OSError):
+                    self.directory.rmdir()  # only where the claim made it (empty)
+            return
         self.began = False
         status = {**self._status, "ended": time.time()}
         if result is not None:

@@ -10,9 +10,15 @@ signal would have (``ends_as_its_signal``): 130 in a shell for Ctrl-C, 143 for S
 
 Nothing on this path writes to the terminal before the state is saved, and nothing it
 writes can fail the run: with ``python train.py 2>&1 | tee log`` the same Ctrl-C ends
-``tee``, and a write to the closed pipe raises ``BrokenPipeError`` (``say`` drops it).
+``tee``, and a write to the closed pipe raises ``BrokenPipeError`` (``say`` drops it; a
+hook's own ``print`` is guarded, below).
 
-A second Ctrl-C stops at once, as Python's own handler does. The handlers are installed
+A second Ctrl-C stops at once, as Python's own handler does. A second preemption signal
+within ``SAME_SIGNAL_S`` seconds is the same preemption (a wrapper forwarding it, a
+scheduler signalling the group); a later one stops the run at once (``StoppedAtOnce``:
+its status is written, the checkpoints are left as they were). From the first signal to
+the end of the run, a write to a closed stdout or stderr is dropped (``_Output``), so a
+``print`` in a hook cannot fail the step that is finishing. The handlers are installed
 only in the main thread and where Python's own are in place (an outer run, or a handler
 the script set, keeps its own; a Ctrl-C that the process ignores, as a shell's
 background job does, stays ignored).
@@ -36,6 +42,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -47,15 +54,29 @@ from ..core import Interrupted
 __all__ = [
     "SAME_SIGNAL_S",
     "IgnoreCtrlC",
+    "StoppedAtOnce",
     "ends_as_its_signal",
+    "preempting",
     "say",
     "signal_number",
     "watch_interrupts",
 ]
 
-#: Under torchrun, a second signal this soon (seconds) after the first is the same one:
-#: a terminal's Ctrl-C reaches a process from the terminal and again from the launcher.
+#: A second signal this soon (seconds) after the first is the same one: a terminal's
+#: Ctrl-C reaches a process of torchrun's from the terminal and again from the launcher; a
+#: preemption signal reaches one process from a wrapper that forwards it and again from a
+#: scheduler that signals the group. (A second Ctrl-C of one process stops it at once.)
 SAME_SIGNAL_S = 2.0
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second preemption signal, ``SAME_SIGNAL_S`` after the first: the run stops at
+    once (its status says ``interrupted``, its checkpoints are as they were), and an
+    uncaught one ends the process as its signal does. ``signal`` is its number."""
+
+    def __init__(self, signal: int) -> None:
+        super().__init__(f"{_name(signal)} again: stopped at once, nothing saved")
+        self.signal = signal
 
 
 def say(text: str) -> None:
@@ -78,6 +99,23 @@ def signal_number(value: int | str | signal.Signals) -> signal.Signals:
         raise ValueError(
             f"{value!r} is not a signal: give a number or a name such as {known}"
         ) from None
+
+
+def preempting(
+    signals: Iterable[int | str | signal.Signals] | int | str | signal.Signals,
+) -> list[signal.Signals]:
+    """The signals of ``preempt_signals=``: one (a number, a name such as ``"SIGTERM"``,
+    a ``signal.Signals``) or several; a clear error for one that no process can catch."""
+    given = [signals] if isinstance(signals, (int, str)) else list(signals)
+    found = [signal_number(s) for s in given]
+    for sig in found:
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(
+                f"preempt_signals: {sig.name} cannot be caught: nothing can save before it "
+                f"ends the process; give a signal a process can handle, such as SIGTERM "
+                f"or SIGUSR1"
+            )
+    return found
 
 
 @contextlib.contextmanager
@@ -111,6 +149,7 @@ def watch_interrupts(
     owner, several = os.getpid(), env.several()
     previous = {sig: signal.getsignal(sig) for sig in watched}
     set_up = [False]  # model.setup() ran and the backend prepared the model
+    first_at = [0.0]  # when the first signal came (time.monotonic())
 
     def first(signum: int, frame: Any) -> None:
         if os.getpid() != owner:  # a forked DataLoader worker: the run decides
@@ -118,16 +157,30 @@ def watch_interrupts(
         if several:
             _together(engine, signum, frame, alone=set_up[0] and not REQUEST.checks)
             return
-        for sig in previous:  # the next one: at once
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else _at_once)
         ctrl_c = signum == signal.SIGINT
+        for sig in previous:  # the next one: at once (a preemption's: after SAME_SIGNAL_S)
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else again)
+        first_at[0] = time.monotonic()
         if not engine.interrupt(signal=None if ctrl_c else signum):
             _at_once(signum, frame)  # before the run began: as without this handler
-        again = "Ctrl-C again" if ctrl_c else f"{signal.Signals(signum).name} again"
+        _guard_output()
+        again_ = "Ctrl-C again" if ctrl_c else f"{signal.Signals(signum).name} again"
+        if not ctrl_c:
+            again_ += f", {SAME_SIGNAL_S:g} s on,"
         say(
-            f"runmodel: {_name(signum)}: stopping after this step, then saving ({again} to "
+            f"runmodel: {_name(signum)}: stopping after this step, then saving ({again_} to "
             f"stop at once)"
         )
+
+    def again(signum: int, frame: Any) -> None:
+        """A second preemption signal: the same preemption within ``SAME_SIGNAL_S`` (a
+        wrapper that forwards it, and a scheduler that signals the group); later, the run
+        stops at once, its status written, leaving the checkpoints as they were."""
+        if os.getpid() != owner or time.monotonic() - first_at[0] <= SAME_SIGNAL_S:
+            return
+        for sig in previous:  # a third: as without runmodel
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else _at_once)
+        raise StoppedAtOnce(signum)
 
     loaders: list[tuple[Any, Any]] = []  # (loader, its own worker_init_fn)
 
@@ -156,6 +209,7 @@ def watch_interrupts(
             loader.worker_init_fn = own
         if several:
             REQUEST.reset()
+        _unguard_output()
 
 
 def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
@@ -172,6 +226,7 @@ def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
         _at_once(signum, frame)  # failed, or tearing down: nothing to stop after
         return
     REQUEST.record(signum)
+    _guard_output()
     if alone:
         _interrupt(engine, signum)
     if env.rank() == 0:
@@ -205,6 +260,52 @@ def _at_once(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+class _Output:
+    """``sys.stdout`` or ``sys.stderr`` while an interrupted run finishes its step: a
+    write to a reader that is gone (``| tee`` ended by the same Ctrl-C) is dropped, the
+    stream pointed at the null device, instead of failing the step before it is saved."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except (BrokenPipeError, ValueError):
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            self._closed()
+
+    def _closed(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _guard_output() -> None:
+    """From the first signal to the end of the run: the output guarded (``_Output``)."""
+    if not isinstance(sys.stdout, _Output) and sys.stdout is not None:
+        sys.stdout = _Output(sys.stdout)
+    if not isinstance(sys.stderr, _Output) and sys.stderr is not None:
+        sys.stderr = _Output(sys.stderr)
+
+
+def _unguard_output() -> None:
+    if isinstance(sys.stdout, _Output):
+        sys.stdout = sys.stdout.stream
+    if isinstance(sys.stderr, _Output):
+        sys.stderr = sys.stderr.stream
+
+
 def ends_as_its_signal(error: BaseException) -> None:
     """Make an ``Interrupted`` that nobody catches end the process as its signal would:
     Python's own message (the traceback), then the signal with its default action, so
@@ -229,7 +330,7 @@ class _EndsAsItsSignal:
         self, kind: type[BaseException], error: BaseException, traceback: TracebackType | None
     ) -> None:
         self.previous(kind, error, traceback)
-        if not isinstance(error, Interrupted):
+        if not isinstance(error, (Interrupted, StoppedAtOnce)):
             return
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

@@ -266,9 +266,10 @@ class DistributedRun(Pack):
 
     def stopped_together(self, engine: Any) -> bool:
         """Whether the run ends with an interrupt that every process took at the same
-        step (the stop check's): an agreed end, not a failure."""
+        step (the stop check's; a process alone always does): an agreed end, not a
+        failure."""
         return isinstance(engine.state.error, Interrupted) and (
-            self.stop_check is not None and self.stop_check.fired
+            not env.several() or (self.stop_check is not None and self.stop_check.fired)
         )
 
     def failed(self, engine: Any) -> None:
