@@ -31,12 +31,15 @@ In a train run, a handler that leaves the model's module in eval mode (an evalua
 ``run()``, which ignite's ``create_supervised_evaluator`` ends in eval mode) has it put
 back in train mode before the next step, as ignite's trainer step does.
 Unlike ignite, an error is always raised again after the EXCEPTION_RAISED handlers.
+Its ``logger`` is ignite's ``Engine``'s, with ignite's lines (the run's start or resume,
+each epoch's and the run's end, an error; at DEBUG each event fired).
 ``engine.ignite`` must be read before a run starts (its first read builds the hooks).
 Guide: ``docs/ignite.md``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,29 +102,40 @@ def _not_run_by_ignite(engine: IgniteEngine, batch: Any) -> Any:
 
 
 class _Handled:
-    """Which per-step events have handlers, as plain attributes the step path reads."""
+    """Which per-step events have handlers, as plain attributes the step path reads;
+    with ``every_event`` (the engine's logger shows DEBUG lines), every event counts as
+    handled, so that each fire logs ignite's "Firing handlers" line."""
 
-    __slots__ = ("get_batch", "iteration_completed", "iteration_started")
+    __slots__ = ("every_event", "get_batch", "iteration_completed", "iteration_started")
 
     def __init__(self) -> None:
+        self.every_event = False
         self.get_batch = self.iteration_started = self.iteration_completed = False
 
     def update(self, handlers: dict[Any, list[Any]]) -> None:
-        self.get_batch = bool(
+        every = self.every_event
+        self.get_batch = every or bool(
             handlers.get(_GET_BATCH_STARTED) or handlers.get(_GET_BATCH_COMPLETED)
         )
-        self.iteration_started = bool(handlers.get(_ITERATION_STARTED))
-        self.iteration_completed = bool(handlers.get(_ITERATION_COMPLETED))
+        self.iteration_started = every or bool(handlers.get(_ITERATION_STARTED))
+        self.iteration_completed = every or bool(handlers.get(_ITERATION_COMPLETED))
 
 
 class MirrorEngine(IgniteEngine):
     """An ignite ``Engine`` whose events come from a runmodel engine's runs;
     ``output_transform(runmodel_engine)`` makes its ``state.output`` at each step.
     Adding or removing a handler notes which step events have handlers, so that the
-    step path skips the others' fire without looking them up."""
+    step path skips the others' fire without looking them up.
+
+    Its ``logger`` is ignite's ``Engine``'s (``ignite.engine.engine.Engine``), and it
+    logs what ignite's ``Engine.run`` logs, at the same points of the run: the run's
+    start (or resume), each epoch's and the run's end with their time, an exception; at
+    DEBUG, each event fired."""
 
     def __init__(self) -> None:
         super().__init__(_not_run_by_ignite)
+        # the logger of the Engine it stands in for: an ignite program's log, as it reads
+        self.logger = logging.getLogger(IgniteEngine.__module__ + "." + IgniteEngine.__name__)
         self.output_transform: Callable[[Any], Any] = default_output
         self._handled = _Handled()
 
@@ -169,6 +183,7 @@ class IgniteView:
         self._module: torch.nn.Module | None = None
         self._retrain = False
         self._t_run = self._t_epoch = 0.0
+        self._in_epoch = False  # between an epoch's start and its end: an error there is a step's
         for phase in _PHASES:
             engine.on(phase, getattr(self, "_" + phase), name="ignite")
 
@@ -201,15 +216,31 @@ class IgniteView:
         self._module = module if isinstance(module, torch.nn.Module) else None
         st.metrics = s.metrics  # one dict: ignite's metrics land in runmodel's result too
         st.times = {Events.EPOCH_COMPLETED.name: 0.0, Events.COMPLETED.name: 0.0}
-        self._cut, self._t_run = False, time.time()
+        self._cut, self._t_run, self._in_epoch = False, time.time(), False
+        ie._handled.every_event = ie.logger.isEnabledFor(logging.DEBUG)
+        ie._handled.update(ie._event_handlers)
+        self._log_start(engine)
         self._fire(engine, Events.STARTED)
         self._no_epoch_to_end("STARTED")
+
+    def _log_start(self, engine: Any) -> None:
+        """ignite's line as its run starts, or resumes from a saved state."""
+        st, logger = self.engine.state, self.engine.logger
+        by_iters = st.max_iters is not None
+        if engine.state.step == 0:
+            until = f"max_iters={st.max_iters}" if by_iters else f"max_epochs={st.max_epochs}"
+            logger.info(f"Engine run starting with {until}.")
+        else:
+            until = f"{st.max_iters} iterations" if by_iters else f"{st.max_epochs} epochs"
+            logger.info(
+                f"Engine run resuming from iteration {st.iteration}, epoch {st.epoch} until {until}"
+            )
 
     def _epoch_start(self, engine: Any) -> None:
         if self._terminated(engine):  # terminate() outside ignite's events: no new epoch
             return
         self.engine.state.epoch = engine.state.epoch + 1  # ignite counts epochs from 1
-        self._t_epoch = time.time()
+        self._t_epoch, self._in_epoch = time.time(), True
         self._fire(engine, Events.EPOCH_STARTED)
         self._no_epoch_to_end("EPOCH_STARTED")
 
@@ -260,22 +291,32 @@ class IgniteView:
     def _epoch_end(self, engine: Any) -> None:
         s, ie = engine.state, self.engine
         st = ie.state
-        self._cut = not s.epoch_complete
+        self._cut, self._in_epoch = not s.epoch_complete, False
         if st.epoch_length is None and s.epoch_complete:
             st.epoch_length = s.epoch_step  # as ignite does for data without len()
         st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
-        if (
-            s.epoch_complete
-            and not self._terminated(engine)
-            and ie.should_terminate_single_epoch != "skip_epoch_completed"
-        ):
-            self._fire(engine, Events.EPOCH_COMPLETED)
-            st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
+        if s.epoch_complete and not self._terminated(engine):
+            if ie.should_terminate_single_epoch != "skip_epoch_completed":
+                self._fire(engine, Events.EPOCH_COMPLETED)
+                st.times[Events.EPOCH_COMPLETED.name] = time.time() - self._t_epoch
+            if not ie.should_terminate:  # as ignite: a terminate() there logs no epoch
+                ie.logger.info(
+                    f"Epoch[{st.epoch}] Complete. "
+                    f"Time taken: {_hours_mins_secs(st.times[Events.EPOCH_COMPLETED.name])}"
+                )
         ie.should_terminate_single_epoch = False
 
     def _exception(self, engine: Any) -> None:
         # runmodel raises the error again in any case; ignite swallows it when handled
-        self._fire_now(engine, Events.EXCEPTION_RAISED, engine.state.error)
+        ie, error = self.engine, engine.state.error
+        handled = bool(ie._event_handlers.get(Events.EXCEPTION_RAISED))
+        # ignite's two lines: one for an error inside an epoch's steps, then, when no
+        # handler takes it, one as the run ends
+        if self._in_epoch:
+            ie.logger.error(f"Current run is terminating due to exception: {error}")
+        if not (handled and self._in_epoch):
+            ie.logger.error(f"Engine run is terminating due to exception: {error}")
+        self._fire_now(engine, Events.EXCEPTION_RAISED, error)
 
     def _teardown(self, engine: Any) -> None:
         if engine.state.error is not None:
@@ -291,13 +332,19 @@ class IgniteView:
         if ie.should_terminate != "skip_completed":
             self._fire_now(engine, Events.COMPLETED)
             ie.state.times[Events.COMPLETED.name] = time.time() - self._t_run
+        ie.logger.info(
+            f"Engine run finished. Time taken: "
+            f"{_hours_mins_secs(ie.state.times[Events.COMPLETED.name])}"
+        )
 
     # -- helpers --------------------------------------------------------------------------
 
     def _fire(self, engine: Any, event: Events, handled: bool | None = None) -> None:
         """Fire ``event`` (``handled``: whether it has handlers, when known already)."""
         ie = self.engine
-        if handled if handled is not None else ie._event_handlers.get(event):
+        if (handled if handled is not None else ie._event_handlers.get(event)) or (
+            ie._handled.every_event
+        ):
             self._dispatch(engine, event)
         else:
             ie.last_event_name = event  # nothing listens: skip ignite's per-fire logging
@@ -363,6 +410,13 @@ class IgniteView:
         if self.engine.should_terminate_single_epoch:
             self.engine.should_terminate_single_epoch = False
             raise RuntimeError(f"terminate_epoch() may not be called on {event} (as in ignite)")
+
+
+def _hours_mins_secs(seconds: float | None) -> str:
+    """A time as ignite's Engine logs it: ``00:00:01.234``."""
+    mins, secs = divmod(seconds or 0.0, 60)
+    hours, mins = divmod(mins, 60)
+    return f"{round(hours):02d}:{round(mins):02d}:{secs:06.3f}"
 
 
 def _data_of(model: Any, kind: str) -> Any:

@@ -7,9 +7,12 @@ ignite's own handlers on the mirror are in test_ignite_handlers.py."""
 
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -652,3 +655,98 @@ def test_an_engine_that_never_reads_ignite_does_not_import_it() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# -- ignite's own log lines ------------------------------------------------------------------
+
+
+class Lines(logging.Handler):
+    """The messages ignite's Engine logger gives (as ``LEVEL message``, its times as
+    ``T``), at ``level`` and up."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = re.sub(r"\d\d:\d\d:\d\d\.\d\d\d", "T", record.getMessage())
+        self.lines.append(f"{record.levelname} {text}")
+
+
+def logged(run: Callable[[], Any], level: int) -> list[str]:
+    """What ``run()`` logs through ignite's ``Engine`` logger, as an ignite program's
+    ``logging.basicConfig(level=level)`` shows it."""
+    logger = logging.getLogger("ignite.engine.engine.Engine")
+    handler, old_level = Lines(level), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        run()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return handler.lines
+
+
+@pytest.mark.parametrize(
+    ("attach", "level"),
+    [
+        (None, logging.DEBUG),  # and every event fired, handled or not
+        (None, logging.INFO),
+        (terminate_at(Events.ITERATION_COMPLETED(once=6)), logging.INFO),
+        (terminate_at(Events.EPOCH_COMPLETED(once=2)), logging.INFO),
+        (terminate_epoch_at(Events.ITERATION_COMPLETED(once=6), True), logging.INFO),
+        (raise_at(Events.ITERATION_COMPLETED(once=6), False, []), logging.INFO),
+        (raise_at(Events.EPOCH_COMPLETED(once=1), False, []), logging.INFO),
+    ],
+    ids=[
+        "debug",
+        "info",
+        "terminate",
+        "terminate-at-epoch",
+        "terminate_epoch",
+        "error",
+        "error-at-epoch",
+    ],
+)
+def test_the_mirror_logs_ignites_engine_lines(attach: Any, level: int) -> None:
+    """The lines an ignite program shows from its trainer's logger (the run's start, each
+    epoch's end, the run's end, an error; at DEBUG each event fired) are the mirror's."""
+    a = logged(lambda: run_ignite(attach, 3, events=CORE), level)
+    b = logged(lambda: run_runmodel(attach, 3, events=CORE), level)
+    # the one event the mirror never fires: its data is the model's, not an iterator of
+    # ignite's that runs dry at each epoch's first GET_BATCH_STARTED
+    assert b == [line for line in a if "DATALOADER_STOP_ITERATION" not in line]
+    assert any("Engine run" in line for line in a)
+    if attach is None and level == logging.INFO:
+        assert a == [
+            "INFO Engine run starting with max_epochs=3.",
+            "INFO Epoch[1] Complete. Time taken: T",
+            "INFO Epoch[2] Complete. Time taken: T",
+            "INFO Epoch[3] Complete. Time taken: T",
+            "INFO Engine run finished. Time taken: T",
+        ]
+
+
+def test_the_mirror_logs_a_resume_as_ignite_does() -> None:
+    def ignite_resumed() -> None:
+        trainer = Engine(lambda e, batch: None)
+        trainer.load_state_dict({"epoch": 2, "epoch_length": 4, "max_epochs": 4})
+        trainer.run(data())
+
+    def runmodel_resumed() -> None:
+        engine = runmodel.Engine()
+        engine.load_state_dict({"counters": {"step": 8, "epoch": 2}})
+        run_runmodel(None, 4, engine=engine)
+
+    a, b = logged(ignite_resumed, logging.INFO), logged(runmodel_resumed, logging.INFO)
+    assert b == a
+    assert a[0] == "INFO Engine run resuming from iteration 8, epoch 2 until 4 epochs"
+    # a step budget is ignite's max_iters
+    a = logged(lambda: run_ignite(None, None, max_iters=6), logging.INFO)
+    b = logged(lambda: run_runmodel(None, None, steps=6), logging.INFO)
+    assert b == a and a[0] == "INFO Engine run starting with max_iters=6."
+
+
+def test_the_mirrors_logger_is_ignites_engines(engine: runmodel.Engine) -> None:
+    assert engine.ignite.logger is logging.getLogger("ignite.engine.engine.Engine")

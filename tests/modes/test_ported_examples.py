@@ -1,6 +1,7 @@
-"""Three scripts of the official PyTorch examples (github.com/pytorch/examples), each
+"""Five scripts of the official PyTorch examples (github.com/pytorch/examples), each
 ported to runmodel as a user would write it and checked bit for bit against its plain
-loop on data generated here and cut small:
+loop (every number it prints, and the final weights) on data generated here or
+scikit-learn's bundled digits, cut small:
 
 * ``regression/main.py``: a hand-written update (no optimizer), stopped by the loss;
 * ``time_sequence_prediction/train.py``: L-BFGS, a closure optimizer, here with gradient
@@ -9,11 +10,23 @@ loop on data generated here and cut small:
   batch, trained by a hand-written update with clipping, evaluated at another batch size
   than it trains with (``eval_start`` starts the pass afresh), its learning rate
   annealed when the validation loss does not improve, a log line every few batches of
-  each epoch (``every="Nest"``).
+  each epoch (``every="Nest"``);
+* ``vae/main.py``: a VAE whose loss is a sum (binary cross-entropy + KL divergence), its
+  test loss the batches' sums over the test set (``Evaluate(loss_reduction="sum")``),
+  sampling in training, in evaluation and after it (``Evaluate`` leaves torch's
+  generator as its evaluation's draws left it, as the script does);
+* ``mnist_rnn/main.py``: an LSTM classifier ending in ``log_softmax``, trained with the
+  function ``F.nll_loss`` (accuracy among its default metrics, as ``nn.NLLLoss()``), its
+  test line a ``reduction="sum"`` loss and a count of correct answers, ``StepLR`` per
+  epoch (``LRSchedule(interval="epoch")``).
+
+No port has a hook of its own that evaluates, clips, schedules the learning rate or
+saves: those are the packs'; its hooks print.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +35,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
-from runmodel.packs import Evaluate, GradClip
+from runmodel.packs import Evaluate, GradClip, LRSchedule
 from runmodel.packs.metric_watcher import MetricWatcher
+
+from helpers import assert_equal_params
 
 
 @pytest.fixture(autouse=True)
@@ -404,3 +420,300 @@ def test_word_language_model_evaluated_at_another_batch_size() -> None:
     assert lrs[-1] < LR  # a validation loss that did not improve annealed the rate
     for mine, theirs in zip(model.module.parameters(), plain.parameters(), strict=True):
         assert torch.equal(mine, theirs)
+
+
+# -- shared by the next two: scikit-learn's bundled 8x8 digits, a small cut of them ---------------
+
+
+@functools.cache
+def digits(train: int, test: int) -> tuple[TensorDataset, TensorDataset]:
+    """The first ``train`` digits and the next ``test``, as float images in [0, 1] of
+    shape (8, 8) (MNIST's 28x28 in the examples) and their labels."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    images = torch.tensor(x[: train + test], dtype=torch.float32).view(-1, 8, 8) / 16
+    labels = torch.tensor(y[: train + test])
+    return (
+        TensorDataset(images[:train], labels[:train]),
+        TensorDataset(images[train:], labels[train:]),
+    )
+
+
+def digit_loaders(batch_size: int, test_batch_size: int) -> tuple[DataLoader[Any], ...]:
+    """The examples' loaders: the training set shuffled by torch's global generator, the
+    test set in order (its iterators draw a seed from that generator all the same)."""
+    train_set, test_set = digits(320, 160)
+    return (
+        DataLoader(train_set, batch_size=batch_size, shuffle=True),
+        DataLoader(test_set, batch_size=test_batch_size, shuffle=False),
+    )
+
+
+def progress_line(epoch: int, batch_idx: int, rows: int, loader: Any, loss: float) -> str:
+    """Both examples' ``Train Epoch`` line."""
+    return "Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(  # noqa: UP032
+        epoch, batch_idx * rows, len(loader.dataset), 100.0 * batch_idx / len(loader), loss
+    )
+
+
+# -- vae/main.py: a variational auto-encoder, its test loss a sum over the test set ---------------
+
+VAE_EPOCHS, VAE_BATCH, VAE_LOG = 3, 32, 4
+
+
+class VAE(nn.Module):
+    """The example's ``VAE`` with its 784-400-20 cut to 64-32-4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 32)
+        self.fc21 = nn.Linear(32, 4)
+        self.fc22 = nn.Linear(32, 4)
+        self.fc3 = nn.Linear(4, 32)
+        self.fc4 = nn.Linear(32, 64)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h1 = F.relu(self.fc1(x))
+        return self.fc21(h1), self.fc22(h1)
+
+    def reparameterize(self, mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+        std = torch.exp(0.5 * logvar)
+        eps = torch.randn_like(std)  # drawn in training and in evaluation alike
+        return mu + eps * std
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        h3 = F.relu(self.fc3(z))
+        return torch.sigmoid(self.fc4(h3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu, logvar = self.encode(x.view(-1, 64))
+        z = self.reparameterize(mu, logvar)
+        return self.decode(z), mu, logvar
+
+
+def vae_loss(recon_x: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor) -> Any:
+    """The example's ``loss_function``: reconstruction + KL divergence, summed over the batch."""
+    BCE = F.binary_cross_entropy(recon_x, x.view(-1, 64), reduction="sum")
+    KLD = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return BCE + KLD
+
+
+def vae_plain() -> tuple[nn.Module, list[str], list[float]]:
+    """``main.py`` as written (its images not saved): train, test and a sample each epoch."""
+    torch.manual_seed(1)
+    train_loader, test_loader = digit_loaders(VAE_BATCH, VAE_BATCH)
+    model = VAE()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    printed, test_losses = [], []
+
+    def train(epoch: int) -> None:
+        model.train()
+        train_loss = 0.0
+        for batch_idx, (data, _) in enumerate(train_loader):
+            optimizer.zero_grad()
+            recon_batch, mu, logvar = model(data)
+            loss = vae_loss(recon_batch, data, mu, logvar)
+            loss.backward()
+            train_loss += loss.item()
+            optimizer.step()
+            if batch_idx % VAE_LOG == 0:
+                printed.append(
+                    progress_line(
+                        epoch, batch_idx, len(data), train_loader, loss.item() / len(data)
+                    )
+                )
+        printed.append(
+            f"====> Epoch: {epoch} Average loss: {train_loss / len(train_loader.dataset):.4f}"
+        )
+
+    def test(epoch: int) -> None:
+        model.eval()
+        test_loss = 0.0
+        with torch.no_grad():
+            for data, _ in test_loader:
+                recon_batch, mu, logvar = model(data)
+                test_loss += vae_loss(recon_batch, data, mu, logvar).item()
+        test_loss /= len(test_loader.dataset)
+        test_losses.append(test_loss)
+        printed.append(f"====> Test set loss: {test_loss:.4f}")
+
+    for epoch in range(1, VAE_EPOCHS + 1):
+        train(epoch)
+        test(epoch)
+        with torch.no_grad():
+            model.decode(torch.randn(64, 4))  # save_image(...) of 64 samples
+    return model, printed, test_losses
+
+
+class VAEModel(runmodel.TorchModel):
+    """The port: the target is the input; the loss takes the module's three outputs and
+    ``reduction="sum"`` (it is a sum already)."""
+
+    def __init__(self, device: Any = None, init_options: Any = None) -> None:
+        super().__init__(device, init_options)
+        torch.manual_seed(1)
+        self.loaders = digit_loaders(VAE_BATCH, VAE_BATCH)
+        self.module = VAE()
+
+    def setup(self, setup_options: Any = None) -> None:
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-3)
+        self.loss_fn = lambda out, x, reduction="sum": vae_loss(out[0], x, out[1], out[2])
+        self.train_data, self.eval_data = self.loaders
+
+    def target(self, batch: Any) -> Any:
+        return batch[0]
+
+
+def test_vae_its_test_loss_a_sum_over_the_test_set() -> None:
+    plain, expected, expected_losses = vae_plain()
+    # Evaluate's loss as the example's test(): the batches' sums over the test set's size
+    engine = runmodel.Engine(Evaluate(loss_reduction="sum"))
+    printed: list[str] = []
+    test_losses: list[float] = []
+    train_loss = [0.0]
+
+    @engine.on("runstep")
+    def log(engine: runmodel.Engine) -> None:
+        s, data = engine.state, engine.state.batch[0]
+        train_loss[0] += s.loss.item()
+        if s.epoch_step % VAE_LOG == 0:
+            loss = s.loss.item() / len(data)
+            printed.append(progress_line(s.epoch + 1, s.epoch_step, len(data), loader, loss))
+
+    @engine.on("epoch_end", after="evaluate")
+    def epoch_lines(engine: runmodel.Engine) -> None:
+        average = train_loss[0] / len(loader.dataset)
+        printed.append(f"====> Epoch: {engine.state.epoch + 1} Average loss: {average:.4f}")
+        test_losses.append(engine.state.metrics["eval_loss"])
+        printed.append(f"====> Test set loss: {test_losses[-1]:.4f}")
+        train_loss[0] = 0.0
+        with torch.no_grad():
+            engine.model.module.decode(torch.randn(64, 4))  # the example's samples
+
+    model = VAEModel(device="cpu")
+    loader = model.loaders[0]
+    engine.run(model, epochs=VAE_EPOCHS)
+    assert printed == expected and len(printed) == VAE_EPOCHS * 5
+    assert test_losses == expected_losses
+    assert_equal_params(model, plain)
+
+
+# -- mnist_rnn/main.py: an LSTM classifier, log_softmax and F.nll_loss, StepLR per epoch ----------
+
+RNN_EPOCHS, RNN_BATCH, RNN_TEST_BATCH, RNN_LOG = 3, 32, 64, 4
+
+
+class RNNNet(nn.Module):
+    """The example's ``Net`` over 8 rows of 8 pixels (28 of 28 there), its hidden size
+    64 cut to 16; ``Dropout`` for its ``Dropout2d`` (which warns on (N, C) input that
+    this use is deprecated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(input_size=8, hidden_size=16, batch_first=True)
+        self.batchnorm = nn.BatchNorm1d(16)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(16, 16)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        input = input.reshape(-1, 8, 8)
+        output, _ = self.rnn(input)
+        output = self.batchnorm(output[:, -1, :])
+        output = self.dropout1(output)
+        output = F.relu(self.fc1(output))
+        output = self.dropout2(output)
+        return F.log_softmax(self.fc2(output), dim=1)
+
+
+def result_line(loss: float, correct: int, total: int) -> str:
+    return "\\nTest set: Average loss: {:.4f}, Accuracy: {}/{} ({:.0f}%)\\n".format(  # noqa: UP032
+        loss, correct, total, 100.0 * correct / total
+    )
+
+
+def rnn_plain() -> tuple[nn.Module, list[str], list[tuple[float, int]]]:
+    """``main.py`` as written: Adadelta, ``StepLR(step_size=1, gamma=0.7)`` stepped after
+    each epoch's test."""
+    torch.manual_seed(1)
+    train_loader, test_loader = digit_loaders(RNN_BATCH, RNN_TEST_BATCH)
+    model = RNNNet()
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    printed, tests = [], []
+    for epoch in range(1, RNN_EPOCHS + 1):
+        model.train()
+        for batch_idx, (data, target) in enumerate(train_loader):
+            optimizer.zero_grad()
+            output = model(data)
+            loss = F.nll_loss(output, target)
+            loss.backward()
+            optimizer.step()
+            if batch_idx % RNN_LOG == 0:
+                printed.append(
+                    progress_line(epoch, batch_idx, len(data), train_loader, loss.item())
+                )
+        model.eval()
+        test_loss, correct = 0.0, 0
+        with torch.no_grad():
+            for data, target in test_loader:
+                output = model(data)
+                test_loss += F.nll_loss(output, target, reduction="sum").item()
+                pred = output.argmax(dim=1, keepdim=True)
+                correct += pred.eq(target.view_as(pred)).sum().item()
+        test_loss /= len(test_loader.dataset)
+        tests.append((test_loss, correct))
+        printed.append(result_line(test_loss, correct, len(test_loader.dataset)))
+        scheduler.step()
+    return model, printed, tests
+
+
+def test_rnn_classifier_with_f_nll_loss() -> None:
+    plain, expected, expected_tests = rnn_plain()
+    torch.manual_seed(1)
+    train_loader, test_loader = digit_loaders(RNN_BATCH, RNN_TEST_BATCH)
+    module = RNNNet()
+    model = runmodel.TorchModel.from_parts(
+        module,
+        optimizer=lambda params: torch.optim.Adadelta(params, lr=0.1),
+        loss_fn=F.nll_loss,  # the function: eval_accuracy as for nn.NLLLoss()
+        train_data=train_loader,
+        eval_data=test_loader,
+        device="cpu",
+    )
+    engine = runmodel.Engine(
+        Evaluate(loss_reduction="sum"),  # the example's reduction="sum" test loss
+        LRSchedule(
+            lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7),
+            interval="epoch",
+        ),
+    )
+    printed: list[str] = []
+    tests: list[tuple[float, int]] = []
+    engine.on(
+        "runstep",
+        lambda e: printed.append(
+            progress_line(
+                e.state.epoch + 1,
+                e.state.epoch_step,
+                len(e.state.batch[0]),
+                train_loader,
+                e.state.loss.item(),
+            )
+        ),
+        when=lambda e: e.state.epoch_step % RNN_LOG == 0,
+    )
+
+    @engine.on("epoch_end", after="evaluate")
+    def test_result(engine: runmodel.Engine) -> None:
+        total = len(test_loader.dataset)
+        metrics = engine.state.metrics
+        tests.append((metrics["eval_loss"], round(metrics["eval_accuracy"] * total)))
+        printed.append(result_line(*tests[-1], total))
+
+    engine.run(model, epochs=RNN_EPOCHS)
+    assert printed == expected and tests == expected_tests
+    assert len({correct for _, correct in tests}) > 1  # it learns
+    assert_equal_params(module, plain)
