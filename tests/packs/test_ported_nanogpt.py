@@ -219,7 +219,7 @@ class NanoGPT(runmodel.TorchModel):
 def port(
     out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[NanoGPT, list[str], list[float], Checkpoint]:
-    every = f"{EVAL_INTERVAL * GAS}st"  # the runstep that ends every EVAL_INTERVAL-th iteration
+    every = f"{EVAL_INTERVAL}it"  # the runstep that ends every EVAL_INTERVAL-th iteration
     evaluate = Evaluate(
         every=every,
         data={"train": lambda: get_batch("train"), "val": lambda: get_batch("val")},
@@ -228,7 +228,7 @@ def port(
         loss_reduction="float32",  # losses.mean() of a float32 tensor
     )
     checkpoint = Checkpoint(out_dir, every=every, keep=0, best=("val_loss", "min"))
-    throughput = Throughput(every=f"{GAS}st", items_per_batch=B * T, peak_flops=PEAK)
+    throughput = Throughput(every="1it", items_per_batch=B * T, peak_flops=PEAK)
     engine = runmodel.Engine(
         GradAccumulation(GAS),
         LRSchedule(lr_at=get_lr),
@@ -247,9 +247,9 @@ def port(
     # at the top of every EVAL_INTERVAL-th iteration, 0 included (`iter_num % eval_interval
     # == 0`), as the script prints there: the evaluation Evaluate made at the end of the
     # previous iteration (or at the start), and whether Checkpoint saved a new best then
-    @engine.on("step_start", when=lambda e: e.state.step % (EVAL_INTERVAL * GAS) == 0)
+    @engine.on("step_start", every=f"{EVAL_INTERVAL}it", from_zero=True)
     def print_losses(engine: runmodel.Engine) -> None:
-        m, it = engine.state.metrics, engine.state.step // GAS
+        m, it = engine.state.metrics, engine.state.iteration
         printed.append(f"step {it}: train loss {m['train_loss']:.4f}, val loss {m['val_loss']:.4f}")
         if checkpoint.best_path != best[0]:
             best[0] = checkpoint.best_path
@@ -258,9 +258,9 @@ def port(
     running_mfu = [-1.0]
 
     # the line of the iteration just done, with the Throughput's report
-    @engine.on("runstep", every=f"{GAS * LOG_INTERVAL}st", after="throughput.report")
+    @engine.on("runstep", every=f"{LOG_INTERVAL}it", after="throughput.report")
     def log(engine: runmodel.Engine) -> None:
-        s, it = engine.state, engine.state.step // GAS
+        s, it = engine.state, engine.state.iteration
         line = f"iter {it}: loss {s.loss.item():.4f}, time {DT * GAS * 1000:.2f}ms"
         if it >= 5:
             mfu = s.metrics["mfu"]
