@@ -35,6 +35,7 @@ FIELDS = (
     "device",
     "mode",
     "imports",
+    "iterations",
 )
 
 FULL_TOML = """\
@@ -950,4 +951,5 @@ def test_to_dict_is_the_canonical_form() -> None:
         "device": None,
         "mode": "train",
         "imports": [],
+        "iterations": None,
     }
