@@ -192,6 +192,8 @@ def _number(value: Any) -> str:
 
 def _json(result: RunResult) -> str:
     data = {k: v for k, v in vars(result).items() if k != "outputs"}
+    if result.iterations is None:  # said only where the run counts them
+        del data["iterations"]
     data["outputs"] = None if result.outputs is None else len(result.outputs)
     return json.dumps(data, indent=2, default=str)
 
