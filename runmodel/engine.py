@@ -92,6 +92,9 @@ class RunArguments:
     #: ``interrupted``, ``runmodel.Interrupted``); uncaught, it ends the process as the
     #: signal would have
     preempt_signals: tuple[int | str, ...] = ()
+    #: at most this many iterations (optimizer steps: ``k`` steps each under
+    #: ``GradAccumulation(k)``), counted likewise; instead of ``steps``, not with it
+    iterations: int | None = None
 
 
 #: What the first ``engine.run`` does instead while ``instead_of_first_run`` is in force.
@@ -143,15 +146,24 @@ class Engine(core.BareEngine):
         resume: str | os.PathLike[str] | Literal["auto"] | None = None,
         run_dir: str | os.PathLike[str] | RunFolder | None = None,
         preempt_signals: Iterable[int | str] | int | str = (),
+        iterations: int | None = None,
     ) -> core.RunResult:
-        """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs,
-        prepared by ``backend``, from ``resume``, in ``run_dir``, stopped by Ctrl-C and
-        ``preempt_signals`` once a step is done (each argument: ``RunArguments``). The
-        steps around the core's run are the methods below, in this order (the module's
-        docstring lists them)."""
+        """Run ``model`` in ``mode`` for at most ``steps`` steps (or ``iterations``
+        optimizer steps) and ``epochs`` epochs, prepared by ``backend``, from ``resume``,
+        in ``run_dir``, stopped by Ctrl-C and ``preempt_signals`` once a step is done
+        (each argument: ``RunArguments``). The steps around the core's run are the
+        methods below, in this order (the module's docstring lists them)."""
         preempt = preempting(preempt_signals)  # bad input: before the run
         given = RunArguments(
-            mode, steps, epochs, setup_options, backend, resume, run_dir, tuple(preempt)
+            mode,
+            steps,
+            epochs,
+            setup_options,
+            backend,
+            resume,
+            run_dir,
+            tuple(preempt),
+            iterations,
         )
         replace = _instead.get()
         if replace is not None:
@@ -169,6 +181,7 @@ class Engine(core.BareEngine):
             return self._run_watched(
                 model, mode, folder, auto, preempt, steps=steps, epochs=epochs,
                 setup_options=setup_options, backend=_backend(backend), resume=resume,
+                iterations=iterations,
             )  # fmt: skip
 
     def _run_watched(

@@ -105,6 +105,7 @@ def _request(args: argparse.Namespace, **given: Any) -> RunRequest:
     return RunRequest(
         epochs=args.epochs,
         steps=args.steps,
+        iterations=getattr(args, "iterations", None),
         progress=args.progress,
         packs=_packs(args),
         preempt=preempt_signals(args),
@@ -151,7 +152,9 @@ def report(result: RunResult, as_json: bool = False) -> None:
 
 def summary(result: RunResult) -> str:
     lines = [
-        f"{result.mode}: {result.ended} after {result.steps} steps, {result.epochs} epochs "
+        f"{result.mode}: {result.ended} after {result.steps} steps"
+        + (f" ({result.iterations} iterations)" if result.iterations is not None else "")
+        + f", {result.epochs} epochs "
         f"in {result.seconds:.2f}s" + (f" ({result.skipped} skipped)" if result.skipped else "")
     ]
     if result.reason:
@@ -189,6 +192,8 @@ def _number(value: Any) -> str:
 
 def _json(result: RunResult) -> str:
     data = {k: v for k, v in vars(result).items() if k != "outputs"}
+    if result.iterations is None:  # said only where the run counts them
+        del data["iterations"]
     data["outputs"] = None if result.outputs is None else len(result.outputs)
     return json.dumps(data, indent=2, default=str)
 

@@ -153,6 +153,11 @@ def _run(subcommands: Subcommands) -> None:
     run.add_argument("--mode", choices=MODES, help="default: train (or the config's)")
     run.add_argument("--epochs", type=_count, help="number of epochs")
     run.add_argument("--steps", type=_count, help="step budget")
+    run.add_argument(
+        "--iterations",
+        type=_count,
+        help="budget in iterations (optimizer steps), instead of --steps",
+    )
     _json(run)
     run.add_argument(
         "--no-progress",

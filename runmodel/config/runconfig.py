@@ -73,6 +73,8 @@ class RunConfig:
     imports: tuple[str, ...] = ()
     #: The model's setup options (``setup_options`` of its ``setup``), a table in a file.
     setup: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the length in iterations (optimizer steps), instead of ``steps``
+    iterations: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
@@ -114,6 +116,13 @@ class RunConfig:
                     values[key] = _check_scalar(key, value, where)
             except (TypeError, ValueError) as error:
                 raise ConfigError(str(error)) from None
+        if values.get("steps") is not None and values.get("iterations") is not None:
+            raise ConfigError(
+                f"{source}: steps = {values['steps']} and iterations = "
+                f"{values['iterations']} exclude each other: both are the run's length, "
+                f"iterations in optimizer steps (k steps each under GradAccumulation(k)); "
+                f"give one of them"
+            )
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,11 +145,17 @@ class RunConfig:
             "imports": list(self.imports),
             # only where given: a config without setup options keeps its hash and folder
             **({"setup": copy.deepcopy(self.setup)} if self.setup else {}),
+            "iterations": self.iterations,
         }
+
+    def identity(self) -> dict[str, Any]:
+        """What makes the run: the canonical form, without ``iterations`` where it is
+        not given (so a config written before it keeps its digest and its folder)."""
+        return {k: v for k, v in self.to_dict().items() if k != "iterations" or v is not None}
 
     def digest(self) -> str:
         """A short hash of the canonical form, the same in every process."""
-        return digest(self.to_dict())
+        return digest(self.identity())
 
     def with_overrides(self, overrides: Sequence[str], source: str = "config") -> RunConfig:
         """This config with ``a.b=c`` overrides applied (as ``load_config`` applies them
@@ -151,7 +166,7 @@ class RunConfig:
 
     def run_name(self) -> str:
         """Readable and unique: model, optimizer and their first arguments, the hash."""
-        return run_folder_name(self.readable_name(), self.to_dict())
+        return run_folder_name(self.readable_name(), self.identity())
 
     def readable_name(self) -> str:
         """The readable part of the run's name: model, optimizer and their first two
@@ -180,6 +195,7 @@ def run_folder_name(readable: str, identity: Any) -> str:
 _TYPES: dict[str, tuple[type, ...]] = {
     "epochs": (int,),
     "steps": (int,),
+    "iterations": (int,),
     "seed": (int,),
     "device": (str,),
     "mode": (str,),
@@ -188,14 +204,14 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
 def _check_scalar(key: str, value: Any, where: str) -> Any:
-    if value is None and key in ("epochs", "steps", "device"):
+    if value is None and key in ("epochs", "steps", "iterations", "device"):
         return None
     types = _TYPES[key]
     if not isinstance(value, types) or isinstance(value, bool):
         raise ConfigError(
             f"{where} must be {' or '.join(t.__name__ for t in types)}, got {value!r}"
         )
-    if isinstance(value, int) and value < 0:  # epochs, steps, seed
+    if isinstance(value, int) and value < 0:  # epochs, steps, iterations, seed
         raise ConfigError(f"{where} must be >= 0, got {value}")
     if key == "mode" and value not in MODES:
         raise ConfigError(f"{where}: unknown mode {value!r}; valid: {', '.join(MODES)}")

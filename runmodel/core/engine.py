@@ -171,17 +171,27 @@ class BareEngine(Snapshots):
         setup_options: dict[str, Any] | None = None,
         backend: BackendLike | None = None,
         resume: str | os.PathLike[str] | None = None,
+        iterations: int | None = None,
     ) -> RunResult:
         """Run ``model`` in ``mode`` for at most ``steps`` steps and ``epochs`` epochs.
 
         Without either, the model's loop decides (``runstep.epochs()`` yields one epoch).
+        ``iterations`` is the step budget in optimizer steps instead of ``steps`` (``k``
+        steps each under ``GradAccumulation(k)``; one of the two).
         ``steps``/``epochs`` count from the start of training, so a resumed run given the
         same numbers ends where one straight run would. ``backend`` prepares model and
         optimizer after ``model.setup()``; ``resume`` is a checkpoint file or a folder of
         them to continue from.
         """
-        steps = mode.budget(whole_number(steps, "steps=", none=True))
+        steps = whole_number(steps, "steps=", none=True)
         epochs = whole_number(epochs, "epochs=", none=True)
+        iterations = whole_number(iterations, "iterations=", none=True)
+        if steps is not None and iterations is not None:
+            raise ValueError(
+                f"steps={steps} and iterations={iterations} exclude each other: both are "
+                f"the run's length, iterations= in optimizer steps (k steps each under "
+                f"GradAccumulation(k)); give one of them"
+            )
         if self._loop is not None:
             raise RuntimeError(
                 "this engine is running already; an engine runs one model at "
@@ -189,7 +199,7 @@ class BareEngine(Snapshots):
             )
         if resume is not None and not Path(resume).exists():
             raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint file or directory")
-        loop = self._start(model, mode, steps, epochs, backend)
+        loop = self._start(model, mode, steps, epochs, backend, iterations)
         started = time.perf_counter()
         try:
             plan, saved = self._prepare(model, mode, setup_options, backend, resume)
@@ -200,7 +210,7 @@ class BareEngine(Snapshots):
             with plan.context():
                 loop.position.data_begins(first_epoch_begun=False)
                 with contextlib.suppress(StopRun):  # how the budget and stop() end a run
-                    model.run(loop.runstep(mode.kind), steps)
+                    model.run(loop.runstep(mode.kind), self.state.max_steps)
                 loop.finish()  # raises Interrupted where engine.interrupt() ended the run
             extras = plan.finish(self)
         except BaseException as error:
@@ -218,14 +228,22 @@ class BareEngine(Snapshots):
         steps: int | None,
         epochs: int | None,
         backend: BackendLike | None,
+        iterations: int | None = None,
     ) -> Loop:
-        """Fresh run state (counters carried over from ``load_state_dict``/``restore``)."""
-        self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
-        if mode.kind == "train":  # GradAccumulation's k: what state.iteration divides by
-            self.state.accumulation = max(
+        """Fresh run state (counters carried over from ``load_state_dict``/``restore``);
+        ``iterations`` (instead of ``steps``): the step budget in optimizer steps."""
+        # GradAccumulation's k: what state.iteration divides by
+        accumulation = 1
+        if mode.kind == "train":
+            accumulation = max(
                 (getattr(p, "steps_per_iteration", 1) for p in self.table.packs.values()),
                 default=1,
             )
+        if iterations is not None:
+            steps = iterations * accumulation
+        steps = mode.budget(steps)
+        self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
+        self.state.accumulation, self.state.max_iterations = accumulation, iterations
         if not self._resuming:
             self._loaded_run = None
         self._resuming = False

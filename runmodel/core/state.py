@@ -98,6 +98,7 @@ class State:
         "kind",
         "loss",
         "max_epochs",
+        "max_iterations",
         "max_steps",
         "metrics",
         "mode",
@@ -121,6 +122,8 @@ class State:
         self.window_padding = 0
         self.max_steps: int | None = None
         self.max_epochs: int | None = None
+        # iterations= (max_steps is it times accumulation): the run counts iterations
+        self.max_iterations: int | None = None
         # in epoch_end: whether the epoch's loop finished (False when the budget or stop()
         # cut it short)
         self.epoch_complete = False
@@ -155,6 +158,13 @@ class State:
         return (self.step + self.window_padding) // self.accumulation
 
     @property
+    def counts_iterations(self) -> bool:
+        """Whether the run counts iterations apart from steps (it accumulates gradients,
+        or was given ``iterations=``): then logs, the progress bar and TensorBoard's axis
+        say iterations."""
+        return self.accumulation > 1 or self.max_iterations is not None
+
+    @property
     def interrupted(self) -> bool:
         """Whether an interrupt (Ctrl-C, a preemption signal) is ending the run."""
         return self.stopping in ("interrupted", "preempted")
@@ -186,6 +196,7 @@ class State:
         """The run's result: its counters and metrics, and the mode's ``extras`` (outputs,
         timings and files, merged over the packs' ``timings`` and ``files``)."""
         timings = {**self.timings, **extras.pop("timings", {})}
+        extras.setdefault("iterations", self.iteration if self.counts_iterations else None)
         files = {**self.files, **extras.pop("files", {})}
         return RunResult(
             self.mode,
@@ -234,6 +245,9 @@ class RunResult:
     timings: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     reason: str | None = None
+    #: the iterations (optimizer steps) done, where the run counts them
+    #: (``State.counts_iterations``: gradients accumulated, or ``iterations=`` given)
+    iterations: int | None = None
 
 
 class RunStep(Protocol):

@@ -106,7 +106,8 @@ class Progress(Pack):
         self._shown_at = now  # a redraw: the only time the loss is read
         s = engine.state
         # a runstep hook runs before state.step counts its step: this step is step + 1
-        self.bar.set_postfix_str(f"step {s.step + 1}" + _loss_text(s.loss), refresh=False)
+        at = f"step {s.step + 1}" + (f" it {s.iteration}" if s.counts_iterations else "")
+        self.bar.set_postfix_str(at + _loss_text(s.loss), refresh=False)
         self.bar.update(self.count - self.bar.n)
 
     def epoch_end(self, engine: Any) -> None:
@@ -120,7 +121,9 @@ class Progress(Pack):
             f"  {k} {v:.4g}" for k, v in shown.items() if isinstance(v, float) and k != "loss"
         )
         if self.bar is not None:
-            self.bar.set_postfix_str(f"step {s.step}" + loss + metrics, refresh=False)
+            self.bar.set_postfix_str(
+                f"step {s.step}{_iterations(s)}" + loss + metrics, refresh=False
+            )
             self.bar.update(self.count - self.bar.n)
             self.bar.close()
             self.bar = None
@@ -131,7 +134,7 @@ class Progress(Pack):
         # never the run: the epoch's end still saves and records its status
         with contextlib.suppress(OSError, ValueError):
             print(
-                f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{loss}{metrics}"
+                f"{s.mode} epoch {s.epoch + 1}{total}  step {s.step}{_iterations(s)}{loss}{metrics}"
                 f"  ({elapsed:.2f}s)",
                 file=self.stream,
                 flush=True,
@@ -168,3 +171,8 @@ def _loss_text(loss: Any) -> str:
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return f"  loss {loss.detach().item():.4g}"
     return f"  loss {loss:.4g}" if isinstance(loss, float) else ""
+
+
+def _iterations(s: Any) -> str:
+    """``" it N"`` (the iterations done) where the run counts them, else nothing."""
+    return f" it {s.iteration}" if s.counts_iterations else ""

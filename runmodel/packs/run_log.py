@@ -48,7 +48,7 @@ class RunLog(Pack):
     @hook(rank=0)
     def setup(self, engine: Any) -> None:
         s = engine.state
-        self.write(f"start {s.mode}: {_done(s.epoch, s.step)}")
+        self.write(f"start {s.mode}: {_done(s)}")
 
     @hook(priority=-50, rank=0)  # after hooks that compute metrics
     def epoch_end(self, engine: Any) -> None:
@@ -68,18 +68,26 @@ class RunLog(Pack):
         metrics = "".join(
             f" {k} {v:.6g}" for k, v in s.metrics.items() if isinstance(v, float) and k != "loss"
         )
-        self.write(f"epoch {s.epoch + 1} step {s.step}{loss}{metrics}")
+        self.write(f"epoch {s.epoch + 1} step {s.step}{_iterations(s)}{loss}{metrics}")
 
     @hook(rank=0)
     def teardown(self, engine: Any) -> None:
         error = engine.state.error
         self.write(
-            f"end: {_done(engine.state.epoch, engine.state.step)}"
+            f"end: {_done(engine.state)}"
             + (f": {type(error).__name__}: {error}" if error is not None else "")
         )
 
 
-def _done(epochs: int, steps: int) -> str:
+def _done(s: Any) -> str:
+    epochs, steps = s.epoch, s.step
+    its = f", {s.iteration} iterations" if s.counts_iterations else ""
     return (
-        f"{epochs} epoch{'' if epochs == 1 else 's'}, {steps} step{'' if steps == 1 else 's'} done"
+        f"{epochs} epoch{'' if epochs == 1 else 's'}, {steps} step{'' if steps == 1 else 's'}"
+        f"{its} done"
     )
+
+
+def _iterations(s: Any) -> str:
+    """`` iteration N`` (the iterations done) where the run counts them, else nothing."""
+    return f" iteration {s.iteration}" if s.counts_iterations else ""

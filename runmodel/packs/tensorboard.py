@@ -20,7 +20,8 @@ class TensorBoard(Pack):
     """Log to TensorBoard event files in ``directory``: at each epoch end the loss (the
     ``loss`` metric if there is one, else the last step's), every metric in
     ``state.metrics`` and each optimizer group's learning rate, against the
-    global step; with ``every_steps=N`` also the loss every N steps (one ``.item()``
+    global step (the iterations done, where the run counts them: gradients accumulated
+    or ``iterations=`` given); with ``every_steps=N`` also the loss every N steps (one ``.item()``
     each time, never per step). Only process rank 0 writes (a distributed run's other
     processes add nothing).
 
@@ -80,9 +81,9 @@ class TensorBoard(Pack):
         loss = engine.state.loss
         if loss is not None:
             with naming_disk_full(self._file()):  # its writer thread's error shows here
-                self.writer.add_scalar(
-                    f"{engine.state.mode}/loss_step", float(loss.detach()), engine.state.step + 1
-                )
+                s = engine.state  # the x axis: iterations done where the run counts them
+                done = s.iteration + 1 if s.counts_iterations else s.step + 1
+                self.writer.add_scalar(f"{s.mode}/loss_step", float(loss.detach()), done)
 
     def log_epoch(self, engine: Any) -> None:
         if engine.state.interrupted and not engine.state.epoch_complete:
@@ -92,7 +93,7 @@ class TensorBoard(Pack):
 
     def _log_epoch(self, engine: Any) -> None:
         s = engine.state
-        step, mode = s.step, s.mode
+        step, mode = (s.iteration if s.counts_iterations else s.step), s.mode
         if "loss" not in s.metrics and isinstance(s.loss, torch.Tensor) and s.loss.numel() == 1:
             self.writer.add_scalar(f"{mode}/loss", s.loss.detach().item(), step)
         for name, value in s.metrics.items():

@@ -91,6 +91,11 @@ class ConfigKind:
     def steps(self) -> int | None:
         return self.config.steps if self.length is None else self.length[1]
 
+    @property
+    def iterations(self) -> int | None:
+        """The config's length in iterations, unless one in steps replaced it."""
+        return self.config.iterations if self.steps is None else None
+
     def under_torchrun(self, backend: str | None) -> ConfigKind:
         return dataclasses.replace(self, config=torchrun.with_backend(self.config, backend))
 
@@ -108,7 +113,7 @@ class ConfigKind:
         }
 
     def identity(self) -> Any:
-        return self.config.to_dict()
+        return self.config.identity()
 
     def readable_name(self) -> str:
         return self.config.readable_name()

@@ -119,6 +119,11 @@ class RunKind(Protocol):
         ...
 
     @property
+    def iterations(self) -> int | None:
+        """Its length in iterations, instead of steps (None: not given so)."""
+        ...
+
+    @property
     def config(self) -> RunConfig | None:
         """The config it runs, as built (a model source's run has none)."""
         ...
@@ -173,7 +178,7 @@ class DescribesRun(Protocol):
 def run_dir_for(run: RunKind | RunConfig, root: str | os.PathLike[str] = "runs") -> Path:
     """The folder of ``run``'s run (a kind's, or a config's) under ``root``: readable and
     unique (``config.runconfig.run_folder_name``)."""
-    identity = run.to_dict() if isinstance(run, RunConfig) else run.identity()
+    identity = run.identity()
     return Path(root) / run_folder_name(run.readable_name(), identity)
 
 
@@ -225,6 +230,8 @@ class FolderRun:
             self.model,
             self.kind.mode,
             steps=self.steps,
+            # unless a length in steps replaced it (a resume's: --steps, or its status's)
+            iterations=self.kind.iterations if self.steps is None else None,
             epochs=self.epochs,
             setup_options=self.built.setup_options,
             backend=self.built.backend,

@@ -66,6 +66,7 @@ def source_record(
     backend: str | None,
     epochs: int | None,
     steps: int | None,
+    iterations: int | None = None,
 ) -> dict[str, Any]:
     """How a model source's run is started, as its ``run.json`` records it: what a
     ``runmodel resume`` needs to make the same model again."""
@@ -80,6 +81,8 @@ def source_record(
         "backend": backend,
         "epochs": epochs,
         "steps": steps,
+        # only where given: the folders of runs without it keep their names
+        **({"iterations": iterations} if iterations is not None else {}),
         "cwd": os.getcwd(),
     }
 
@@ -102,6 +105,11 @@ class SourceKind:
     @property
     def steps(self) -> int | None:
         return self.length[1]
+
+    @property
+    def iterations(self) -> int | None:
+        """The length in iterations it was started with, unless one in steps replaced it."""
+        return self.source_record.get("iterations") if self.steps is None else None
 
     @property
     def kind(self) -> str:
@@ -128,7 +136,10 @@ class SourceKind:
         return dict(self.source_record)
 
     def identity(self) -> Any:
-        return {key: self.source_record.get(key) for key in IDENTITY}
+        identity = {key: self.source_record.get(key) for key in IDENTITY}
+        if self.source_record.get("iterations") is not None:  # a length, as steps are
+            identity["iterations"] = self.source_record["iterations"]
+        return identity
 
     def readable_name(self) -> str:
         """The file or module, the class unless it is the file's name, the first two

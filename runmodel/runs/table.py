@@ -97,6 +97,8 @@ class RunInfo:
     metrics: dict[str, Any]
     steps: int | None
     name: str = ""  # its path under the listed folder
+    #: the iterations its result says it did, where the run counts them
+    iterations: int | None = None
 
 
 def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
@@ -116,6 +118,7 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> list[RunInfo]:
                 status.get("status", "unknown"),
                 result.get("metrics", {}),
                 steps_done(directory),
+                iterations=result.get("iterations"),
             )
         )
     found.sort(
@@ -218,7 +221,11 @@ def _columns(runs: list[RunInfo], flats: list[dict[str, Any]]) -> dict[str, list
     }
     for key in sorted({k for flat in flats for k in flat}):
         made[key] = [str(flat.get(key, "-")) for flat in flats]
-    made["steps"] = [str(run.steps if run.steps is not None else "-") for run in runs]
+    made["steps"] = [
+        str(run.steps if run.steps is not None else "-")
+        + (f" ({run.iterations} it)" if run.iterations is not None else "")
+        for run in runs
+    ]
     for metric in sorted({m for run in runs for m in run.metrics}):
         made[metric] = [_fmt(run.metrics.get(metric)) for run in runs]
     return made

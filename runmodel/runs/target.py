@@ -121,6 +121,7 @@ class RunRequest:
     steps: int | None = None
     progress: bool = True
     packs: tuple[Pack, ...] = ()
+    iterations: int | None = None
     backend: str | None = None
     runs_dir: str = "runs"
     resume: bool = False
@@ -205,6 +206,7 @@ class Train:
             setup_options=arguments.setup_options,
             backend=backend,
             preempt_signals=request.preempt,
+            iterations=request.iterations,
         )
 
 
@@ -433,6 +435,7 @@ class ModelTarget(Target):
                     backend=backend,
                     epochs=epochs,
                     steps=steps,
+                    iterations=request.iterations,
                 )
             else:  # the folder's run, to the length it has now unless told
                 record = {**self.record, "backend": backend}
@@ -540,6 +543,7 @@ class ConfigTarget(Target):
                         ("mode", request.mode),
                         ("epochs", request.epochs),
                         ("steps", request.steps),
+                        ("iterations", request.iterations),
                     )
                     if value is not None
                 ],

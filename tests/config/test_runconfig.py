@@ -36,6 +36,7 @@ FIELDS = (
     "mode",
     "imports",
     "setup",
+    "iterations",
 )
 
 FULL_TOML = """\
@@ -953,4 +954,5 @@ def test_to_dict_is_the_canonical_form() -> None:
         "device": None,
         "mode": "train",
         "imports": [],
+        "iterations": None,
     }

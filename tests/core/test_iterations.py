@@ -240,3 +240,139 @@ def test_a_run_killed_between_two_firings_fires_where_the_straight_run_does(
     assert cut.read_text().split() == ["2"]
     namespace["train"](tmp_path / "cut", cut)
     assert cut.read_text() == straight.read_text()
+
+
+# -- a budget in iterations ------------------------------------------------------------------
+
+
+def test_a_budget_in_iterations_is_k_steps_each() -> None:
+    result = engine_with(3).run(Tiny(batches=100), iterations=4)
+    assert (result.ended, result.steps, result.iterations) == ("budget", 12, 4)
+    result = runmodel.Engine().run(Tiny(batches=100), iterations=4)
+    assert (result.steps, result.iterations) == (4, 4)
+    # with epochs=, as steps= is: whichever ends first
+    result = engine_with(2).run(Tiny(batches=4), iterations=5, epochs=2)
+    assert (result.ended, result.steps, result.iterations) == ("completed", 8, 4)
+    # a run that counts no iterations says none
+    assert runmodel.Engine().run(Tiny(batches=2)).iterations is None
+
+
+def test_progress_lines_say_iterations_where_the_run_counts_them() -> None:
+    import io
+
+    from runmodel.packs import Progress
+
+    shown = io.StringIO()
+    engine = engine_with(2)
+    engine.attach(Progress(file=shown))
+    engine.run(Tiny(batches=4), epochs=2)
+    lines = shown.getvalue().splitlines()
+    assert [line.split("  ")[1] for line in lines] == ["step 4 it 2", "step 8 it 4"], lines
+    plain = io.StringIO()
+    runmodel.Engine(Progress(file=plain)).run(Tiny(batches=4))
+    assert " it " not in plain.getvalue() and "step 4" in plain.getvalue()
+
+
+def test_tensorboards_axis_is_the_iterations_done_where_the_run_counts_them(
+    tmp_path: Path,
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from runmodel.packs import TensorBoard
+
+    engine = engine_with(2)
+    engine.attach(TensorBoard(tmp_path, every_steps=2))
+    engine.run(Tiny(batches=4), epochs=2)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [s.step for s in events.Scalars("train/loss")] == [2, 4]
+    assert [s.step for s in events.Scalars("train/loss_step")] == [1, 2, 3, 4]
+
+
+def test_steps_and_iterations_exclude_each_other() -> None:
+    with pytest.raises(ValueError, match=r"steps=4 and iterations=2 exclude each other"):
+        runmodel.Engine().run(Tiny(), steps=4, iterations=2)
+    with pytest.raises(ValueError, match=r"iterations= must be a whole number"):
+        runmodel.Engine().run(Tiny(), iterations=-1)
+
+
+def test_a_resumed_run_given_the_same_iterations_ends_where_a_straight_one_does(
+    tmp_path: Path,
+) -> None:
+    first = runmodel.Engine(GradAccumulation(2), Checkpoint(tmp_path, every="1st", keep=1))
+    assert first.run(Tiny(batches=100), iterations=3).steps == 6
+    again = runmodel.Engine(GradAccumulation(2), Checkpoint(tmp_path, every="1st", keep=1))
+    result = again.run(Tiny(batches=100), iterations=5, resume=tmp_path)
+    assert (result.steps, result.iterations) == (10, 5)
+
+
+MODEL = """\
+import torch
+from torch import nn
+
+import runmodel
+
+
+class Windows(runmodel.TorchModel):
+    def __init__(self, device=None, init_options=None):
+        super().__init__(device, init_options)
+        torch.manual_seed(0)
+        self.module = nn.Linear(4, 1)
+
+    def setup(self, setup_options=None):
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+        self.loss_fn = nn.MSELoss()
+        x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
+        self.train_data = [(x[i : i + 4], x[i : i + 4, :1]) for i in range(0, 40, 4)]
+
+
+runmodel.register_model("windows-{tag}", Windows)
+"""
+
+CONFIG = """\
+imports = ["model.py"]
+device = "cpu"
+{length}
+[model]
+type = "windows-{tag}"
+
+[[packs]]
+type = "grad_accumulation"
+args = {{ k = 2 }}
+"""
+
+
+def a_config(folder: Path, length: str) -> Path:
+    tag = folder.name[-12:].replace("_", "-")
+    (folder / "model.py").write_text(MODEL.format(tag=tag))
+    path = folder / "windows.toml"
+    path.write_text(CONFIG.format(length=length, tag=tag))
+    return path
+
+
+def test_iterations_in_a_config_and_on_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from runmodel import load_config
+    from runmodel.cli import main
+    from runmodel.config.runconfig import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    path = a_config(tmp_path, "iterations = 3")
+    assert main(["run", str(path), "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["steps"], result["iterations"]) == (6, 3)
+    [folder] = [p.parent for p in (tmp_path / "runs").rglob("run.log")]
+    log = (folder / "run.log").read_text()
+    assert "epoch 1 step 6 iteration 3" in log and "6 steps, 3 iterations done" in log, log
+    assert json.loads((folder / "metrics.json").read_text())["iterations"] == 3
+    assert main(["runs", "runs"]) == 0
+    assert "6 (3 it)" in capsys.readouterr().out
+
+    # the command line's length replaces the config's; steps and iterations exclude
+    assert main(["run", str(path), "--iterations", "4", "--no-progress", "--restart"]) == 0
+    assert "train: budget after 8 steps (4 iterations)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"steps = 2 and iterations = 3 exclude each other"):
+        load_config(a_config(tmp_path, "steps = 2\niterations = 3"))
