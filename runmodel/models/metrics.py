@@ -8,10 +8,12 @@ import contextlib
 import itertools
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from .outputs import logits_of
 
 if TYPE_CHECKING:
     from ignite.metrics import Metric
@@ -20,6 +22,7 @@ __all__ = [
     "REDUCTIONS",
     "Evaluable",
     "MetricSet",
+    "as_metrics",
     "batches_of",
     "evaluate",
     "inference",
@@ -71,16 +74,40 @@ def inference(model: Any) -> Iterator[None]:
 
 
 class MetricSet:
-    """pytorch-ignite metrics fed ``(output, target)``; computed into a dict of floats."""
+    """pytorch-ignite metrics fed ``(output, target)``; computed into a dict of floats.
+
+    A module's output that carries ``logits`` (a Hugging Face ``ModelOutput``) feeds its
+    logits, except to the metrics that read the whole output (``reads_output``, as the
+    loss a module computes); what the output is, is decided at the first batch."""
 
     def __init__(self, metrics: dict[str, Metric]) -> None:
         self.metrics = metrics
+        #: ``update(output, target)``: the first batch's decides how the next are fed
+        self.update: Callable[[Any, Any], None] = self._first_update
 
     def reset(self) -> None:
         for metric in self.metrics.values():
             metric.reset()
 
-    def update(self, output: Any, target: Any) -> None:
+    def _first_update(self, output: Any, target: Any) -> None:
+        if logits_of(output) is None:
+            self.update = self._update
+        else:
+            metrics = self.metrics.values()
+            whole = [m for m in metrics if getattr(type(m), "reads_output", False)]
+            rest = [m for m in metrics if not getattr(type(m), "reads_output", False)]
+
+            def update(output: Any, target: Any) -> None:
+                for metric in whole:
+                    metric.update((output, target))
+                logits = logits_of(output)
+                for metric in rest:
+                    metric.update((logits, target))
+
+            self.update = update
+        self.update(output, target)
+
+    def _update(self, output: Any, target: Any) -> None:
         for metric in self.metrics.values():
             metric.update((output, target))
 
@@ -95,16 +122,17 @@ class MetricSet:
 def evaluate(
     model: Evaluable,
     data: Iterable[Any] | Callable[[], Any] | None = None,
-    metrics: dict[str, Metric] | None = None,
+    metrics: Mapping[str, Metric | Callable[..., Any]] | None = None,
     *,
     batches: int | None = None,
     engine: Any = None,
     isolate_rng: bool = False,
     loss_reduction: str = "mean",
 ) -> dict[str, Any]:
-    """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
-    data), without grad and outside any run: for a hook that checks a model mid-training.
-    No ``setup()`` is called.
+    """``metrics`` (default: the model's ``metrics()``; pytorch-ignite metrics, or plain
+    functions ``fn(predictions, targets) -> float`` over the whole pass) over ``data``
+    (default: its eval data), without grad and outside any run: for a hook that checks a
+    model mid-training. No ``setup()`` is called.
 
     ``data`` is an iterable of batches (a DataLoader, a list) or a function of no
     arguments that returns one batch per call (a script's ``get_batch``); ``batches=N``
@@ -124,7 +152,7 @@ def evaluate(
     the last, both with the module in eval mode and without grad, so a model with state
     that runs on from batch to batch (an RNN's hidden state) starts the pass afresh and
     gets its training state back after it. The ``Evaluate`` pack passes its engine."""
-    metrics = model.metrics() if metrics is None else metrics
+    metrics = model.metrics() if metrics is None else as_metrics(metrics)
     metric_set = MetricSet(with_loss_reduction(metrics, loss_reduction))
     metric_set.reset()
     source = model.data_for("eval") if data is None else data
@@ -141,6 +169,20 @@ def evaluate(
         if engine is not None:
             engine.fire("eval_end")
     return values
+
+
+def as_metrics(metrics: Mapping[str, Metric | Callable[..., Any]]) -> dict[str, Metric]:
+    """``metrics`` with each plain function ``fn(predictions, targets) -> float`` made a
+    metric over the whole pass (``function_metric.FunctionMetric``)."""
+    from ignite.metrics import Metric
+
+    if all(isinstance(m, Metric) for m in metrics.values()):
+        return dict(metrics)  # type: ignore[arg-type]  # all metrics: checked
+    from .function_metric import FunctionMetric
+
+    return {
+        name: m if isinstance(m, Metric) else FunctionMetric(m, name) for name, m in metrics.items()
+    }
 
 
 def batches_of(source: Iterable[Any] | Callable[[], Any], batches: int | None) -> Iterable[Any]:
