@@ -5,7 +5,7 @@ before)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
@@ -14,7 +14,7 @@ from ignite.exceptions import NotComputableError
 from ignite.metrics import Metric
 from ignite.metrics.metric import reinit__is_reduced
 
-__all__ = ["FunctionMetric"]
+__all__ = ["FunctionMetric", "as_metrics"]
 
 
 class FunctionMetric(Metric):
@@ -68,3 +68,11 @@ def _number(value: Any, name: str) -> float:
             f"the metric {name!r} returned {type(value).__name__}; a metric function "
             f"fn(predictions, targets) returns one number (a float)"
         ) from None
+
+
+def as_metrics(metrics: Mapping[str, Metric | Callable[..., Any]]) -> dict[str, Metric]:
+    """``metrics`` with each plain function ``fn(predictions, targets) -> float`` made a
+    metric over the whole pass (``function_metric.FunctionMetric``)."""
+    return {
+        name: m if isinstance(m, Metric) else FunctionMetric(m, name) for name, m in metrics.items()
+    }

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .outputs import logits_of
-
 if TYPE_CHECKING:
     from ignite.metrics import Metric
 
@@ -22,10 +20,10 @@ __all__ = [
     "REDUCTIONS",
     "Evaluable",
     "MetricSet",
-    "as_metrics",
     "batches_of",
     "evaluate",
     "inference",
+    "logits_of",
     "with_loss_reduction",
 ]
 
@@ -122,17 +120,16 @@ class MetricSet:
 def evaluate(
     model: Evaluable,
     data: Iterable[Any] | Callable[[], Any] | None = None,
-    metrics: Mapping[str, Metric | Callable[..., Any]] | None = None,
+    metrics: dict[str, Metric] | None = None,
     *,
     batches: int | None = None,
     engine: Any = None,
     isolate_rng: bool = False,
     loss_reduction: str = "mean",
 ) -> dict[str, Any]:
-    """``metrics`` (default: the model's ``metrics()``; pytorch-ignite metrics, or plain
-    functions ``fn(predictions, targets) -> float`` over the whole pass) over ``data``
-    (default: its eval data), without grad and outside any run: for a hook that checks a
-    model mid-training. No ``setup()`` is called.
+    """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
+    data), without grad and outside any run: for a hook that checks a model
+    mid-training. No ``setup()`` is called.
 
     ``data`` is an iterable of batches (a DataLoader, a list) or a function of no
     arguments that returns one batch per call (a script's ``get_batch``); ``batches=N``
@@ -152,7 +149,7 @@ def evaluate(
     the last, both with the module in eval mode and without grad, so a model with state
     that runs on from batch to batch (an RNN's hidden state) starts the pass afresh and
     gets its training state back after it. The ``Evaluate`` pack passes its engine."""
-    metrics = model.metrics() if metrics is None else as_metrics(metrics)
+    metrics = model.metrics() if metrics is None else metrics
     metric_set = MetricSet(with_loss_reduction(metrics, loss_reduction))
     metric_set.reset()
     source = model.data_for("eval") if data is None else data
@@ -171,18 +168,14 @@ def evaluate(
     return values
 
 
-def as_metrics(metrics: Mapping[str, Metric | Callable[..., Any]]) -> dict[str, Metric]:
-    """``metrics`` with each plain function ``fn(predictions, targets) -> float`` made a
-    metric over the whole pass (``function_metric.FunctionMetric``)."""
-    from ignite.metrics import Metric
-
-    if all(isinstance(m, Metric) for m in metrics.values()):
-        return dict(metrics)  # type: ignore[arg-type]  # all metrics: checked
-    from .function_metric import FunctionMetric
-
-    return {
-        name: m if isinstance(m, Metric) else FunctionMetric(m, name) for name, m in metrics.items()
-    }
+def logits_of(output: Any) -> torch.Tensor | None:
+    """The logits a module's output carries (``output.logits``, ``output["logits"]``), or
+    None (an output that is a tensor, or carries none)."""
+    if isinstance(output, torch.Tensor):
+        return None
+    if isinstance(output, Mapping):
+        return output.get("logits")
+    return getattr(output, "logits", None)
 
 
 def batches_of(source: Iterable[Any] | Callable[[], Any], batches: int | None) -> Iterable[Any]:

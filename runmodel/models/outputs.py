@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .metrics import logits_of  # where metrics are fed: it imports nothing of runmodel's
+
 __all__ = ["LABELS", "computes_loss", "labels_of", "logits_of", "loss_of", "output_loss"]
 
 #: The key of a mapping batch that holds the target (Hugging Face's name).
@@ -36,16 +38,6 @@ def loss_of(output: Any) -> torch.Tensor | None:
     if isinstance(output, Mapping):
         return output.get("loss")
     return getattr(output, "loss", None)
-
-
-def logits_of(output: Any) -> torch.Tensor | None:
-    """The logits a module's output carries (``output.logits``, ``output["logits"]``), or
-    None (an output that is a tensor, or carries none)."""
-    if isinstance(output, torch.Tensor):
-        return None
-    if isinstance(output, Mapping):
-        return output.get("logits")
-    return getattr(output, "logits", None)
 
 
 def labels_of(batch: Mapping[str, Any]) -> Any:

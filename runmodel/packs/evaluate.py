@@ -11,7 +11,7 @@ from ..core.checks import whole_number
 from ..core.metric_names import TEST_PREFIX
 from ..core.options import parse_duration
 from ..models import TorchModel, evaluate
-from ..models.metrics import REDUCTIONS, as_metrics, with_loss_reduction
+from ..models.metrics import REDUCTIONS, with_loss_reduction
 
 if TYPE_CHECKING:
     from ignite.metrics import Metric
@@ -280,4 +280,6 @@ def _check_metrics(metrics: object) -> dict[str, Metric] | None:
             f"{{'accuracy': ignite.metrics.Accuracy(), 'f1': f1}}, or None (the "
             f"model's metrics()); got {metrics!r}"
         )
+    from ..models.function_metric import as_metrics
+
     return as_metrics(metrics)

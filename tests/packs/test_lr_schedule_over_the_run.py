@@ -106,6 +106,13 @@ def test_the_schedule_is_recomputed_for_another_length() -> None:
     assert short == hf_lrs("linear", 0, 10) and long == hf_lrs("linear", 0, 20)
 
 
+def test_a_config_names_the_schedule_and_its_length_is_the_runs() -> None:
+    spec = {"type": "lr_schedule", "args": {"scheduler": "cosine", "warmup": 0.06}}
+    for epochs in (2, 4):  # as --set epochs= changes it
+        used = lrs_stepped(runmodel.make_pack(spec), epochs=epochs)
+        assert used == hf_lrs("cosine", math.ceil(0.06 * 5 * epochs), 5 * epochs)
+
+
 def test_a_resumed_run_continues_the_schedule(tmp_path: Path) -> None:
     straight = lrs_stepped(LRSchedule("cosine", warmup=0.2), epochs=4)
     engine = runmodel.Engine(LRSchedule("cosine", warmup=0.2), Checkpoint(tmp_path))
