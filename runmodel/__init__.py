@@ -57,12 +57,14 @@ __all__ = [
     "make_optimizer",
     "make_pack",
     "override",
+    "param_groups",
     "register_backend",
     "register_interface",
     "register_loss",
     "register_model",
     "register_optimizer",
     "register_pack",
+    "register_schedule",
     "seed",
     "sweep",
 ]
@@ -113,6 +115,7 @@ __getattr__, __dir__ = lazy_exports(
                 "register_model",
                 "register_optimizer",
                 "register_pack",
+                "register_schedule",
             ),
             ".config.registry",
         ),
@@ -120,6 +123,7 @@ __getattr__, __dir__ = lazy_exports(
         "execute": ".runs",
         "lr_find": ".runs.lr_find",
         "seed": ".models.seeding",
+        "param_groups": ".models.param_groups",
         "sweep": ".sweeps",  # the function; its module is runmodel.sweeps (no clash)
         "end_distributed": ".backends.distributed.env",
     },
@@ -163,6 +167,7 @@ if TYPE_CHECKING:
         register_model,
         register_optimizer,
         register_pack,
+        register_schedule,
     )
     from .config.runconfig import RunConfig, load_config
     from .core import (
@@ -184,6 +189,7 @@ if TYPE_CHECKING:
     )
     from .engine import Engine
     from .models import Interface, Model, Supervised, TorchModel, evaluate, load_model
+    from .models.param_groups import param_groups
     from .models.seeding import seed
     from .modes import Benchmark, Eval, Infer, Profile, Train
     from .runs import execute

@@ -46,6 +46,8 @@ OPTIONAL: dict[str, Dependency] = {
     "onnxruntime": Dependency("onnxruntime", "onnx"),
     # the MLflow pack: MLflow's client (mlflow-skinny) and its local SQLite store
     "mlflow": Dependency("mlflow-skinny", "mlflow"),
+    # Hugging Face models (docs/huggingface.md; any model works without it)
+    "transformers": Dependency("transformers", "hf"),
 }
 
 

@@ -39,7 +39,13 @@ class Backend:
                     f"an optimizer for the backend needs "
                     f"{type(model).__name__}.module to take parameters from"
                 )
-            model.optimizer = self.optimizer(module.parameters())
+            # a config's optimizer is built over the module (param groups by name)
+            for_module = getattr(self.optimizer, "for_module", None)
+            model.optimizer = (
+                for_module(module)
+                if for_module is not None
+                else self.optimizer(module.parameters())
+            )
 
     def pack(self) -> Pack | None:
         """Hooks and overrides this backend needs during the run, if any."""

@@ -378,11 +378,12 @@ def _export(subcommands: Subcommands) -> None:
     export.add_argument("out", metavar="OUT")
     export.add_argument(
         "--format",
-        choices=("state_dict", "pt2", "onnx"),
+        choices=("state_dict", "pt2", "onnx", "hf"),
         default="state_dict",
         help="state_dict (default, any checkpoint); pt2 (torch.export) or "
         "onnx (torch.onnx, dynamo; pip install 'runmodel[onnx]'), from a run "
-        "folder, with a dynamic batch dimension",
+        "folder, with a dynamic batch dimension; hf: a Hugging Face model's "
+        "save_pretrained folder OUT (weights and config) that from_pretrained loads",
     )
     export.add_argument(
         "--averaged",

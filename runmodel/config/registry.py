@@ -26,7 +26,9 @@ from . import builtins
 from .overrides import ConfigError, unknown_option
 
 __all__ = [
+    "GROUP_ARGS",
     "ConfigError",
+    "OptimizerFactory",
     "Registry",
     "Spec",
     "check_model_args",
@@ -45,7 +47,9 @@ __all__ = [
     "register_model",
     "register_optimizer",
     "register_pack",
+    "register_schedule",
     "registries",
+    "schedule_function",
 ]
 
 
@@ -203,6 +207,7 @@ registries: dict[str, Registry] = {
     "pack": Registry("pack", _is_pack, "a runmodel.Pack"),
     "optimizer": Registry("optimizer", _is_optimizer, "a torch.optim.Optimizer"),
     "loss": Registry("loss", callable, "a callable loss"),
+    "schedule": Registry("schedule", callable, "a function of the iteration"),
 }
 
 register_model = registries["model"].register
@@ -211,6 +216,10 @@ register_backend = registries["backend"].register
 register_pack = registries["pack"].register
 register_optimizer = registries["optimizer"].register
 register_loss = registries["loss"].register
+#: ``register_schedule(name, fn)``: a closed-form learning rate ``fn(iteration, **args) ->
+#: lr`` that a config's ``LRSchedule`` names, ``lr_at = "name"`` or ``lr_at = {type =
+#: "name", args = {...}}`` (``LRSchedule(lr_at=)``).
+register_schedule = registries["schedule"].register
 
 
 def make_model(
@@ -318,19 +327,49 @@ def make_backend(spec: Spec | str | dict[str, Any]) -> Any:
     return registries["backend"].make(spec)
 
 
-def optimizer_factory(spec: Spec | str | dict[str, Any]) -> Callable[[Iterable[Any]], Any]:
-    """A factory of the optimizer ``spec`` names, called with the parameters; a bad name or
-    bad arguments are found now, not when the run starts."""
+#: An optimizer spec's arguments that make its param groups (``models.param_groups``)
+#: rather than go to the optimizer: given, the optimizer is built over groups of the
+#: module's parameters by name, its ``weight_decay`` and ``lr`` those of the groups.
+GROUP_ARGS = ("no_decay", "lr_scale")
+
+
+class OptimizerFactory:
+    """The optimizer a spec names, made when the run starts: called with the module's
+    parameters, or built over the module itself (``for_module``, which the backends
+    call), whose names the spec's ``no_decay`` and ``lr_scale`` group by."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+
+    def __call__(self, parameters: Iterable[Any]) -> Any:
+        return make_optimizer(self.spec, parameters)
+
+    def for_module(self, module: torch.nn.Module) -> Any:
+        return make_optimizer(self.spec, module)
+
+    def __repr__(self) -> str:
+        return f"OptimizerFactory({self.spec!r})"
+
+
+def optimizer_factory(spec: Spec | str | dict[str, Any]) -> OptimizerFactory:
+    """A factory of the optimizer ``spec`` names, called with the parameters (or built over
+    the module); a bad name or bad arguments are found now, not when the run starts."""
     spec = Spec.of(spec, "optimizer")
-    make_optimizer(spec, [torch.nn.Parameter(torch.zeros(1))])
-    return functools.partial(make_optimizer, spec)
+    make_optimizer(spec, torch.nn.Linear(1, 1), check_names=False)
+    return OptimizerFactory(spec)
 
 
 def make_pack(spec: Spec | str | dict[str, Any], **context: Any) -> Any:
     """Build a registered pack; ``context`` (e.g. ``directory=`` for a run's directory)
-    fills arguments the spec leaves out."""
+    fills arguments the spec leaves out. An ``LRSchedule``'s ``lr_at`` names a registered
+    schedule (``register_schedule``)."""
     spec = Spec.of(spec, "pack")
     factory = registries["pack"].get(spec.type_)
+    lr_at = spec.args.get("lr_at")
+    if isinstance(lr_at, (str, dict)) and _is_lr_schedule(factory):
+        spec = Spec(spec.type_, {**spec.args, "lr_at": schedule_function(lr_at)})
+    elif isinstance(lr_at, list) and _is_lr_schedule(factory):  # one per param group
+        spec = Spec(spec.type_, {**spec.args, "lr_at": [schedule_function(s) for s in lr_at]})
     accepted = _accepted(factory)
     extra = {
         k: v
@@ -340,8 +379,59 @@ def make_pack(spec: Spec | str | dict[str, Any], **context: Any) -> Any:
     return registries["pack"].make(spec, **extra)
 
 
-def make_optimizer(spec: Spec | str | dict[str, Any], parameters: Iterable[Any]) -> Any:
-    return registries["optimizer"].make(spec, parameters)
+def schedule_function(spec: Spec | str | dict[str, Any]) -> Callable[[int], float]:
+    """The learning rate of an iteration that ``spec`` names: the registered schedule
+    ``fn(iteration, **args)`` with the spec's args; called once now (iteration 0), so that
+    bad arguments show when the config is read."""
+    spec = Spec.of(spec, "schedule")
+    fn = registries["schedule"].get(spec.type_)
+    lr_at = functools.partial(fn, **spec.args) if spec.args else fn
+    try:
+        lr_at(0)
+    except TypeError as error:
+        raise TypeError(
+            f"schedule {spec.type_!r} ({_place(fn)}) could not be called as "
+            f"fn(iteration, **{spec.args!r}): {error}"
+        ) from error
+    return lr_at
+
+
+def _is_lr_schedule(factory: Callable[..., Any]) -> bool:
+    from ..packs.lr_schedule import LRSchedule
+
+    return inspect.isclass(factory) and issubclass(factory, LRSchedule)
+
+
+def make_optimizer(
+    spec: Spec | str | dict[str, Any],
+    parameters: Iterable[Any] | torch.nn.Module,
+    *,
+    check_names: bool = True,
+) -> Any:
+    """Build a registered optimizer over ``parameters``, or over a module's: with the
+    spec's ``no_decay`` or ``lr_scale`` (``GROUP_ARGS``), over its param groups
+    (``runmodel.param_groups``: no weight decay on the names ``no_decay`` lists, the lr
+    scaled by ``lr_scale``'s factors), which needs the module."""
+    spec = Spec.of(spec, "optimizer")
+    grouping = {k: v for k, v in spec.args.items() if k in GROUP_ARGS}
+    if not grouping:
+        if isinstance(parameters, torch.nn.Module):
+            parameters = parameters.parameters()
+        return registries["optimizer"].make(spec, parameters)
+    from ..models.param_groups import param_groups
+
+    args = {k: v for k, v in spec.args.items() if k not in GROUP_ARGS}
+    if not isinstance(parameters, torch.nn.Module):
+        raise TypeError(
+            f"the optimizer {spec.type_!r} with {' and '.join(grouping)} groups the "
+            f"parameters by name: build it over the module (make_optimizer(spec, module))"
+        )
+    if not check_names:  # a stand-in module: the names are the run's module's
+        grouping.pop("lr_scale", None)
+    groups = param_groups(
+        parameters, weight_decay=args.get("weight_decay", 0.0), lr=args.get("lr"), **grouping
+    )
+    return registries["optimizer"].make(Spec(spec.type_, args), groups)
 
 
 def make_loss(spec: Spec | str | dict[str, Any]) -> Any:

@@ -14,8 +14,9 @@ from ignite.metrics import Loss
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 
 from .metrics import REDUCTIONS
+from .outputs import output_loss
 
-__all__ = ["DoubleLoss"]
+__all__ = ["DoubleLoss", "OutputLoss"]
 
 
 class DoubleLoss(Loss):
@@ -114,3 +115,31 @@ def _summing(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
         return loss_fn(output, target, reduction="sum", **kwargs)
 
     return summed
+
+
+class OutputLoss(DoubleLoss):
+    """The loss a module computes itself (a Hugging Face model's ``output.loss``), summed
+    as ``DoubleLoss`` sums a ``loss_fn``'s: ``loss * len(labels)`` in double precision
+    over the batches, divided by their sizes (as the Hugging Face ``Trainer``'s
+    ``eval_loss`` weighs its batches). Fed the module's whole output
+    (``reads_output``), not its logits."""
+
+    reads_output = True
+
+    def __init__(self, *args: Any, reduction: str = "mean", **kwargs: Any) -> None:
+        if reduction == "sum":
+            raise ValueError(
+                "the loss a module computes is its own mean: it cannot be summed with "
+                "reduction='sum'; set a loss_fn to evaluate the loss that way"
+            )
+        super().__init__(_computed, *args, reduction=reduction, **kwargs)
+
+    def reduced_by(self, reduction: str) -> DoubleLoss:
+        if reduction == self.reduction:
+            return self
+        _, args, kwargs = self._given
+        return OutputLoss(*args, reduction=reduction, **kwargs)
+
+
+def _computed(output: Any, target: Any) -> torch.Tensor:
+    return output_loss(output, "the model")

@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "batches_of",
     "evaluate",
     "inference",
+    "logits_of",
     "with_loss_reduction",
 ]
 
@@ -71,16 +72,40 @@ def inference(model: Any) -> Iterator[None]:
 
 
 class MetricSet:
-    """pytorch-ignite metrics fed ``(output, target)``; computed into a dict of floats."""
+    """pytorch-ignite metrics fed ``(output, target)``; computed into a dict of floats.
+
+    A module's output that carries ``logits`` (a Hugging Face ``ModelOutput``) feeds its
+    logits, except to the metrics that read the whole output (``reads_output``, as the
+    loss a module computes); what the output is, is decided at the first batch."""
 
     def __init__(self, metrics: dict[str, Metric]) -> None:
         self.metrics = metrics
+        #: ``update(output, target)``: the first batch's decides how the next are fed
+        self.update: Callable[[Any, Any], None] = self._first_update
 
     def reset(self) -> None:
         for metric in self.metrics.values():
             metric.reset()
 
-    def update(self, output: Any, target: Any) -> None:
+    def _first_update(self, output: Any, target: Any) -> None:
+        if logits_of(output) is None:
+            self.update = self._update
+        else:
+            metrics = self.metrics.values()
+            whole = [m for m in metrics if getattr(type(m), "reads_output", False)]
+            rest = [m for m in metrics if not getattr(type(m), "reads_output", False)]
+
+            def update(output: Any, target: Any) -> None:
+                for metric in whole:
+                    metric.update((output, target))
+                logits = logits_of(output)
+                for metric in rest:
+                    metric.update((logits, target))
+
+            self.update = update
+        self.update(output, target)
+
+    def _update(self, output: Any, target: Any) -> None:
         for metric in self.metrics.values():
             metric.update((output, target))
 
@@ -103,8 +128,8 @@ def evaluate(
     loss_reduction: str = "mean",
 ) -> dict[str, Any]:
     """``metrics`` (default: the model's ``metrics()``) over ``data`` (default: its eval
-    data), without grad and outside any run: for a hook that checks a model mid-training.
-    No ``setup()`` is called.
+    data), without grad and outside any run: for a hook that checks a model
+    mid-training. No ``setup()`` is called.
 
     ``data`` is an iterable of batches (a DataLoader, a list) or a function of no
     arguments that returns one batch per call (a script's ``get_batch``); ``batches=N``
@@ -141,6 +166,16 @@ def evaluate(
         if engine is not None:
             engine.fire("eval_end")
     return values
+
+
+def logits_of(output: Any) -> torch.Tensor | None:
+    """The logits a module's output carries (``output.logits``, ``output["logits"]``), or
+    None (an output that is a tensor, or carries none)."""
+    if isinstance(output, torch.Tensor):
+        return None
+    if isinstance(output, Mapping):
+        return output.get("logits")
+    return getattr(output, "logits", None)
 
 
 def batches_of(source: Iterable[Any] | Callable[[], Any], batches: int | None) -> Iterable[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from ..checkpoint import check_same_optimizer, qualified_name
 from .interface import Interface, Supervised
 from .model import Model
+from .outputs import LABELS, computes_loss, labels_of, output_loss
 from .torchutil import torch_device, unwrap
 
 if TYPE_CHECKING:
@@ -35,6 +36,13 @@ class TorchModel(Model):
     ``Supervised()``) may be replaced by another ``Interface``. By default a batch is
     ``(inputs, target)``; batches of tensors, tuples, lists and dicts are moved to the
     device by the default loop.
+
+    A batch that is a mapping (``{"input_ids": ..., "attention_mask": ..., "labels":
+    ...}``) is the module's keywords, ``module(**batch)``, and its ``labels`` the target:
+    a Hugging Face ``transformers`` model trains, evaluates and infers as it is. Without
+    ``loss_fn``, the loss is the one the module computes (its output's ``loss``: a
+    ``ModelOutput``, or any mapping or object with ``loss``), and metrics are fed its
+    ``logits`` (``docs/huggingface.md``).
     """
 
     interface: Interface = Supervised()
@@ -179,8 +187,8 @@ class TorchModel(Model):
         own_target = (
             kind == "infer"
             or not _inherited(self, "target")
-            or (kind == "train" and not _inherited(self, "compute_loss"))
-        )  # the loss reads it
+            or (kind == "train" and (not _inherited(self, "compute_loss") or self.loss_fn is None))
+        )  # the loss reads it (without loss_fn: the module's own loss does not)
         if own_output and own_target:
             return None
         name = type(self).__name__
@@ -189,11 +197,14 @@ class TorchModel(Model):
         def check(batch: Any) -> None:
             if isinstance(batch, (tuple, list)) and len(batch) >= size:
                 return
+            if isinstance(batch, Mapping) and not own_output and (size == 1 or LABELS in batch):
+                return  # the module's keywords, and its labels the target
             raise TypeError(
                 f"{name}'s {kind} data yields {_batch_text(batch)}, and "
                 f"TorchModel expects (input, target) batches: a tuple or list "
                 f"whose [0] is the module's input and [1] the target (as a "
-                f"DataLoader over a TensorDataset(x, y) yields). For batches of "
+                f"DataLoader over a TensorDataset(x, y) yields), or mappings of "
+                f"the module's keywords with the target as 'labels'. For batches of "
                 f"another form, override {name}.compute_output(batch) (what the "
                 f"module is called with) and {name}.target(batch) (what the loss "
                 f"and metrics compare the output with)"
@@ -205,7 +216,7 @@ class TorchModel(Model):
         """``batch`` with every tensor in it (through tuples, lists, dicts) on the device."""
         if isinstance(batch, torch.Tensor):
             return batch.to(self.device, non_blocking=True)
-        if isinstance(batch, dict):
+        if isinstance(batch, Mapping):  # a dict, a tokenizer's BatchEncoding
             return {k: self.to_device(v) for k, v in batch.items()}
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
             return type(batch)(*(self.to_device(v) for v in batch))
@@ -214,33 +225,50 @@ class TorchModel(Model):
         return batch
 
     def compute_output(self, batch: Any) -> Any:
-        """The module's output for a batch; by default ``module(batch[0])``."""
-        return self._module(batch[0])  # type: ignore[misc]  # the property costs a call a step
+        """The module's output for a batch; by default ``module(batch[0])``, and for a
+        mapping batch ``module(**batch)``."""
+        # (a try costs nothing until it raises: a tuple batch's step is as it was)
+        try:
+            inputs = batch[0]
+        except KeyError:  # a mapping, whose keys are names: the module's keywords
+            return self._module(**batch)  # type: ignore[misc]
+        return self._module(inputs)  # type: ignore[misc]  # the property costs a call a step
 
     def target(self, batch: Any) -> Any:
-        """What the output is compared with; by default ``batch[1]``."""
-        return batch[1]
+        """What the output is compared with; by default ``batch[1]``, and a mapping
+        batch's ``labels``."""
+        try:
+            return batch[1]
+        except KeyError:
+            return labels_of(batch)
 
     def compute_loss(self, output: Any, batch: Any) -> torch.Tensor:
-        """The loss of ``output``; by default ``loss_fn(output, target(batch))``."""
-        return self.loss_fn(output, self.target(batch))  # type: ignore[misc]  # set by then
+        """The loss of ``output``; by default ``loss_fn(output, target(batch))``, and
+        without ``loss_fn`` the loss the module computed (``output.loss``)."""
+        loss_fn = self.loss_fn
+        if loss_fn is None:
+            return output_loss(output, type(self).__name__)
+        return loss_fn(output, self.target(batch))
 
     def metrics(self) -> dict[str, Metric]:
         """pytorch-ignite metrics that eval mode computes, fed ``(output, target)``.
 
-        By default the loss (with ``loss_fn``; summed in double precision, so that its
-        mean equals a script's ``total += len(batch) * loss.item()`` bit for bit) and, for
+        By default the loss (with ``loss_fn``, or the one the module computes without
+        it; summed in double precision, so that its mean equals a script's ``total +=
+        len(batch) * loss.item()`` bit for bit) and, for
         classification losses (cross-entropy, NLL: ``nn.CrossEntropyLoss()`` or
         ``F.cross_entropy``, ``nn.NLLLoss()`` or ``F.nll_loss``), the accuracy;
         accumulated on the model's device so that updating them never synchronises it.
         """
         from ignite.metrics import Accuracy
 
-        from .loss_metric import DoubleLoss
+        from .loss_metric import DoubleLoss, OutputLoss
 
         found: dict[str, Metric] = {}
         if self.loss_fn is not None:
             found["loss"] = DoubleLoss(self.loss_fn, device=self.device)
+        elif _inherited(self, "compute_loss") and computes_loss(unwrap(self.module)):
+            found["loss"] = OutputLoss(device=self.device)  # the module's own
         if _classifying(self.loss_fn):
             found["accuracy"] = Accuracy(device=self.device)
         return found

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core import StepPlan
-from ..models import MetricSet, TorchModel, inference
+from ..models import MetricSet, TorchModel, inference, unwrap
+from ..models.outputs import computes_loss, loss_of
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ class Eval(Mode):
         metrics = MetricSet(model.metrics())
         compute_output = model.interface.output_fn(model)
         target, compute_loss, has_loss = model.target, model.compute_loss, model.loss_fn is not None
+        if not has_loss and type(model).compute_loss is TorchModel.compute_loss:
+            # the loss the module computes, where it does (a batch without labels: none)
+            has_loss = computes_loss(unwrap(model.module))
+            compute_loss = _computed_loss
 
         def eval_step(engine: BareEngine) -> None:
             state = engine.state
@@ -55,6 +60,10 @@ class Eval(Mode):
             context=lambda: _one_pass(engine, model),
             writes=tuple(metrics.metrics),
         )
+
+
+def _computed_loss(output: Any, batch: Any) -> Any:
+    return loss_of(output)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ from ..core.filters import past_once_hooks
 from ..core.metric_names import declared_reads
 from ..models import TorchModel
 from ..models.data import track
-from ..models.torchutil import needs_closure
+from ..models.outputs import computes_loss
+from ..models.torchutil import needs_closure, unwrap
 from .base import Mode, check_steps_for, model_step
 
 if TYPE_CHECKING:
@@ -189,8 +190,11 @@ def _check_parts(engine: BareEngine, model: TorchModel) -> None:
     needed = ["module"]
     if "optimizer_step" not in overridden:
         needed.append("optimizer")
-    if getattr(model.compute_loss, "__func__", None) is TorchModel.compute_loss:
-        needed.append("loss_fn")  # the model's own compute_loss may do without
+    if getattr(model.compute_loss, "__func__", None) is TorchModel.compute_loss and not (
+        computes_loss(unwrap(model.module))
+    ):
+        # the model's own compute_loss may do without, as a module that computes its loss
+        needed.append("loss_fn")
     check_steps_for(
         "train",
         model,

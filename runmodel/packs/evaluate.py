@@ -27,7 +27,11 @@ Source = Iterable[Any] | Callable[[], Any]
 class Evaluate(Pack):
     """Every ``every`` (``"1ep"``: at the end of each epoch; ``"2ep"``; ``"500st"``: after
     every 500th step; ``"10min"``), compute ``metrics`` (default: the model's
-    ``metrics()``, its loss and, for classifiers, accuracy) over ``data`` (default: the
+    ``metrics()``, its loss and, for classifiers, accuracy; pytorch-ignite metrics, or
+    plain functions ``fn(predictions, targets) -> float`` over the whole pass, given the
+    pass's outputs, a Hugging Face model's logits, and targets each concatenated into
+    one tensor, as the Hugging Face ``Trainer``'s ``compute_metrics``) over ``data``
+    (default: the
     model's ``eval_data``) with ``runmodel.evaluate`` (no grad, the module in eval mode
     and back in train mode after), and put each value into ``state.metrics`` as
     ``prefix + name`` (``eval_loss``, ``eval_accuracy``).
@@ -61,7 +65,7 @@ class Evaluate(Pack):
         self,
         every: int | str = "1ep",
         data: Source | Mapping[str, Source] | None = None,
-        metrics: Mapping[str, Metric] | None = None,
+        metrics: Mapping[str, Metric | Callable[..., Any]] | None = None,
         prefix: str | None = None,
         modes: str | Iterable[str] = "train",
         *,
@@ -265,11 +269,17 @@ def _check_metrics(metrics: object) -> dict[str, Metric] | None:
     if (
         not isinstance(metrics, Mapping)
         or not metrics
-        or not all(isinstance(k, str) and k and isinstance(v, Metric) for k, v in metrics.items())
+        or not all(
+            isinstance(k, str) and k and (isinstance(v, Metric) or callable(v))
+            for k, v in metrics.items()
+        )
     ):
         raise TypeError(
-            f"Evaluate(metrics=) takes a dict of names to pytorch-ignite metrics, as "
-            f"in {{'accuracy': ignite.metrics.Accuracy()}}, or None (the model's "
-            f"metrics()); got {metrics!r}"
+            f"Evaluate(metrics=) takes a dict of names to pytorch-ignite metrics or "
+            f"functions fn(predictions, targets) -> float over the whole pass, as in "
+            f"{{'accuracy': ignite.metrics.Accuracy(), 'f1': f1}}, or None (the "
+            f"model's metrics()); got {metrics!r}"
         )
-    return dict(metrics)
+    from ..models.function_metric import as_metrics
+
+    return as_metrics(metrics)

@@ -5,6 +5,7 @@ iteration; the learning rate goes into ``state.metrics["lr"]``."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from .metric_watcher import MetricWatcher
 if TYPE_CHECKING:
     from ..core import Engine
 
-__all__ = ["LRSchedule"]
+__all__ = ["LRSchedule", "run_iterations"]
 
 Scheduler = lr_scheduler.LRScheduler | lr_scheduler.ReduceLROnPlateau
 Factory = Callable[[torch.optim.Optimizer], Any]
@@ -62,6 +63,19 @@ class LRSchedule(Pack):
     scheduler's state and the count of optimizer steps are in ``state_dict()``, so a
     resumed run continues the curve exactly.
 
+    ``scheduler="linear"``, ``"cosine"`` or ``"constant"`` with ``warmup=`` (a ratio of
+    the run's iterations, rounded up, or a count of them; default 0) is the Hugging Face
+    schedule of that name, laid out over the run's own length: the optimizer steps its
+    budget makes (``steps=``, or ``epochs=`` times the batches per epoch, counted in
+    windows under ``GradAccumulation``: ``ceil(batches / k)`` per epoch, as the Hugging
+    Face ``Trainer`` counts), computed when the run starts, so a sweep or ``--set
+    epochs=`` that changes the length changes the schedule with it. The lr of every
+    optimizer step equals, bit for bit, what ``transformers``'
+    ``get_linear_schedule_with_warmup``, ``get_cosine_schedule_with_warmup`` or
+    ``get_constant_schedule_with_warmup`` give for that length and warm-up: each group's
+    initial lr times the warm-up's ``it / W``, then the decay to 0 at the run's end
+    (linear, or a half cosine), or 1 (constant).
+
     ``lr_at=fn`` (by keyword; instead of a scheduler and a warm-up) is a closed form, as
     scripts write one (nanoGPT's ``get_lr(it)``): before each iteration (after the
     previous optimizer step, and when the run starts) every group's lr is set to
@@ -83,6 +97,7 @@ class LRSchedule(Pack):
         metric: str | None = None,
         *,
         lr_at: LRAt | Sequence[LRAt] | None = None,
+        warmup: float | None = None,
     ) -> None:
         if interval not in INTERVALS:
             raise ValueError(
@@ -97,8 +112,22 @@ class LRSchedule(Pack):
             if metric is None
             else MetricWatcher(metric, owner="LRSchedule", reader=f"LRSchedule(metric={metric!r})")
         )
+        #: the Hugging Face schedule named ("linear", "cosine", "constant"), or None
+        self.named = scheduler if isinstance(scheduler, str) and scheduler in NAMED else None
+        #: its warm-up: a ratio of the run's iterations (a float) or a count (an int)
+        self.warmup = _checked_warmup(warmup, self.named)
+        if self.named is not None and (
+            lr_at is not None or warmup_steps or metric is not None or interval != "step"
+        ):
+            raise ValueError(
+                f"LRSchedule({self.named!r}) is the whole schedule over the run's "
+                f"iterations, its warm-up given by warmup=: give it without lr_at=, "
+                f"warmup_steps=, metric= or interval="
+            )
         #: the closed form (one function, or one per param group), or None
         self.lr_at = _checked_lr_at(lr_at)
+        if self.named is not None:
+            scheduler = None  # made at setup, over the run's length
         if lr_at is not None and (
             scheduler is not None or warmup_steps or metric is not None or interval != "step"
         ):
@@ -107,7 +136,7 @@ class LRSchedule(Pack):
                 "before every iteration: give it alone, without a scheduler, "
                 "warmup_steps=, metric= or interval="
             )
-        if scheduler is None and warmup_steps == 0 and lr_at is None:
+        if scheduler is None and warmup_steps == 0 and lr_at is None and self.named is None:
             raise ValueError(
                 "LRSchedule needs a scheduler, warmup_steps= or both, or lr_at=; as in "
                 f"LRSchedule({_FACTORY_EXAMPLE}) or LRSchedule(lr_at=lambda it: 1e-3)"
@@ -138,6 +167,8 @@ class LRSchedule(Pack):
         self._phased = True  # whether the model's train step fires optimizer_step
         #: optimizer steps taken (in the whole training: it resumes); the warm-up's clock
         self.optimizer_steps = 0
+        #: a named schedule's (warm-up, total) iterations, once a run laid it out
+        self.length: tuple[int, int] | None = None
 
     def hooks(self) -> Iterator[Hook]:
         # after setup hooks that regroup the optimizer (Unfreeze's runs at priority 50)
@@ -152,6 +183,7 @@ class LRSchedule(Pack):
         if (
             self.warmup_steps
             or self.lr_at is not None
+            or self.named is not None
             or (has_scheduler and self.interval == "step")
         ):
             # around the optimizer step itself, inside the overrides that may skip it
@@ -209,6 +241,8 @@ class LRSchedule(Pack):
         self._restored = False
         model = engine.model
         self._phased = isinstance(model, TorchModel) and model.interface.phased
+        if self.named is not None:  # over this run's length, from each group's initial lr
+            self.lr_at = self._laid_out(engine, groups)
         if self.lr_at is not None:
             self.optimizer_steps = engine.state.iteration  # the engine's count: one place
             self._write(groups, self.optimizer_steps)
@@ -297,6 +331,18 @@ class LRSchedule(Pack):
         for group, fn in zip(groups, lr_at, strict=True):
             group["lr"] = float(fn(iteration))
 
+    def _laid_out(self, engine: Engine, groups: list[dict[str, Any]]) -> list[LRAt]:
+        """The named schedule over the run's iterations, one function per param group: its
+        initial lr times the factor of the Hugging Face schedule of that name."""
+        total = run_iterations(engine)
+        warmup = self.warmup
+        steps = warmup if isinstance(warmup, int) else math.ceil(total * warmup)
+        factor = functools.partial(FACTORS[self.named], warmup=steps, total=total)  # type: ignore[index]
+        self.length = (steps, total)
+        return [
+            functools.partial(_scaled, factor, g.setdefault("initial_lr", g["lr"])) for g in groups
+        ]
+
     # -- warm-up -------------------------------------------------------------------------------
 
     def _scheduled(self) -> list[Any]:
@@ -377,7 +423,10 @@ class LRSchedule(Pack):
     # -- state ---------------------------------------------------------------------------------
 
     def kind(self) -> str | None:
-        """The scheduler's class name, where it is known before the run builds it."""
+        """The scheduler's class name, where it is known before the run builds it (a
+        named schedule's name, as ``"linear"``)."""
+        if self.named is not None:
+            return self.named
         if self.scheduler is not None:
             return type(self.scheduler).__name__
         factory = self._factory
@@ -397,11 +446,9 @@ class LRSchedule(Pack):
             modes=("train",),
         )
         kind = self.kind()
-        if (
-            engine.extension is not None
-            and engine.state.kind == "train"
-            and (kind in LENGTH_DEPENDENT)
-        ):
+        if engine.extension is None or engine.state.kind != "train":
+            return
+        if kind in LENGTH_DEPENDENT or self.named is not None:
             raise ValueError(
                 f"this run extends the run it continues ({engine.extension}), and "
                 f"its learning rate schedule {kind} is laid out over the run's "
@@ -409,6 +456,15 @@ class LRSchedule(Pack):
                 f"with the larger length. Start a new run with that length, or "
                 f"use a schedule that does not depend on it (StepLR, "
                 f"ExponentialLR...)"
+            )
+        last = (self._pending or {}).get("_last_lr")
+        if isinstance(last, list) and last and all(float(lr) == 0.0 for lr in last):
+            raise ValueError(
+                f"this run extends the run it continues ({engine.extension}), and its "
+                f"learning rate schedule {kind} ended that run at lr 0, where it stays: "
+                f"the extra steps would train at lr 0 and change nothing. Start a new "
+                f"run with the longer length, or give the schedule a last lr above 0 "
+                f"(LinearLR(end_factor=...) > 0)"
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -424,6 +480,108 @@ class LRSchedule(Pack):
         self._pending = state.get("scheduler")
         self._saved_kind = state.get("kind")
         self.optimizer_steps, self._restored = int(state.get("optimizer_steps", 0)), True
+
+
+# -- the Hugging Face schedules ------------------------------------------------------------------
+
+
+def _linear(it: int, *, warmup: int, total: int) -> float:
+    # transformers' _get_linear_schedule_with_warmup_lr_lambda, to the bit
+    if it < warmup:
+        return float(it) / float(max(1, warmup))
+    return max(0.0, float(total - it) / float(max(1, total - warmup)))
+
+
+def _cosine(it: int, *, warmup: int, total: int) -> float:
+    # transformers' _get_cosine_schedule_with_warmup_lr_lambda (half a cycle), to the bit
+    if it < warmup:
+        return float(it) / float(max(1, warmup))
+    progress = float(it - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+
+
+def _constant(it: int, *, warmup: int, total: int) -> float:
+    # transformers' _get_constant_schedule_with_warmup_lr_lambda, to the bit
+    if it < warmup:
+        return float(it) / float(max(1.0, warmup))
+    return 1.0
+
+
+def _scaled(factor: Callable[[int], float], base: float, it: int) -> float:
+    return base * factor(it)  # as LambdaLR: the base lr times the factor
+
+
+#: The named schedules: the factor of a group's initial lr at an iteration.
+FACTORS: dict[str, Callable[..., float]] = {
+    "linear": _linear,
+    "cosine": _cosine,
+    "constant": _constant,
+}
+NAMED = tuple(FACTORS)
+
+
+def run_iterations(engine: Engine) -> int:
+    """The optimizer steps the run's budget makes: the fewest of what its ``steps=`` and
+    its ``epochs=`` (one epoch when neither is given) come to, an epoch being
+    ``ceil(batches / k)`` optimizer steps under ``GradAccumulation(k)`` (its last,
+    shorter window steps too)."""
+    from .grad_accumulation import GradAccumulation
+
+    state = engine.state
+    k = next((p.k for p in engine.table.packs.values() if isinstance(p, GradAccumulation)), 1)
+    try:
+        batches: int | None = len(engine.model.train_data)
+    except TypeError:  # no train_data, or no length
+        batches = None
+    counts = []
+    iterations = getattr(state, "max_iterations", None)
+    if iterations is not None:
+        counts.append(iterations)
+    if state.max_steps is not None:
+        steps = state.max_steps
+        if batches:
+            counts.append((steps // batches) * -(-batches // k) + -(-(steps % batches) // k))
+        else:
+            counts.append(-(-steps // k))
+    epochs = state.max_epochs
+    if epochs is None and not counts:
+        epochs = 1  # the model's loop: one epoch
+    if epochs is not None:
+        if not batches:
+            raise ValueError(
+                "LRSchedule lays its schedule out over the run's iterations, and this "
+                "run's length is in epochs of train data without a length: give the run "
+                "steps= (its budget), or train data with a len()"
+            )
+        counts.append(epochs * -(-batches // k))
+    return min(counts)
+
+
+def _checked_warmup(warmup: object, named: str | None) -> float | int:
+    """``warmup=``: a ratio in [0, 1] (a float) or a count of iterations (an int >= 0),
+    for a named schedule only."""
+    if warmup is None:
+        return 0
+    if named is None:
+        raise ValueError(
+            f"LRSchedule(warmup={warmup!r}) is the warm-up of a named schedule "
+            f"({', '.join(map(repr, NAMED))}), as in LRSchedule('linear', warmup=0.06); "
+            f"with a torch scheduler, give warmup_steps="
+        )
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)):
+        raise TypeError(
+            f"LRSchedule(warmup=) is a ratio of the run's iterations (a float such as "
+            f"0.06) or a count of them (an int); got {warmup!r}"
+        )
+    if isinstance(warmup, int):
+        whole_number(warmup, "LRSchedule(warmup=)", meaning="0: no warm-up")
+        return warmup
+    if not 0.0 <= warmup <= 1.0:
+        raise ValueError(
+            f"LRSchedule(warmup={warmup!r}): a float is the ratio of the run's iterations "
+            f"that warm up, from 0 to 1; a count of iterations is an int"
+        )
+    return warmup
 
 
 def _checked_lr_at(lr_at: object) -> LRAt | list[LRAt] | None:
@@ -479,7 +637,8 @@ def _named(spec: str | Mapping[str, Any]) -> Factory:
         raise ValueError(
             f"LRSchedule: no torch.optim.lr_scheduler scheduler named {name!r} that "
             f"a name can make.{hint} Named: {', '.join(choices)}; the others "
-            f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory"
+            f"({', '.join(_NOT_BY_NAME[2:])}) take Python functions: pass a factory. "
+            f"The schedules over the run's length: {', '.join(map(repr, NAMED))}"
         )
     cls = getattr(lr_scheduler, known[key])
     stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)

@@ -74,6 +74,7 @@ class Unfreeze(Pack):
                 f"{type(module).__name__}"
             )
         stages = self._stages(module)
+        _check_optimizer_holds(getattr(engine.model, "optimizer", None), module, stages)
         self._plan = list(stages.values())
         self._flags = [(p, p.requires_grad) for p, _ in self._plan]
         epoch = engine.state.epoch
@@ -167,6 +168,34 @@ class Unfreeze(Pack):
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # the epoch decides what is frozen: nothing else to keep
+
+
+def _check_optimizer_holds(
+    optimizer: Any, module: nn.Module, stages: dict[int, tuple[nn.Parameter, int | None]]
+) -> None:
+    """Every parameter the schedule trains is in the optimizer: one built over the
+    trainable parameters only (``filter(lambda p: p.requires_grad, ...)``, after the
+    model froze some) would never update the layers unfrozen later, silently."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        return  # no optimizer (an override makes the update): nothing to check
+    held = {id(p) for group in groups for p in group["params"]}
+    missing = [
+        (name, stage)
+        for name, p in module.named_parameters()
+        if (stage := stages[id(p)][1]) is not None and id(p) not in held
+    ]
+    if missing:
+        name, stage = missing[0]
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ValueError(
+            f"Unfreeze: the optimizer does not hold {name!r} (trained from epoch "
+            f"{stage}){more}, so it would never be updated: the optimizer was built "
+            f"over some of the module's parameters (the trainable ones only?). Build it "
+            f"over all of them, as torch.optim.AdamW(module.parameters()) or "
+            f"runmodel.param_groups(module, ...): a frozen parameter gets no gradient, "
+            f"so the optimizer keeps no state for it until it trains"
+        )
 
 
 # -- checks, when the pack is made ---------------------------------------------------------------

@@ -38,13 +38,19 @@ __all__ = [
     "check_program",
     "example_inputs",
     "export_module",
+    "save_pretrained",
 ]
 
 #: What ``runmodel export --format`` writes: the weights (any checkpoint), or a program
-#: (a run folder's model): torch.export's ``.pt2``, ONNX.
-FORMATS = ("state_dict", "pt2", "onnx")
+#: (a run folder's model): torch.export's ``.pt2``, ONNX; or a Hugging Face model's folder
+#: (``save_pretrained``: its weights and config, which ``from_pretrained`` loads).
+FORMATS = ("state_dict", "pt2", "onnx", "hf")
 #: The tolerances of the check, per format (ONNX Runtime's kernels are not torch's).
-TOLERANCES = {"pt2": {"rtol": 1.3e-6, "atol": 1e-5}, "onnx": {"rtol": 1e-4, "atol": 1e-5}}
+TOLERANCES = {
+    "pt2": {"rtol": 1.3e-6, "atol": 1e-5},
+    "onnx": {"rtol": 1e-4, "atol": 1e-5},
+    "hf": {"rtol": 1.3e-6, "atol": 1e-5},
+}
 
 
 @dataclass(frozen=True)
@@ -63,9 +69,12 @@ class Exported:
     def summary(self) -> str:
         sizes = " and ".join(str(n) for n in self.batch_sizes)
         source = "the module" if self.weights is None else str(self.weights)
+        loaded = (
+            f"from_pretrained({self.out})'s" if self.format == "hf" else "the exported program's"
+        )
         return (
             f"exported {source} as {self.format} to {self.out}\n"
-            f"checked: the exported program's outputs on batches of {sizes} match the "
+            f"checked: {loaded} outputs on batches of {sizes} match the "
             f"module's (torch.testing.assert_close, rtol={self.rtol:g}, "
             f"atol={self.atol:g}): largest difference {self.max_abs_diff:.3g}"
         )
@@ -98,6 +107,8 @@ def export_module(
     (``"pt2"`` or ``"onnx"``) to ``out``, and check the program written against the
     module on a batch of its data; ``AssertionError`` (``assert_close``'s) if it differs.
     ``weights``: where the module's weights came from, for the summary."""
+    if format == "hf":
+        return save_pretrained(model, out, weights)
     if format not in ("pt2", "onnx"):
         raise ValueError(f"format {format!r}: a program is 'pt2' or 'onnx'")
     out = Path(out)
@@ -129,6 +140,44 @@ def export_module(
             return check_program(module, out, format, args, kwargs, weights)
     finally:
         module.train(training)
+
+
+def save_pretrained(model: Any, out: str | Path, weights: Path | None = None) -> Exported:
+    """Save ``model``'s module with its own ``save_pretrained`` (a Hugging Face model: its
+    weights and config) into the folder ``out``, then load it back with
+    ``from_pretrained`` and compare its outputs with the module's on a batch of the
+    model's data; a module without ``save_pretrained`` is refused."""
+    module = unwrap(getattr(model, "module", None))
+    save = getattr(module, "save_pretrained", None)
+    load = getattr(type(module), "from_pretrained", None)
+    if not callable(save) or not callable(load):
+        raise ValueError(
+            f"export --format hf saves the module with its save_pretrained (a Hugging "
+            f"Face transformers model's, weights and config), and "
+            f"{type(module).__name__} has none; export its weights (--format state_dict) "
+            f"or a program (--format pt2 or onnx)"
+        )
+    assert module is not None  # it has save_pretrained
+    out = Path(out)
+    args, kwargs = example_inputs(model, module)
+    save(out)
+    loaded = load(out).to(next(module.parameters()).device)
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            return check_program(module, out, "hf", args, kwargs, weights, run=_calling(loaded))
+    finally:
+        module.train(training)
+
+
+def _calling(module: nn.Module) -> Any:
+    module.eval()
+
+    def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        return [t.detach().cpu() for t in pytree.tree_leaves(module(*args, **kwargs))]
+
+    return run
 
 
 def _export_onnx(
@@ -223,10 +272,14 @@ def check_program(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     weights: Path | None = None,
+    *,
+    run: Any = None,
 ) -> Exported:
-    """Run the program written to ``out`` on the example batch and on its first half (the
-    batch dimension is dynamic), and compare its outputs with the module's."""
-    run = _load_pt2(out) if format == "pt2" else _load_onnx(out)
+    """Run the program written to ``out`` (or ``run(args, kwargs)``: its outputs) on the
+    example batch and on its first half (the batch dimension is dynamic), and compare its
+    outputs with the module's."""
+    if run is None:
+        run = _load_pt2(out) if format == "pt2" else _load_onnx(out)
     tolerance = TOLERANCES[format]
     largest, sizes = 0.0, []
     for rows in _sizes(args, kwargs):

@@ -78,6 +78,8 @@ MORE: dict[str, Callable[[Path], Pack]] = {
         data={"train": shuffled(), "val": lambda: torch.randn(4, 2)}, batches=2, at_start=True
     ),
     "evaluate-function": lambda tmp: Evaluate(data=lambda: random.random(), batches=3),
+    "evaluate-metric-function": lambda tmp: Evaluate(metrics={"f1": lambda p, t: 0.0}),
+    "lr-schedule-linear": lambda tmp: LRSchedule("linear", warmup=0.1),
 }
 
 
