@@ -2,8 +2,10 @@
 
     ConfigTarget   a config file (``.toml``/``.json``), or a config run's folder
     ModelTarget    a model source: ``path/file.py``, ``file.py:Class``, ``package.module:Class``
-    ScriptTarget   a ``.py`` file that defines no ``Model`` (with its arguments), or the
-                   folder of a run a script started (``engine.run(..., run_dir=)``)
+    ScriptTarget   a ``.py`` file that defines no ``Model``, or sets its run up under
+                   ``if __name__ == "__main__":`` without a ``configure(engine)``
+                   (``script.is_script``; with its arguments), or the folder of a run a
+                   script started (``engine.run(..., run_dir=)``)
 
 ``open_target(source)`` tells them apart; every command then asks the target, never the
 kind of source. A target runs an *action* one way, ``target.run_with(action)``: it makes
