@@ -534,7 +534,7 @@ def run_iterations(engine: Engine) -> int:
     except TypeError:  # no train_data, or no length
         batches = None
     counts = []
-    iterations = getattr(state, "max_iterations", None)
+    iterations = state.max_iterations
     if iterations is not None:
         counts.append(iterations)
     if state.max_steps is not None:
