@@ -270,7 +270,7 @@ def port(
         printed.append(line)
 
     model = NanoGPT(device="cpu")
-    engine.run(model, steps=(MAX_ITERS + 1) * GAS)
+    engine.run(model, iterations=MAX_ITERS + 1)
     return model, printed, mfus, checkpoint
 
 
