@@ -8,6 +8,10 @@ run and skipped blocks must add up to the ```python fences found in it by a seco
 plainer scan, so nothing is skipped silently. A failing block is reported with its page
 and the line in that page (tracebacks point into the markdown file).
 
+A block marked by ``<!-- outputs -->`` directly before its fence promises its outputs:
+each line ``print(...)  # TEXT`` of it must print TEXT (its first call; ``...`` stands
+for anything, as in ``0.9...``), and the test compares them.
+
 Starting a process that imports torch takes about 3 s here; a page takes about 0.1 s of
 work. So the pages' processes are forked from one process that imported torch, runmodel
 and their usual companions once (a "zygote": the same idea as multiprocessing's
@@ -34,6 +38,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT = "<!-- fragment -->"
+OUTPUTS = "<!-- outputs -->"
+PROMISE = re.compile(r"^\s*print\(.*\)\s+#\s?(?P<text>.*\S)\s*$")
 PAGE_TIMEOUT_S = 120
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
 
@@ -42,6 +48,8 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`
 class Block:
     line: int  # 1-based line of the opening fence
     code: str
+    # what the block's prints promise (<!-- outputs -->), by the page's line of the print
+    promises: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,9 +69,10 @@ def parse(path: Path, name: str | None = None) -> Page:
     while i < len(lines):
         match = FENCE.match(lines[i])
         if not match:
-            if lines[i].strip() == FRAGMENT and not _opens_python(lines, i + 1):
+            marker = lines[i].strip()
+            if marker in (FRAGMENT, OUTPUTS) and not _opens_python(lines, i + 1):
                 page.errors.append(
-                    f"{page.name}:{i + 1}: {FRAGMENT} is not directly before a ```python fence"
+                    f"{page.name}:{i + 1}: {marker} is not directly before a ```python fence"
                 )
             i += 1
             continue
@@ -93,7 +102,12 @@ def parse(path: Path, name: str | None = None) -> Page:
                     line[indent:] if line[:indent].strip() == "" else line.lstrip()
                     for line in lines[i + 1 : end]
                 ]
-                page.blocks.append(Block(i + 1, "\n".join(body) + "\n"))
+                block = Block(i + 1, "\n".join(body) + "\n")
+                if i > 0 and lines[i - 1].strip() == OUTPUTS:
+                    for n, line in enumerate(body):
+                        if promise := PROMISE.match(line):
+                            block.promises[i + 2 + n] = promise["text"]
+                page.blocks.append(block)
         i = end + 1
     return page
 
@@ -137,6 +151,17 @@ def child(job):
     sys.stdin = open(os.devnull)
     os.environ["MPLBACKEND"] = "Agg"
     namespace = {"__name__": "__main__"}
+    promised, printed = set(job["promised"]), {}
+    if promised:
+        import builtins, io
+        def checked_print(*args, **kwargs):
+            at = sys._getframe(1).f_lineno
+            if at in promised and at not in printed and kwargs.get("file") is None:
+                text = io.StringIO()
+                builtins.print(*args, **{**kwargs, "file": text})
+                printed[at] = text.getvalue()
+            builtins.print(*args, **kwargs)
+        namespace["print"] = checked_print
     for path, name, line, code in job["blocks"]:
         print(f"# ---- {name}:{line}", flush=True)
         try:
@@ -148,6 +173,8 @@ def child(job):
             print(f"DOCS: the block at {name}:{line} failed", flush=True)
             sys.stdout.flush(); sys.stderr.flush()
             os._exit(1)
+    with open(job["printed"], "w") as out:
+        json.dump(printed, out)
     sys.stdout.flush(); sys.stderr.flush()
     os._exit(0)
 
@@ -190,11 +217,13 @@ class Zygote:
             raise TimeoutError("no answer from the docs test's zygote")
         return self.process.stdout.readline().strip()
 
-    def run(self, page: Page, cwd: Path, log: Path) -> int:
+    def run(self, page: Page, cwd: Path, log: Path, printed: Path | None = None) -> int:
         assert self.process.stdin is not None
         job = {
             "cwd": str(cwd),
             "log": str(log),
+            "promised": [n for b in page.blocks for n in b.promises],
+            "printed": str(printed or log.with_suffix(".printed.json")),
             "timeout": PAGE_TIMEOUT_S,
             "blocks": [(str(page.path), page.name, b.line, b.code) for b in page.blocks],
         }
@@ -250,6 +279,23 @@ def test_page_blocks_run(
         pytest.fail(
             f"{page.name}: block at {where} failed ({why}):\n{output[-6000:]}", pytrace=False
         )
+    printed = json.loads(log.with_suffix(".printed.json").read_text())
+    broken = [
+        f"{page.name}:{line}: promises {text!r}, printed {printed.get(str(line))!r}"
+        for block in page.blocks
+        for line, text in block.promises.items()
+        if not kept(text, printed.get(str(line)))
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def kept(promise: str, printed: str | None) -> bool:
+    """Whether ``printed`` (a print's output) is what ``promise`` says, ``...`` standing
+    for anything."""
+    if printed is None:
+        return False
+    pattern = ".*?".join(re.escape(part) for part in promise.split("..."))
+    return re.fullmatch(pattern, printed.strip(), re.DOTALL) is not None
 
 
 def test_the_parser_finds_blocks_fragments_and_stray_markers(tmp_path: Path) -> None:

@@ -102,19 +102,17 @@ def test_a_broken_install_is_not_called_missing(
 
 
 def test_hint_finds_a_missing_optional_module_in_the_chain(no_sklearn: None) -> None:
-    try:
+    with pytest.raises(RuntimeError) as loading:
         try:
             import sklearn.datasets  # noqa: F401
         except ImportError as error:
             raise RuntimeError("loading the model failed") from error
-    except RuntimeError as error:
-        assert hint(error) == (
-            "scikit-learn is an optional dependency: pip install 'runmodel[examples]'"
-        )
-    try:
+    assert hint(loading.value) == (
+        "scikit-learn is an optional dependency: pip install 'runmodel[examples]'"
+    )
+    with pytest.raises(ModuleNotFoundError) as required:
         require("sklearn")
-    except ModuleNotFoundError as error:
-        assert hint(error) is None  # it says so already
+    assert hint(required.value) is None  # it says so already
     assert hint(ModuleNotFoundError("No module named 'numpyy'", name="numpyy")) is None
     assert hint(ValueError("bad")) is None
 

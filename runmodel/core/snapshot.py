@@ -93,6 +93,10 @@ class Snapshots:
             "metrics": {
                 k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items()) if v is not None
             },
+            "epoch_sums": {
+                name: total.state_dict() if hasattr(total, "state_dict") else total
+                for name, total in s.epoch_sums.items()
+            },
             "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()},
             # which run this is, and the length it was started or extended to: a
             # resumed run continues the record; an extension is checked against it
@@ -112,6 +116,9 @@ class Snapshots:
         # at an epoch's last step; a best-K checkpoint before the next evaluation)
         self.state.loss = state.get("loss")
         self.state.metrics.update(state.get("metrics", {}))
+        # the epoch's running sums, for the plan's accumulators to take (none: a checkpoint
+        # from before they were kept, whose epoch means count from the resume)
+        self.state.epoch_sums = dict(state.get("epoch_sums") or {})
         self._resuming = True
         self._loaded_run = dict(state.get("run") or {})
         for key, pack_state in state.get("packs", {}).items():
@@ -131,7 +138,7 @@ class Snapshots:
         state_dict = getattr(self.model, "state_dict", None)
         engine = self.state_dict(counters)
         position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(counters)
-        if position["batches"] and position["batches"] == self._batches_per_epoch():
+        if self.epoch_drawn(counters):
             # after the epoch's last batch: its data are all drawn (only its epoch_end
             # hooks are still to run), so it resumes in another number of processes as
             # a checkpoint at the epoch's end does: the data are dealt out anew after it
@@ -142,6 +149,15 @@ class Snapshots:
             "model": state_dict() if callable(state_dict) else None,
             "position": position,
         }
+
+    def epoch_drawn(self, counters: dict[str, int] | None = None) -> bool:
+        """Whether the epoch's data are all drawn at ``counters`` (the counters replacing
+        some, as ``snapshot``'s): its last batch has run and only its ``epoch_end`` hooks
+        are to come. False outside a run and for data without a length."""
+        if self._loop is None:
+            return False
+        batches = self._loop.position.batches(counters)
+        return bool(batches) and batches == self._batches_per_epoch()
 
     def _batches_per_epoch(self) -> int | None:
         """How many batches an epoch of this process's data has, where it has a length."""

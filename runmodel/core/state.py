@@ -92,6 +92,7 @@ class State:
         "epoch",
         "epoch_complete",
         "epoch_step",
+        "epoch_sums",
         "error",
         "files",
         "grad_scaler",
@@ -131,6 +132,11 @@ class State:
         self.output: Any = None
         self.loss: Any = None
         self.metrics: dict[str, Any] = {}
+        #: what accumulates over an epoch, by name (the train mode's sum of the step
+        #: losses behind ``metrics["loss"]``): each a ``state_dict()``/``load_state_dict()``
+        #: object, or the plain value a checkpoint gave until its owner takes it. Saved with
+        #: the counters, so that an epoch a resume goes on with has the straight run's means
+        self.epoch_sums: dict[str, Any] = {}
         # what packs measured (Timer); the run's result.timings holds it beside the mode's
         self.timings: dict[str, Any] = {}
         # files the run wrote that its result names (the Checkpoint pack's best and last)
@@ -180,7 +186,7 @@ class State:
         """A new run: counters from 0 (or kept, for a resumed run), nothing from the last."""
         if not keep_counters:
             self.step = self.epoch = self.epoch_step = self.skipped = self.window_padding = 0
-            self.loss, self.metrics = None, {}
+            self.loss, self.metrics, self.epoch_sums = None, {}, {}
             self.divergence = None
         self.mode, self.kind, self.max_steps, self.max_epochs = mode, kind, max_steps, max_epochs
         self.accumulation = 1

@@ -63,7 +63,7 @@ def train_plan(engine: BareEngine, model: Any) -> StepPlan:
         closure = model.optimizer is not None and needs_closure(model.optimizer)
         plan = (_closure_plan if closure else _phased_plan)(engine, model, interface)
     if engine.state.mode == "train" and _loss_read(engine):
-        _add_epoch_loss(plan)
+        _add_epoch_loss(plan, engine.state)
     return plan
 
 
@@ -229,9 +229,10 @@ class _EpochLoss:
     """The sum of the epoch's step losses on their device, in float64 (no sync, no drift),
     read once at the epoch's end into ``state.metrics["loss"]``. A step only keeps its
     detached loss (``add``, a closure: the step's whole cost is a detach and an append);
-    every ``FLUSH`` steps and at the epoch's end they are summed in order after the
-    running total (a float64 ``cumsum``: on a CPU the same sum as a script's ``total +=
-    loss.item()``)."""
+    every ``FLUSH`` steps, at a checkpoint and at the epoch's end they are summed in order
+    after the running total (a float64 ``cumsum``: on a CPU the same sum as a script's
+    ``total += loss.item()``). The total and count are run state (``state.epoch_sums``):
+    a run resumed in the middle of an epoch goes on from them."""
 
     __slots__ = ("add", "count", "pending", "total")
 
@@ -253,6 +254,8 @@ class _EpochLoss:
         self.add = add
 
     def reset(self, engine: BareEngine) -> None:
+        if engine.state.epoch_step:  # a resumed epoch: its sum goes on
+            return
         self.total, self.count = None, 0
         self.pending.clear()
 
@@ -262,7 +265,7 @@ class _EpochLoss:
         dtype = torch.float32 if losses.device.type == "mps" else torch.float64
         losses = losses.to(dtype)
         if self.total is not None:
-            losses = torch.cat((self.total.to(losses.device).reshape(1), losses))
+            losses = torch.cat((self.total.to(losses.device, dtype).reshape(1), losses))
         self.total = losses.cumsum(0)[-1]
         self.count += len(pending)
         pending.clear()
@@ -273,11 +276,27 @@ class _EpochLoss:
         if self.count and self.total is not None:
             engine.state.metrics[EPOCH_LOSS] = self.total.item() / self.count
 
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch's sum so far and its number of steps, as plain numbers."""
+        if self.pending:
+            self._flush()
+        return {"total": 0.0 if self.total is None else self.total.item(), "count": self.count}
 
-def _add_epoch_loss(plan: StepPlan) -> None:
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.pending.clear()
+        self.count = int(saved.get("count", 0))
+        self.total = torch.tensor(float(saved.get("total", 0.0)), dtype=torch.float64)
+
+
+def _add_epoch_loss(plan: StepPlan, state: Any) -> None:
     """Accumulate the loss after each step (before the ``runstep`` hooks) and put the
-    epoch's mean into ``state.metrics`` before the ``epoch_end`` hooks."""
+    epoch's mean into ``state.metrics`` before the ``epoch_end`` hooks; the sum is run
+    state, taken from the checkpoint a run resumes from."""
     mean = _EpochLoss()
+    saved = state.epoch_sums.get(EPOCH_LOSS)
+    if isinstance(saved, dict):
+        mean.load_state_dict(saved)
+    state.epoch_sums[EPOCH_LOSS] = mean
     plan.before.setdefault("epoch_start", []).append(mean.reset)
     plan.before.setdefault("runstep", []).append(mean.add)
     plan.before.setdefault("epoch_end", []).append(mean.publish)

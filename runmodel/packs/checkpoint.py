@@ -144,6 +144,8 @@ class Checkpoint(Pack):
         # the lists before the save being written: put back if writing it fails
         self._rollback: tuple[list[str], list[tuple[float, str]]] | None = None
         self._move_old = False  # overwrite=True found another run's checkpoints there
+        # a step's save that fell on the epoch's last step: taken at the epoch's end
+        self._at_epoch_end = False
 
     @property
     def last_path(self) -> Path | None:
@@ -240,6 +242,7 @@ class Checkpoint(Pack):
         if self.async_save and (self._writer is None or storage is not self._storage):
             self._writer = storage.writer()
         self._storage = storage
+        self._at_epoch_end = False
         if self._move_old and engine.state.rank == 0:
             self._move_old = False
             self._move_aside()
@@ -291,6 +294,12 @@ class Checkpoint(Pack):
         yield Hook(
             self.save, phase, HookOptions.of(every=self.every.text, modes="train", priority=-1000)
         )
+        if phase == "runstep":
+            yield Hook(
+                self.save_at_epoch_end,
+                "epoch_end",
+                HookOptions.of(modes="train", priority=-1000, name="checkpoint.epoch_end"),
+            )
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train"))
 
     def _writes_here(self, engine: Any) -> bool:
@@ -337,11 +346,29 @@ class Checkpoint(Pack):
             return None
         if self.every.unit != "ep":  # after this step
             counters = {"step": s.step + 1, "epoch_step": s.epoch_step + 1}
+            if engine.epoch_drawn(counters):  # the epoch's last step: its end is the moment
+                self._at_epoch_end = True
+                return None
         elif s.epoch_complete:  # after this epoch
             counters = {"epoch": s.epoch + 1, "epoch_step": 0}
         else:  # an epoch cut short by the budget or stop(): where it stopped
             counters = {}
         return self._write(engine, counters)
+
+    def save_at_epoch_end(self, engine: Any) -> Path | None:
+        """The save of a step that was its epoch's last, taken at the epoch's end (after
+        its ``epoch_end`` hooks, as ``every="1ep"``'s): a run resumed from it starts the
+        next epoch and never ends this one twice (``docs/runs.md``)."""
+        if not self._at_epoch_end:
+            return None
+        self._at_epoch_end = False
+        s = engine.state
+        if not self._writes_here(engine):
+            return None
+        # an epoch cut short after its last step (an interrupt): where it stopped
+        return self._write(
+            engine, {"epoch": s.epoch + 1, "epoch_step": 0} if s.epoch_complete else {}
+        )
 
     def wait(self) -> None:
         """Wait until the checkpoint being written in the background (``async_save``) is

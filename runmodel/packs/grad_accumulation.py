@@ -36,10 +36,21 @@ class GradAccumulation(Pack):
 
     ``state.iteration`` counts the windows (the engine reads ``steps_per_iteration``).
 
+    A stop inside a window: an interrupt (Ctrl-C, a preemption signal) leaves the window
+    as it is, and a checkpoint taken inside a window (by an interrupt, or by
+    ``Checkpoint(every="Nst")``) holds the gradients accumulated so far in this pack's
+    state; the run resumed from it puts them back and completes the window, so it takes
+    the straight run's optimizer steps, bit for bit (``docs/packs/grad_accumulation.md``). (Saved
+    rather than completed before the stop: a preemption's grace time is not spent on up
+    to ``k - 1`` more steps, and a save of ``every=`` stays at its step.) ``stop()`` and
+    the step budget end the epoch, which steps its shorter last window as above.
+
     Under the ``fsdp`` backend the accumulating steps skip the gradient reduction
     (``set_requires_gradient_sync(False)``): only a window's last backward (or the
     epoch's last, by ``len(train_data)``) reduces the summed gradients across the
-    processes. Training data without a length syncs every step.
+    processes. Training data without a length syncs every step. There the window's
+    gradients are not saved (each process holds its own, not yet reduced): a run
+    interrupted inside a window drops it, with a warning.
     """
 
     name = "grad_accumulation"
@@ -59,6 +70,11 @@ class GradAccumulation(Pack):
         self._sync: Callable[[bool], Any] | None = None
         self._length: int | None = None
         self._unsynced = False
+        # a window's gradients not yet stepped on (a checkpoint keeps them), and those a
+        # checkpoint gave back, put into the parameters as the run starts
+        self._holding = False
+        self._module: Any = None
+        self._saved_grads: list[Any] | None = None
 
     @property
     def steps_per_iteration(self) -> int:
@@ -92,6 +108,12 @@ class GradAccumulation(Pack):
         except TypeError:  # no train_data, or no length: sync every step
             self._sync = None
         self._unsynced = False
+        self._module = getattr(model, "module", None)
+        grads, self._saved_grads = self._saved_grads, None
+        self._holding = grads is not None
+        if grads is not None:  # a checkpoint taken inside a window: its gradients so far
+            for parameter, grad in zip(self._module.parameters(), grads, strict=True):
+                parameter.grad = None if grad is None else grad.to(parameter.device)
 
     @override("backward", priority=300, modes=TRAIN_MODES)
     def scaled_backward(self, engine: Any, default: Callable[[Any], Any]) -> None:
@@ -117,13 +139,19 @@ class GradAccumulation(Pack):
     def accumulate(self, engine: Any, default: Callable[[Any], Any]) -> None:
         """Step (and zero the gradients) only at the end of a window."""
         self._step = default
-        if (engine.state.epoch_step + 1) % self.k == 0:
+        self._holding = (engine.state.epoch_step + 1) % self.k != 0
+        if not self._holding:
             default(engine)
 
     @hook(priority=1000, modes=TRAIN_MODES)  # first: checkpoints and metrics see the step
     def epoch_end(self, engine: Any) -> None:
-        """Step on the epoch's last, shorter window, if it has one."""
-        if self._step is not None and engine.state.epoch_step % self.k:
+        """Step on the epoch's last, shorter window, if it has one (not on an epoch that an
+        interrupt cut short: its window goes on after the resume)."""
+        s = engine.state
+        if self._step is not None and s.epoch_step % self.k:
+            if s.interrupted and not s.epoch_complete and not self._unsynced:
+                return
+            self._holding = False
             if self._unsynced:  # an epoch cut short mid-window: its gradients were never
                 # reduced, and stepping on them would set the processes apart
                 warnings.warn(
@@ -140,8 +168,25 @@ class GradAccumulation(Pack):
             # epoch's first window starts at a whole iteration
             engine.state.window_padding += self.k - engine.state.epoch_step % self.k
 
+    @hook(priority=-10_000)  # after a Checkpoint's last save, which keeps a window's gradients
     def teardown(self, engine: Any) -> None:
         if self._sync is not None and self._unsynced:
             self._sync(True)
         self._sync, self._unsynced = None, False
-        self._step = None  # the chain holds the model; let it go with the run
+        self._step = self._module = None  # they hold the model; let it go with the run
+        self._holding = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Inside a window (and not under fsdp): the gradients accumulated so far."""
+        if not self._holding or self._module is None or self._sync is not None:
+            return {}
+        return {
+            "grads": [
+                None if p.grad is None else p.grad.detach().clone()
+                for p in self._module.parameters()
+            ]
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        grads = state.get("grads")
+        self._saved_grads = None if grads is None else list(grads)

@@ -7,7 +7,8 @@ the three is a process of its own (``check_resume_child.py``), under torchrun wi
 ``nproc_per_node``. Then:
 
 * the state each ended with is compared bit for bit: the model's (weights, optimizer
-  state) and the random generators'; the first tensor that differs is named;
+  state), the engine's own (counters, the epoch's sums and mean loss) and the random
+  generators'; the first tensor (or entry) that differs is named;
 * the digests name the first step whose state differs (a step before S differing means
   the run does not even repeat itself: that is said instead);
 * that step is run again in both worlds (straight, and resumed from S), with forward hooks
@@ -455,12 +456,17 @@ def _first_differing(straight: dict[int, str], other: list[dict[str, Any]]) -> i
 
 
 #: The parts of the state compared at the end, in words.
-PARTS = {"module": "weights", "optimizer": "optimizer state", "rng": "random generators"}
+PARTS = {
+    "module": "weights",
+    "optimizer": "optimizer state",
+    "engine": "the engine's own state (counters, the epoch's sums and mean loss)",
+    "rng": "random generators",
+}
 
 
 def _compare_final(runs: _Processes, rank: int, verdict: Verdict) -> None:
     """The state the straight and the resumed runs ended with, entry by entry: the
-    model's (weights, optimizer state) and the random generators'."""
+    model's (weights, optimizer state), the engine's own and the random generators'."""
     import torch
 
     from .check_resume_child import tensor_bytes
@@ -470,8 +476,16 @@ def _compare_final(runs: _Processes, rank: int, verdict: Verdict) -> None:
         for role in ("straight", "resumed")
     )
     names = straight.get("parameters") or []
-    ours = dict([*straight["model"], *(("rng." + k, v) for k, v in straight["rng"])])
-    theirs = dict([*resumed["model"], *(("rng." + k, v) for k, v in resumed["rng"])])
+    ours, theirs = (
+        dict(
+            [
+                *final["model"],
+                *(("engine." + k, v) for k, v in final.get("engine", [])),
+                *(("rng." + k, v) for k, v in final["rng"]),
+            ]
+        )
+        for final in (straight, resumed)
+    )
     parts: dict[str, tuple[int, list[str]]] = {}
     for path in {**ours, **theirs}:
         part = path.partition(".")[0]

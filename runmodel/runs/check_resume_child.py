@@ -315,9 +315,24 @@ def _die(folder: Path, marker: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _engine_state(engine: Engine) -> dict[str, Any]:
+    """The engine's own state that a resume must carry on exactly: not the run's record
+    (its id and times), nor metrics a clock measures (throughput), nor packs' state."""
+    own = engine.state_dict()
+    loss = own["metrics"].get("loss")
+    return {
+        "counters": own["counters"],
+        "loss": own["loss"],
+        "epoch_sums": own["epoch_sums"],
+        **({"metrics": {"loss": loss}} if loss is not None else {}),
+    }
+
+
 def _write_final(engine: Engine, model: Any, path: Path) -> None:
-    """The state the run ended with: the model's (weights, optimizer) and the random
-    generators', as ``(path, value)`` pairs; only for a run that ended without error."""
+    """The state the run ended with: the model's (weights, optimizer), the engine's own
+    (its counters, the last loss, the epoch's sums and mean loss: what a resume carries on)
+    and the random generators', as ``(path, value)`` pairs; only for a run that ended
+    without error."""
     from ..checkpoint.format import rng_state
 
     if engine.state.error is not None:
@@ -326,6 +341,7 @@ def _write_final(engine: Engine, model: Any, path: Path) -> None:
     torch.save(
         {
             "model": list(plain_items(state)),
+            "engine": list(plain_items(_engine_state(engine))),
             "rng": list(plain_items(rng_state())),
             "parameters": _parameter_names(model),
             "step": engine.state.step,

@@ -498,8 +498,9 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_versions(tmp_path:
 
 
 def test_a_resume_at_an_epochs_last_step_sees_the_last_loss_and_metrics(tmp_path: Path) -> None:
-    """A step checkpoint taken at an epoch's last step resumes into that epoch's end: its
-    hooks read the loss and metrics the straight run had there."""
+    """A step checkpoint that falls on an epoch's last step is taken at that epoch's end
+    (issue 37, R1): a run resumed from it starts the next epoch, ends the one before never
+    again, and its epoch ends read the loss and metrics the straight run had there."""
 
     def run(resume: Path | None, log: list[Any], epochs: int = 3) -> None:
         engine = runmodel.Engine()
@@ -524,6 +525,6 @@ def test_a_resume_at_an_epochs_last_step_sees_the_last_loss_and_metrics(tmp_path
     straight_log: list[Any] = []
     run(None, straight_log)
     resumed_log: list[Any] = []
-    run(tmp_path / "ckpt" / "ckpt-00001-0000000008.pt", resumed_log)  # after step 8, epoch 1's last
-    assert resumed_log == straight_log[1:]
-    assert resumed_log[0][2] == 7
+    run(tmp_path / "ckpt" / "ckpt-00002-0000000008.pt", resumed_log)  # after step 8, epoch 1's last
+    assert resumed_log == straight_log[2:]
+    assert resumed_log[0][2] == 11

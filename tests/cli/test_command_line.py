@@ -430,8 +430,7 @@ def test_version(cli: Results) -> None:
 
 
 def test_the_installed_console_script(cli: Results) -> None:
-    if shutil.which("runmodel") is None:
-        pytest.skip("the runmodel console script is not on PATH")
+    assert shutil.which("runmodel") is not None, "no runmodel console script on PATH: pip install"
     result = cli["script-version"]
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"runmodel {runmodel.__version__}\n"

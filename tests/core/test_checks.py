@@ -12,7 +12,7 @@ from runmodel.core.checks import closest, did_you_mean, is_whole_number, whole_n
 
 @pytest.mark.parametrize("value", [-1, 1.0, 2.5, True, False, "3", None])
 def test_only_ints_at_least_the_least_are_whole_numbers(value: object) -> None:
-    assert not is_whole_number(value, least=0) or value == 0
+    assert not is_whole_number(value, least=0)  # False == 0, and still no whole number
     with pytest.raises(
         ValueError, match=re.escape(f"Pack(k=) must be a whole number >= 0; got {value!r}")
     ):

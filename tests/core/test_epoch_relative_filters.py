@@ -94,7 +94,10 @@ def test_only_step_phases_count_steps_of_the_epoch_and_it_is_no_position() -> No
         ("epoch_start", "6st"),
         ("setup", True),
         ("runstep", 5),
+        ("runstep", 6),  # the resume's first step (steps=6)
+        ("runstep", 8),  # ... and the first of epoch 2 (epochs=2)
         ("runstep", 9),
+        ("epoch_end", "8st"),
         ("step_start", "2ep"),
         ("step_start", "1ep"),
     ],
@@ -135,3 +138,33 @@ def test_once_at_the_run_start_fires_there() -> None:
     engine.on("epoch_start", lambda e: seen.append(e.state.step), once="0st")
     engine.run(Counting(batches=4), epochs=2)
     assert seen == [0]
+
+
+@pytest.mark.parametrize(
+    ("cut", "phase", "once"),
+    [
+        ({"steps": 6}, "runstep", 6),
+        ({"steps": 6}, "step_start", "6st"),
+        ({"epochs": 2}, "runstep", 8),
+        ({"epochs": 2}, "runstep", "2ep"),
+        ({"epochs": 2}, "epoch_start", 2),
+        ({"epochs": 2}, "epoch_start", "8st"),
+        ({"epochs": 2}, "epoch_end", "8st"),
+    ],
+)
+def test_a_resume_exactly_at_a_once_position_fires_it_there(
+    tmp_path: Path, cut: dict[str, int], phase: str, once: object
+) -> None:
+    """The resumed run starts at the hook's position (step 6, or epoch 2 = step 8): the
+    moment is not past, and the hook fires where the straight run fired it."""
+
+    def run(engine: runmodel.Engine, **options: Any) -> list[int]:
+        fired: list[int] = []
+        engine.on(phase, lambda e: fired.append(e.state.step), once=once)  # type: ignore[arg-type]
+        engine.run(Tiny(batches=4), **options)
+        return fired
+
+    straight = run(runmodel.Engine(), epochs=3)
+    assert straight and straight[0] >= 6  # fired at or after the cut
+    assert run(runmodel.Engine(Checkpoint(tmp_path)), **cut) == []
+    assert run(runmodel.Engine(Checkpoint(tmp_path)), epochs=3, resume=tmp_path) == straight

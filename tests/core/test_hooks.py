@@ -520,6 +520,9 @@ def test_once_true_fires_on_the_first_event_of_each_run() -> None:
         ("epoch_end", "1ep", [(1, 8)]),
         ("epoch_end", "3ep", []),  # epochs 0, 1 and 2 run
         ("epoch_end", "5st", [(1, 8)]),  # the epoch in which step 5 ran
+        ("epoch_end", "0st", [(0, 4)]),
+        ("epoch_end", "3st", [(0, 4)]),  # an epoch's last step: that epoch's end
+        ("epoch_end", "4st", [(1, 8)]),  # the next epoch's first step
         ("epoch_start", "2ep", [(2, 8)]),
     ],
 )
@@ -807,19 +810,28 @@ def test_hook_signature_too_many(engine: runmodel.Engine) -> None:
     assert_nothing_registered(engine)
 
 
-def test_hook_signatures_that_fit(engine: runmodel.Engine) -> None:
+def test_hook_signatures_that_fit(
+    engine: runmodel.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    called: list[Any] = []
+
     def optional(engine: runmodel.Engine, extra: int = 1) -> None:
-        pass
+        called.append(("optional", extra))
 
     def star(*args: Any) -> None:
-        pass
+        called.append(("star", len(args)))
 
     class WithCall:
         def __call__(self, engine: runmodel.Engine) -> None:
-            pass
+            called.append(("call", type(engine).__name__))
 
     for fn in (optional, star, WithCall(), print):
         engine.on("runstep", fn)
+    assert len(described_hooks(engine)) == 4
+    capsys.readouterr()
+    one_step(engine)
+    assert called == [("optional", 1), ("star", 1), ("call", "Engine")]
+    assert capsys.readouterr().out.count("\n") == 1  # print(engine): one line
 
 
 def test_override_signature(engine: runmodel.Engine) -> None:

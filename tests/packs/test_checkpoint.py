@@ -7,6 +7,7 @@ tests/checkpoint/test_resume_from_files.py.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ def test_saving_leaves_no_temporary_files(tmp_path: Path) -> None:
     assert files(tmp_path) == [
         "ckpt-00002-0000000010.pt",
         "ckpt-00002-0000000011.pt",
-        "ckpt-00002-0000000012.pt",
+        "ckpt-00003-0000000012.pt",
     ]
 
 
@@ -212,6 +213,22 @@ def test_best_by_a_loss_keeps_the_lowest(tmp_path: Path) -> None:
     engine.run(dropout_mlp(), epochs=6)
     [best] = best_files(tmp_path)
     assert best.startswith("best-eval_loss=0.05") and best.endswith("-00004-0000000016.pt")
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_nan_epoch_never_becomes_the_best(tmp_path: Path, mode: str) -> None:
+    """NaN compares false with everything, so a sort leaves it where it is: taken first,
+    it would stay the best of keep_best=1 whatever came after. The first epoch scores NaN
+    (both metrics are NaN), the third the best."""
+    engine = runmodel.Engine()
+    scored(engine, [math.nan, 0.5, 0.6, 0.4])
+    metric = "eval_accuracy" if mode == "max" else "eval_loss"
+    pack = Checkpoint(tmp_path, keep=1, best=(metric, mode))
+    engine.attach(pack)
+    engine.run(dropout_mlp(), epochs=4)
+    best = "eval_accuracy=0.6" if mode == "max" else "eval_loss=0.4"
+    assert best_files(tmp_path) == [f"best-{best}-00003-0000000012.pt"]
+    assert [value for value, _ in pack.best_saved] == [0.6 if mode == "max" else 0.4]
 
 
 def test_the_best_ranking_carries_over_a_resume(tmp_path: Path) -> None:
@@ -294,4 +311,4 @@ def test_two_checkpoint_packs_on_one_folder_are_refused_at_setup(tmp_path: Path)
     again.attach(Checkpoint(tmp_path / "a", every="1ep"), Checkpoint(tmp_path / "b", every="2st"))
     again.run(dropout_mlp(), epochs=1)
     assert files(tmp_path / "a") == ["ckpt-00001-0000000004.pt"]
-    assert files(tmp_path / "b") == ["ckpt-00000-0000000002.pt", "ckpt-00000-0000000004.pt"]
+    assert files(tmp_path / "b") == ["ckpt-00000-0000000002.pt", "ckpt-00001-0000000004.pt"]

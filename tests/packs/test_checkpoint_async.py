@@ -147,7 +147,7 @@ def test_a_run_that_raises_waits_for_the_write_under_way(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="the data ran dry"):
         engine.run(dropout_mlp(), epochs=3)
     assert not pack._writer.busy  # type: ignore[union-attr]
-    assert files(tmp_path) == [f"ckpt-{(s - 1) // 4:05d}-{s:010d}.pt" for s in range(1, 6)]
+    assert files(tmp_path) == [f"ckpt-{s // 4:05d}-{s:010d}.pt" for s in range(1, 6)]
     assert checkpoint.read(tmp_path / "ckpt-00001-0000000005.pt")["engine"]["counters"]["step"] == 5
 
 

@@ -90,6 +90,15 @@ def test_stops_after_patience_checks_without_improvement(
         assert result.reason == f"early stopping: {reason}"
 
 
+def test_a_flat_loss_is_no_improvement_and_stops_the_run() -> None:
+    """min: an equal value does not improve (``value < best - min_delta``, not ``<=``)."""
+    result = run(EarlyStopping("score", patience=2), [0.5, 0.5, 0.5, 0.5, 0.5])
+    assert (result.ended, result.epochs) == ("stopped", 3)
+    assert result.reason == (
+        "early stopping: score did not improve for 2 epochs (best 0.5 at epoch 1, last 0.5)"
+    )
+
+
 def test_every_two_epochs_checks_the_2nd_4th_and_so_on() -> None:
     values = [9.0, 1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 0.0]  # epochs 0, 2, 4 are never checked
     pack = EarlyStopping("score", patience=2, every=2)

@@ -380,3 +380,27 @@ def test_a_param_group_added_during_the_run_is_clipped() -> None:
     assert len(steps) == 8 and steps[-1][1][-1] is not None  # the head's gradient, clipped
     for clipped, expected, _ in steps:
         assert same_grads(clipped, expected)
+
+
+def test_a_param_group_added_mid_run_is_clipped_with_the_others() -> None:
+    """The optimizer starts over the first layer; at epoch 1 a hook adds the last layer as
+    a group of its own (its gradients, never zeroed until then, are large): from then on
+    the total norm the optimizer sees, over both groups, is clipped."""
+    engine = runmodel.Engine()
+    engine.attach(GradClip(max_norm=0.5))
+    seen = seen_by_optimizer(engine, "norm")
+
+    @engine.on("setup")
+    def first_layer_only(engine: Any) -> None:
+        engine.model.optimizer = torch.optim.SGD(engine.model.module[0].parameters(), lr=0.05)
+
+    @engine.on("epoch_start", once=1)
+    def add_the_last_layer(engine: Any) -> None:
+        engine.model.optimizer.add_param_group(
+            {"params": list(engine.model.module[2].parameters())}
+        )
+
+    model = mlp()
+    engine.run(model, epochs=2)
+    assert len(model.optimizer.param_groups) == 2
+    assert len(seen) == 8 and all(n <= 0.5 * (1 + 1e-5) for n in seen), seen
