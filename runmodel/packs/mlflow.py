@@ -98,6 +98,7 @@ class MLflow(Pack):
         self.run_id: str | None = None
         self.client: Any = None
         self._pending: list[Any] = []  # step metrics not sent yet
+        self._sent: tuple[int, dict[str, float]] = (-1, {})  # the last epoch's end: step, values
 
     def hooks(self) -> Iterator[Hook]:
         yield Hook(
@@ -228,6 +229,7 @@ class MLflow(Pack):
             values[f"lr/group{i}"] = group["lr"]
         pending, self._pending = self._pending, []
         self._send(pending + [_metric(k, v, s.step) for k, v in values.items()])
+        self._sent = (s.step, values)
 
     def _metrics(self, engine: Any) -> dict[str, float]:
         """The loss and every number in ``state.metrics``."""
@@ -257,10 +259,15 @@ class MLflow(Pack):
         s = engine.state
         try:
             if s.error is None:
+                # what the last epoch's end sent at this step already is not sent again
+                step, sent = self._sent
+                final = {
+                    k: v
+                    for k, v in self._metrics(engine).items()
+                    if step != s.step or sent.get(k) != v
+                }
                 pending, self._pending = self._pending, []
-                self._send(
-                    pending + [_metric(k, v, s.step) for k, v in self._metrics(engine).items()]
-                )
+                self._send(pending + [_metric(k, v, s.step) for k, v in final.items()])
             if self.artifacts:
                 self._log_checkpoints(s.files)
         finally:
