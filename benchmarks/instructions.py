@@ -12,6 +12,12 @@ variants:
   loss at each epoch's end (since issue 27 it declares ``reads="loss"``, and a train run
   then sums the epoch's step losses for its mean: per-step work the others do not pay);
 * ``eval``: ``engine.run(model, "eval", steps=N)`` (output, loss, the model's metrics);
+* issue 39's guards, counted only when named in ``--variants`` (``GUARDS``; older
+  checkouts lack the packs): ``train`` with ``NaNGuard()``, ``NaNGuard(every=10)``,
+  ``NaNGuard(locate=True)`` or ``SpikeGuard()`` attached (armed after its 32-step window,
+  within the SHORT region, so the difference counts armed steps only), and, as the
+  yardstick of one scalar read, ``train`` with a hook on ``backward`` that reads the loss
+  back (``float(engine.state.loss.detach())``);
 * for scale, a plain PyTorch train loop and a plain eval loop (``torch.no_grad``) on the
   same work; they do not depend on the checkout.
 
@@ -58,7 +64,20 @@ VARIANTS = (
     "plain PyTorch eval loop",
     "eval",
 )
-RUNMODEL = ("train", "train, 10 hooks on runstep", "train, RunLog reading the loss", "eval")
+GUARDS = (
+    "train, a hook reading the loss (one scalar read)",
+    "train, NaNGuard()",
+    "train, NaNGuard(every=10)",
+    "train, NaNGuard(locate=True)",
+    "train, SpikeGuard()",
+)
+RUNMODEL = (
+    "train",
+    "train, 10 hooks on runstep",
+    "train, RunLog reading the loss",
+    *GUARDS,
+    "eval",
+)
 
 
 # ---- the child: runs under callgrind, counts its regions, prints one JSON line ----
@@ -107,7 +126,11 @@ def plain_eval(steps: int) -> None:
             loss_fn(module(x), y)
 
 
-def with_runmodel(mode: str, hooks: int, run_log: bool = False) -> Callable[[int], None]:
+def with_runmodel(
+    mode: str, hooks: int, run_log: bool = False, setup: Callable[[Any], None] | None = None
+) -> Callable[[int], None]:
+    """``setup(engine)``, when given, attaches or hooks what the variant adds."""
+
     def run(steps: int) -> None:
         import runmodel
         from runmodel.packs import RunLog
@@ -122,9 +145,26 @@ def with_runmodel(mode: str, hooks: int, run_log: bool = False) -> Callable[[int
             engine.on("runstep", lambda engine: None, name=f"noop{n}")
         if run_log:  # one epoch a run: its line is written once, in both regions
             engine.attach(RunLog("run.log"))
+        if setup is not None:
+            setup(engine)
         engine.run(model, mode, steps=steps)
 
     return run
+
+
+def read_loss(engine: Any) -> None:
+    float(engine.state.loss.detach())  # one scalar read back, as an armed guard's check does
+
+
+def guard(pack: str, **options: Any) -> Callable[[Any], None]:
+    """Attaches ``runmodel.packs.<pack>(**options)``, imported only when counted."""
+
+    def setup(engine: Any) -> None:
+        from runmodel import packs
+
+        engine.attach(getattr(packs, pack)(**options))
+
+    return setup
 
 
 RUNS: dict[str, Callable[[int], None]] = {
@@ -134,6 +174,13 @@ RUNS: dict[str, Callable[[int], None]] = {
     "train, RunLog reading the loss": with_runmodel("train", 0, run_log=True),
     "plain PyTorch eval loop": plain_eval,
     "eval": with_runmodel("eval", 0),
+    "train, a hook reading the loss (one scalar read)": with_runmodel(
+        "train", 0, setup=lambda engine: engine.on("backward", read_loss)
+    ),
+    "train, NaNGuard()": with_runmodel("train", 0, setup=guard("NaNGuard")),
+    "train, NaNGuard(every=10)": with_runmodel("train", 0, setup=guard("NaNGuard", every=10)),
+    "train, NaNGuard(locate=True)": with_runmodel("train", 0, setup=guard("NaNGuard", locate=True)),
+    "train, SpikeGuard()": with_runmodel("train", 0, setup=guard("SpikeGuard")),
 }
 
 
@@ -314,6 +361,7 @@ def report(
         "train": "plain PyTorch train loop",
         "train, 10 hooks on runstep": "plain PyTorch train loop",
         "train, RunLog reading the loss": "plain PyTorch train loop",
+        **dict.fromkeys(GUARDS, "plain PyTorch train loop"),
         "eval": "plain PyTorch eval loop",
     }
     rows = [name for name in RUNMODEL if name in variants and plain[name] in variants]
@@ -357,7 +405,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default=json.dumps(list(VARIANTS)),
-        help="a JSON list of the variants to count",
+        help="a JSON list of the variants to count (default: all but issue 39's guards)",
     )
     parser.add_argument(
         "--keep",

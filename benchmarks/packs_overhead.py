@@ -19,7 +19,16 @@ Two measures, both ratios to the plain loop taken in the same process:
   the cost of one step, the epoch-end work of one epoch amortized in. Counts repeat
   exactly however busy the machine is.
 
+``--replay`` (issue 39) times what ``NaNGuard(locate=True)`` adds to a failed step: an
+MLP (Linear 32->64, ReLU, Linear 64->64, ReLU, Linear 64->32; batch 64, MSE, SGD, one
+thread) trained for 200 steps, every 10th batch poisoned with values near float32's
+largest, so the forward overflows (the replay names the first module that does). Per
+step, the gap between two batch fetches; the median of the healthy steps and of the
+poisoned ones, with ``locate=True`` and without, runs interleaved; the replay's cost is
+(poisoned step with locate) - (poisoned step without).
+
     python benchmarks/packs_overhead.py [--quick]
+    python benchmarks/packs_overhead.py --replay
     valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/tmp/cg.%p \\
         python benchmarks/packs_overhead.py --instructions ../shared/tools/instructions
 """
@@ -35,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +53,15 @@ import torch
 from torch import nn
 
 import runmodel
-from runmodel.packs import Checkpoint, EarlyStopping, Evaluate, LRSchedule, Progress, Unfreeze
+from runmodel.packs import (
+    Checkpoint,
+    EarlyStopping,
+    Evaluate,
+    LRSchedule,
+    NaNGuard,
+    Progress,
+    Unfreeze,
+)
 
 # the work and the timed reference step of overhead.py (this folder is on sys.path)
 from overhead import Reference, make_work
@@ -221,9 +239,80 @@ def instructions(tools: str, dumps: str) -> list[str]:
     return rows
 
 
+REPLAY_STEPS, POISON_EVERY = 200, 10
+
+
+def replay_run(locate: bool) -> tuple[list[float], list[float], str]:
+    """One run of ``--replay``: the healthy steps' and the poisoned steps' times (µs),
+    and the first line NaNGuard wrote on stderr."""
+    torch.manual_seed(0)
+    module = nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)
+    )
+    batches = [(torch.randn(64, 32), torch.randn(64, 32)) for _ in range(REPLAY_STEPS)]
+    for x, _ in batches[POISON_EVERY - 1 :: POISON_EVERY]:
+        x[0] = 3e38  # finite, but the first layer's sums overflow
+    data = Stamped(batches)
+    model = runmodel.TorchModel.from_parts(
+        module,
+        optimizer=torch.optim.SGD(module.parameters(), lr=0.01),
+        loss_fn=nn.MSELoss(),
+        train_data=data,
+    )
+    engine = runmodel.Engine()
+    engine.attach(NaNGuard(locate=locate))
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine.run(model, steps=REPLAY_STEPS)
+    # step i is the gap from fetch i to fetch i + 1 (the last step has no next fetch)
+    gaps = [(b - a) / 1e3 for a, b in zip(data.stamps, data.stamps[1:], strict=False)]
+    poisoned = [g for i, g in enumerate(gaps) if (i + 1) % POISON_EVERY == 0]
+    healthy = [g for i, g in enumerate(gaps) if (i + 1) % POISON_EVERY and i > 0]
+    return healthy, poisoned, (stderr.getvalue().splitlines() or [""])[0]
+
+
+def replay(repeats: int) -> list[str]:
+    """The rows of ``--replay``: medians over each run's steps, then median [min, max]
+    over the interleaved runs."""
+    runs: dict[str, list[float]] = {"healthy": [], "poisoned": [], "poisoned, located": []}
+    line = ""
+    for _ in range(repeats):
+        for locate in (False, True):
+            healthy, poisoned, first = replay_run(locate)
+            runs["poisoned, located" if locate else "poisoned"].append(statistics.median(poisoned))
+            if locate:
+                runs["healthy"].append(statistics.median(healthy))
+                line = first
+    replays = [a - b for a, b in zip(runs["poisoned, located"], runs["poisoned"], strict=True)]
+    healthy = statistics.median(runs["healthy"])
+
+    def row(name: str, values: list[float]) -> str:
+        mid = statistics.median(values)
+        return (
+            f"| {name} | {mid:,.0f} [{min(values):,.0f}, {max(values):,.0f}] "
+            f"| {mid / healthy:.1f} |"
+        )
+
+    return [
+        f"NaNGuard's line: {line}\n",
+        "| step | µs, median [min, max] over runs | ratio to a healthy step |",
+        "|---|---:|---:|",
+        row("healthy (NaNGuard(locate=True), nothing found)", runs["healthy"]),
+        row("poisoned, NaNGuard() (skipped)", runs["poisoned"]),
+        row("poisoned, NaNGuard(locate=True) (replayed, skipped)", runs["poisoned, located"]),
+        row("the replay: located - not located", replays),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 epochs, 3 repeats")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="time NaNGuard(locate=True)'s replay of a failed step (issue 39)",
+    )
     parser.add_argument(
         "--instructions",
         metavar="TOOLS",
@@ -238,6 +327,14 @@ def main() -> None:
         print("\n".join(instructions(args.instructions, args.dumps)))
         return
     epochs, repeats = (2, 3) if args.quick else (10, 5)
+    if args.replay:
+        print(
+            f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}, 1 thread; "
+            f"{REPLAY_STEPS} steps, every {POISON_EVERY}th poisoned, {2 * repeats} runs\n"
+        )
+        print("\n".join(replay(repeats)))
+        return
     print(
         f"machine: {platform.processor() or platform.machine()}, {platform.system()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}, 1 thread; "
