@@ -68,7 +68,8 @@ def configure_engine(source: Any, engine: Any, model: Any = None) -> bool:
     """Call ``configure(engine)`` of ``source`` (a module), or of the module that defines
     ``source`` (a model class or factory), if it has one: how a model file attaches the
     hooks and packs it wants, for command-line and config runs alike. A ``configure``
-    that takes two arguments is called ``configure(engine, model)`` with the run's model,
+    whose second parameter is ``model`` (or has no default) is called
+    ``configure(engine, model)`` with the run's model,
     built with its resolved options (``model.init_options``), so what it attaches may
     depend on them (the layer count deciding an unfreeze schedule). Returns whether there
     was one."""
@@ -88,17 +89,18 @@ def configure_engine(source: Any, engine: Any, model: Any = None) -> bool:
 
 
 def _takes_model(configure: Any) -> bool:
-    """Whether ``configure`` takes a second positional argument (the model)."""
+    """Whether ``configure`` takes the model: a second positional parameter named
+    ``model`` or without a default (``configure(engine, out=".")``, a script's own option,
+    is called as ``configure(engine)``, as before)."""
     try:
         parameters = inspect.signature(configure).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [
-        p
-        for p in parameters
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-    ]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2:
+        return False
+    second = positional[1]
+    return second.name == "model" or second.default is second.empty
 
 
 def load_model_class(source: str) -> type[Model]:
