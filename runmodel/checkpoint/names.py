@@ -15,6 +15,7 @@ the runs table lists run folders without importing torch.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import warnings
@@ -35,6 +36,7 @@ __all__ = [
     "file_name",
     "first_readable",
     "folder_name",
+    "is_best",
     "is_checkpoint",
     "is_sharded",
     "newest",
@@ -81,6 +83,11 @@ def folder_name(epoch: int, step: int) -> str:
 def best_file_name(metric: str, value: float, epoch: int, step: int) -> str:
     """The name of a best-K checkpoint file (a second name of the checkpoint file)."""
     return f"best-{metric}={value:.6g}-{epoch:05d}-{step:010d}.pt"
+
+
+def is_best(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a best-K checkpoint (``best_file_name``'s form)."""
+    return fnmatch.fnmatch(Path(path).name, BEST_PATTERN)
 
 
 def position(path: str | os.PathLike[str]) -> tuple[int, int]:

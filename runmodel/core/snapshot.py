@@ -93,10 +93,17 @@ class Snapshots:
             "metrics": {
                 k: v for k, v in ((k, _plain(v)) for k, v in s.metrics.items()) if v is not None
             },
-            "epoch_sums": {
-                name: total.state_dict() if hasattr(total, "state_dict") else total
-                for name, total in s.epoch_sums.items()
-            },
+            # the epoch's running sums (its mean loss): only where a train mode keeps some
+            **(
+                {
+                    "epoch_sums": {
+                        name: total.state_dict() if hasattr(total, "state_dict") else total
+                        for name, total in s.epoch_sums.items()
+                    }
+                }
+                if s.epoch_sums
+                else {}
+            ),
             "packs": {key: pack.state_dict() for key, pack in self.table.packs.items()},
             # which run this is, and the length it was started or extended to: a
             # resumed run continues the record; an extension is checked against it

@@ -13,7 +13,7 @@ from typing import Any
 from .._io import read_json
 from ..checkpoint.export import model_state
 from ..checkpoint.format import ranked_best, run_of
-from ..checkpoint.names import best_in, checkpoints_in, is_checkpoint
+from ..checkpoint.names import best_in, checkpoints_in, is_best, is_checkpoint
 from ..core import Pack, RunResult
 from ..engine import Engine
 from ..session.folder import METRICS, MODEL, RECORD, read_status, record_evaluation, resolve
@@ -82,7 +82,7 @@ def weights_kind(path: Path) -> str:
     (``model.pt``) or ``"checkpoint"`` (the newest, where the run has no best)."""
     if path.name == MODEL:
         return "final weights"
-    return "best checkpoint" if path.name.startswith("best-") else "checkpoint"
+    return "best checkpoint" if is_best(path) else "checkpoint"
 
 
 def _existing(run_dir: Path, name: str | None, run: str | None) -> Path | None:
