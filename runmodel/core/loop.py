@@ -214,6 +214,8 @@ class Loop:
         if not resumed:
             self.state.epoch_step = 0
         self.position.epoch_begins(resumed)
+        if self.first_step is None:  # the fast path may take this run's first step
+            self.first_step = self.state.step
         self.first_epoch = False
         self.epoch_open, self.epoch_ending = True, False
         self._arm()

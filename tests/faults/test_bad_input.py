@@ -150,7 +150,8 @@ def test_a_save_of_non_finite_parameters_stops_the_run_and_keeps_the_good_ones(
     )
     assert "runmodel.packs.NaNGuard()" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"ckpt-{(k - 1) // 4:05d}-{k:010d}.pt" for k in range(1, 7)
+        f"ckpt-{k // 4:05d}-{k:010d}.pt"  # an epoch's last step: its end, the next epoch
+        for k in range(1, 7)
     ]
     weights = checkpoint.weights(tmp_path)  # the newest good one loads, finite
     assert all(bool(w.isfinite().all()) for w in weights.values())

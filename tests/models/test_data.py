@@ -183,10 +183,10 @@ def test_the_loader_is_left_as_it_was_after_the_run() -> None:
 def test_a_resumed_epoch_with_no_batches_left_ends_without_an_error(tmp_path: Path) -> None:
     model, engine = Net(DATA["shuffled"]), runmodel.Engine()
     engine.attach(Checkpoint(tmp_path, every="1st", keep=None))
-    engine.run(model, steps=6)  # the whole of epoch 0: the checkpoint after its last step
+    engine.run(model, steps=6)  # the whole of epoch 0: its last step's checkpoint is its end
     again = runmodel.Engine()
     again.attach(Checkpoint(tmp_path / "again"))
-    result = again.run(Net(DATA["shuffled"]), steps=9, resume=tmp_path / "ckpt-00000-0000000006.pt")
+    result = again.run(Net(DATA["shuffled"]), steps=9, resume=tmp_path / "ckpt-00001-0000000006.pt")
     assert (result.steps, result.epochs) == (9, 1)
 
 
