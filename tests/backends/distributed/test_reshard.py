@@ -93,7 +93,7 @@ LAUNCHES: dict[str, tuple[int, str, int, tuple[str, str] | None, dict[str, str]]
     "ddp_to_fsdp": (1, "fsdp", 2, ("ddp", "ckpt/ckpt-00001-0000000008.pt"), {}),
     "adam": (1, "fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {"ADAM": "1"}),
     # saved after epoch 2's last step, before its end: resumed as two_to_one is
-    "last_to_one": (1, "fsdp", 3, ("two", "last/ckpt-00001-0000000016"), {}),
+    "last_to_one": (1, "fsdp", 3, ("two", "last/ckpt-00002-0000000016"), {}),
 }
 
 
@@ -202,13 +202,13 @@ def test_a_2_process_fsdp_checkpoint_resumes_in_1_process_exactly(launches: Laun
 def test_a_checkpoint_after_an_epochs_last_step_resumes_in_another_world_as_its_end(
     launches: Launches,
 ) -> None:
-    """Saved by every="4st" after the 8th (last) step of epoch 2, before the epoch's
-    end: in 1 process it resumes as the checkpoint at the epoch's end does (the data are
+    """Saved by every="4st" after the 8th (last) step of epoch 2, which is the epoch's
+    end (the save waits for its epoch_end hooks): in 1 process it resumes as the checkpoint at the epoch's end does (the data are
     dealt out anew from epoch 3 on), and trains epoch 3 to the same weights, bit for bit."""
     launches.ok("two")
     assert [p.name for p in (launches.folder("two") / "last").iterdir()] == [
-        "ckpt-00001-0000000016"
-    ]  # epoch index 1, its 8 steps done
+        "ckpt-00002-0000000016"
+    ]  # taken at the end of epoch index 1 (its 8 steps done): named as the next epoch's
     err = launches.ok("last_to_one")
     lines = [line for line in err.splitlines() if "written by 2" in line]
     assert len(lines) == 1 and "from epoch 3 on" in lines[0], err[-3000:]
