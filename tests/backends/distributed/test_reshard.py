@@ -203,8 +203,9 @@ def test_a_checkpoint_after_an_epochs_last_step_resumes_in_another_world_as_its_
     launches: Launches,
 ) -> None:
     """Saved by every="4st" after the 8th (last) step of epoch 2, which is the epoch's
-    end (the save waits for its epoch_end hooks): in 1 process it resumes as the checkpoint at the epoch's end does (the data are
-    dealt out anew from epoch 3 on), and trains epoch 3 to the same weights, bit for bit."""
+    end (the save waits for its epoch_end hooks): in 1 process it resumes as the
+    checkpoint at the epoch's end does (the data are dealt out anew from epoch 3 on), and
+    trains epoch 3 to the same weights, bit for bit."""
     launches.ok("two")
     assert [p.name for p in (launches.folder("two") / "last").iterdir()] == [
         "ckpt-00002-0000000016"
