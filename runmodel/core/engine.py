@@ -232,13 +232,9 @@ class BareEngine(Snapshots):
     ) -> Loop:
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``);
         ``iterations`` (instead of ``steps``): the step budget in optimizer steps."""
-        # GradAccumulation's k: what state.iteration divides by
-        accumulation = 1
-        if mode.kind == "train":
-            accumulation = max(
-                (getattr(p, "steps_per_iteration", 1) for p in self.table.packs.values()),
-                default=1,
-            )
+        # GradAccumulation's k (train runs only): what state.iteration divides by
+        packs = self.table.packs.values() if mode.kind == "train" else ()
+        accumulation = max((getattr(p, "steps_per_iteration", 1) for p in packs), default=1)
         if iterations is not None:
             steps = iterations * accumulation
         steps = mode.budget(steps)
