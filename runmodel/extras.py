@@ -48,6 +48,9 @@ OPTIONAL: dict[str, Dependency] = {
     "mlflow": Dependency("mlflow-skinny", "mlflow"),
     # Hugging Face models (docs/huggingface.md; any model works without it)
     "transformers": Dependency("transformers", "hf"),
+    # Lightning's fine-tuning example beside its port (docs/migrating_lightning.md)
+    "lightning": Dependency("lightning", "lightning"),
+    "torchmetrics": Dependency("torchmetrics", "lightning"),
 }
 
 
