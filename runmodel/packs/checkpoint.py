@@ -52,6 +52,10 @@ class Checkpoint(Pack):
     best (nothing is saved at start); with ``keep=0`` a save that is not a new best
     writes nothing.
 
+    ``save()`` called from any hook of a train run saves the run as it stands, now, named
+    for where a resumed run starts (``docs/packs/checkpoint.md`` says what each phase's
+    save holds).
+
     A run resumed from any of them goes on exactly as a straight run would, also from one
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
     ``stop()`` cut short): the checkpoint holds where the epoch's data stands
