@@ -294,7 +294,7 @@ def _resume(subcommands: Subcommands) -> None:
         "continue a run from its checkpoint",
         commands.resume,
         "continue a run (of a config, a model source or a "
-        "script) from its newest checkpoint; --epochs/--steps extend it",
+        "script) from its newest checkpoint; --epochs/--steps/--iterations extend it",
     )
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument(
@@ -302,7 +302,13 @@ def _resume(subcommands: Subcommands) -> None:
         type=_count,
         help="the run's length in epochs, from its start (more than it has: an extension)",
     )
-    resume.add_argument("--steps", type=_count, help="the run's step budget, from its start")
+    length = resume.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_count, help="the run's step budget, from its start")
+    length.add_argument(
+        "--iterations",
+        type=_count,
+        help="the run's budget in iterations (optimizer steps), from its start, instead of --steps",
+    )
     _json(resume)
     resume.add_argument(
         "--no-progress",

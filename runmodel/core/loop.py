@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .options import describe_fn
-from .position import Position
+from .position import BETWEEN, END, STEPS, Position
 from .state import REFUSED, Interrupted, Preempted, RunStep, StopRun, signal_name
 
 if TYPE_CHECKING:
@@ -220,6 +220,7 @@ class Loop:
         self.epoch_open, self.epoch_ending = True, False
         self._arm()
         self.engine.fire("epoch_start")
+        self.position.stage = STEPS
 
     def end_epoch_now(self, completed: bool) -> None:
         p = self.position
@@ -227,10 +228,12 @@ class Loop:
             restore, p.pending, p.replay = p.pending, None, 0
             restore()
         self.state.epoch_complete = completed
+        self.position.stage = END
         self.engine.fire("epoch_end")
         if completed:
             self.state.epoch += 1
         self.epoch_open = self.epoch_ending = False
+        self.position.stage = BETWEEN
         self.guard = -1
 
     def finish(self) -> None:

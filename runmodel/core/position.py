@@ -13,6 +13,10 @@ resumed from it starts that epoch again:
 * without one, the epoch's data is replayed: the generators are set to ``epoch_rng`` when
   the data begins, the drawn batches are dropped as they come (loaded, not run), then the
   generators are set to the checkpoint's states. A warning says so, once.
+
+Where the run stands also decides what a checkpoint taken *now* holds (``Position.now``,
+for ``checkpoint.save()`` from any hook): the loop moves ``stage`` as epochs begin and
+end, never per step.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Position"]
 
+#: ``Position.stage``: between epochs (setup, teardown), an epoch's ``epoch_start``
+#: hooks, its steps, its ``epoch_end`` hooks
+BETWEEN, START, STEPS, END = "between", "start", "steps", "end"
+
 
 class Position:
     """The data position of one run (``Loop.position``)."""
@@ -43,6 +51,9 @@ class Position:
         self.pending: Callable[[], None] | None = None
         self._resume: dict[str, Any] | None = None
         self._replay_rng: Any = None
+        #: where the epoch stands (``BETWEEN``, ``START``, ``STEPS``, ``END``): the loop
+        #: moves it at an epoch's start, its first step and its end
+        self.stage = BETWEEN
 
     def batches(self, counters: dict[str, int] | None = None) -> int:
         """The batches drawn in this epoch so far, dropped ones (``skip_step``) included,
@@ -57,6 +68,26 @@ class Position:
         )
 
     # -- checkpoints ------------------------------------------------------------------
+
+    def now(self, in_step_start: bool) -> dict[str, int] | None:
+        """The counters of a checkpoint taken now (``snapshot``'s), by where the run
+        stands: in a step (its ``runstep`` hooks), after that step; in an epoch's
+        ``epoch_end`` hooks, after that epoch (where it cut short: where it stopped);
+        in a ``step_start`` hook (``in_step_start``) or an epoch's ``epoch_start`` hooks,
+        before that step (its batch drawn again) or that epoch; between epochs, after
+        the last one. None while a resumed epoch has not reached its checkpoint's
+        position (its generators are still to be set): the run stands where that
+        checkpoint does."""
+        s = self.state
+        if self.pending is not None or self.replay:
+            return None
+        if self.stage == STEPS and not in_step_start:
+            return {"step": s.step + 1, "epoch_step": s.epoch_step + 1}
+        if self.stage == END and s.epoch_complete:
+            return {"epoch": s.epoch + 1, "epoch_step": 0}
+        if self.stage == BETWEEN and s.epoch_complete:  # the epoch counted already
+            return {"epoch_step": 0}
+        return {}
 
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """What a checkpoint keeps; ``counters``: where a run resumed from it starts."""
@@ -127,6 +158,7 @@ class Position:
         """At ``epoch_start``, before its hooks; ``resumed``: the checkpoint's epoch."""
         if not resumed:
             self.skipped_before = self.state.skipped
+        self.stage = START
 
     def data_begins(self, first_epoch_begun: bool) -> None:
         """The epoch's data is about to be drawn: after the ``epoch_start`` hooks, or

@@ -13,6 +13,8 @@ from .continuing import world_size
 from .plan import RunHorizon
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .loop import Loop
     from .state import State
     from .table import HookTable
@@ -70,6 +72,7 @@ class Snapshots:
     model: Any
     _loop: Loop | None
     _resuming: bool
+    resumed_from: Path | None
     _loaded_run: dict[str, Any] | None
     #: the run this engine runs or ran last: ``{"id": ..., "started": ...}`` (a unix time),
     #: from the checkpoint it resumed from, else made when the run started
@@ -156,6 +159,22 @@ class Snapshots:
             "model": state_dict() if callable(state_dict) else None,
             "position": position,
         }
+
+    def counters_now(self) -> dict[str, int] | None:
+        """The counters of a checkpoint of the run taken now, from any hook: where a run
+        resumed from ``snapshot(counters)`` starts (``Position.now``). None where a
+        resumed run has not reached its checkpoint's state yet (its setup hooks, the
+        resumed epoch before its first step): the run stands where that checkpoint does.
+        A ``RuntimeError`` outside a run."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(
+                "no run is under way: a checkpoint holds a running run's state (where its "
+                "data stands, its generators); save from one of the run's hooks"
+            )
+        if self.resumed_from is not None and loop.first_step is None:
+            return None  # its setup hooks: the checkpoint's weights are not in place yet
+        return loop.position.now(loop.in_step_start)
 
     def epoch_drawn(self, counters: dict[str, int] | None = None) -> bool:
         """Whether the epoch's data are all drawn at ``counters`` (the counters replacing

@@ -52,6 +52,10 @@ class Checkpoint(Pack):
     best (nothing is saved at start); with ``keep=0`` a save that is not a new best
     writes nothing.
 
+    ``save()`` called from any hook of a train run saves the run as it stands, now, named
+    for where a resumed run starts (``docs/packs/checkpoint.md`` says what each phase's
+    save holds).
+
     A run resumed from any of them goes on exactly as a straight run would, also from one
     taken mid-epoch (by ``"Nst"``, or at the end of an epoch that the step budget or
     ``stop()`` cut short): the checkpoint holds where the epoch's data stands
@@ -146,6 +150,7 @@ class Checkpoint(Pack):
         self._move_old = False  # overwrite=True found another run's checkpoints there
         # a step's save that fell on the epoch's last step: taken at the epoch's end
         self._at_epoch_end = False
+        self._engine: Any = None  # the run under way (from setup to teardown): save()'s
 
     @property
     def last_path(self) -> Path | None:
@@ -241,7 +246,7 @@ class Checkpoint(Pack):
         storage: Storage = engine.storage
         if self.async_save and (self._writer is None or storage is not self._storage):
             self._writer = storage.writer()
-        self._storage = storage
+        self._storage, self._engine = storage, engine
         self._at_epoch_end = False
         if self._move_old and engine.state.rank == 0:
             self._move_old = False
@@ -289,16 +294,28 @@ class Checkpoint(Pack):
                 HookOptions.of(modes="train", priority=9_999, name="checkpoint.baseline"),
             )
         phase = "epoch_end" if self.every.unit == "ep" else "runstep"
-        # last: after other hooks' state changes; every rank: under fsdp each writes its
-        # shard, else all but rank 0 return at once
+        # last: after other hooks' state changes, and after Evaluate's evaluation of the
+        # same step or epoch whatever other hooks' constraints do to priorities (best=
+        # ranks what it measured); every rank: under fsdp each writes its shard, else all
+        # but rank 0 return at once
         yield Hook(
-            self.save, phase, HookOptions.of(every=self.every.text, modes="train", priority=-1000)
+            self._save_scheduled,
+            phase,
+            HookOptions.of(
+                every=self.every.text,
+                modes="train",
+                priority=-1000,
+                after="evaluate",
+                name="checkpoint.save",
+            ),
         )
         if phase == "runstep":
             yield Hook(
                 self.save_at_epoch_end,
                 "epoch_end",
-                HookOptions.of(modes="train", priority=-1000, name="checkpoint.epoch_end"),
+                HookOptions.of(
+                    modes="train", priority=-1000, after="evaluate", name="checkpoint.epoch_end"
+                ),
             )
         yield Hook(self.save_last, "teardown", HookOptions.of(modes="train"))
 
@@ -328,7 +345,7 @@ class Checkpoint(Pack):
             try:
                 self.wait()
             finally:  # the run's storage (and its model) go with the run
-                self._storage = None
+                self._storage = self._engine = None
                 s.files.update(
                     {
                         k: str(v)
@@ -340,19 +357,52 @@ class Checkpoint(Pack):
                     }
                 )
 
-    def save(self, engine: Any) -> Path | None:
-        s = engine.state
+    def save(self, engine: Any = None) -> Path | None:
+        """Save the run now, from any hook of a train run (``engine``: the run's engine,
+        else the one this pack's ``setup`` hook saw): a checkpoint named and counted for
+        where the run stands, from which a resumed run goes on as this one does
+        (``engine.counters_now()``). In a ``runstep`` hook, it holds the step as done;
+        in an ``epoch_end`` hook, the epoch as ended; in a ``step_start`` or
+        ``epoch_start`` hook, the step or epoch as about to begin (a resumed run begins
+        it, and runs its hooks, again); in ``setup`` or ``teardown`` hooks, the run
+        between epochs. The hooks after the saving one in its phase ran in this run but
+        do not run again in a resumed one: save from the phase's last hook. Kept and
+        ranked as the pack's own saves (``keep=``, ``best=``). Returns the checkpoint's
+        path (being written, with ``async_save``); None where this process does not write,
+        or where a resumed run has not reached its checkpoint's state yet (its ``setup``
+        hooks, or its first epoch's before the first step): nothing new to save. A
+        ``RuntimeError`` outside a train run (before the pack's ``setup`` hook, after its
+        ``teardown``, once ``engine.run`` returned) and after an error ended the run."""
+        engine = engine if engine is not None else self._engine
+        if engine is None or self._storage is None:
+            raise RuntimeError(
+                "Checkpoint.save() saves a train run under way, from one of its hooks (after "
+                "this pack's setup hook, before its teardown hook); no run of this pack is "
+                "under way. The newest checkpoint a run saved is checkpoint.last_path"
+            )
+        error = engine.state.error
+        if error is not None and not isinstance(error, Interrupted):
+            raise RuntimeError(
+                f"Checkpoint.save(): the run failed ({error!r}), so its state may be half a "
+                f"step's; nothing is saved (the newest checkpoint is {self.last_path})"
+            )
         if not self._writes_here(engine):
             return None
-        if self.every.unit != "ep":  # after this step
-            counters = {"step": s.step + 1, "epoch_step": s.epoch_step + 1}
-            if engine.epoch_drawn(counters):  # the epoch's last step: its end is the moment
-                self._at_epoch_end = True
-                return None
-        elif s.epoch_complete:  # after this epoch
-            counters = {"epoch": s.epoch + 1, "epoch_step": 0}
-        else:  # an epoch cut short by the budget or stop(): where it stopped
-            counters = {}
+        counters = engine.counters_now()
+        return None if counters is None else self._write(engine, counters)
+
+    def _save_scheduled(self, engine: Any) -> Path | None:
+        """``every=``'s save: after the step, or the epoch (where it cut short: where it
+        stopped); a step's that falls on its epoch's last step waits for the epoch's end
+        (``save_at_epoch_end``)."""
+        if not self._writes_here(engine):
+            return None
+        counters = engine.counters_now()
+        if counters is None:
+            return None
+        if self.every.unit != "ep" and engine.epoch_drawn(counters):
+            self._at_epoch_end = True  # the epoch's last step: its end is the moment
+            return None
         return self._write(engine, counters)
 
     def save_at_epoch_end(self, engine: Any) -> Path | None:
@@ -362,13 +412,11 @@ class Checkpoint(Pack):
         if not self._at_epoch_end:
             return None
         self._at_epoch_end = False
-        s = engine.state
         if not self._writes_here(engine):
             return None
         # an epoch cut short after its last step (an interrupt): where it stopped
-        return self._write(
-            engine, {"epoch": s.epoch + 1, "epoch_step": 0} if s.epoch_complete else {}
-        )
+        counters = engine.counters_now()
+        return None if counters is None else self._write(engine, counters)
 
     def wait(self) -> None:
         """Wait until the checkpoint being written in the background (``async_save``) is

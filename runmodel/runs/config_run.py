@@ -68,12 +68,12 @@ def import_sources(config: RunConfig, base: Path) -> tuple[ModuleType, ...]:
 @dataclass(frozen=True)
 class ConfigKind:
     """A config's run (``folder_run.RunKind``). ``base`` is where its relative
-    ``imports`` are found; ``epochs``/``steps``, where given, the length to run to
-    instead of the config's (``runmodel resume --epochs``)."""
+    ``imports`` are found; ``length``, where given, the ``(epochs, steps, iterations)``
+    to run to instead of the config's (``runmodel resume --epochs``, ``--iterations``)."""
 
     config: RunConfig
     base: Path = Path(".")
-    length: tuple[int | None, int | None] | None = None
+    length: tuple[int | None, int | None, int | None] | None = None
 
     @property
     def kind(self) -> str:
@@ -93,7 +93,10 @@ class ConfigKind:
 
     @property
     def iterations(self) -> int | None:
-        """The config's length in iterations, unless one in steps replaced it."""
+        """The length in iterations asked for, else the config's unless one in steps
+        replaced it."""
+        if self.length is not None and self.length[2] is not None:
+            return self.length[2]
         return self.config.iterations if self.steps is None else None
 
     def under_torchrun(self, backend: str | None) -> ConfigKind:
@@ -198,15 +201,17 @@ def resume_dir(
     *,
     epochs: int | None = None,
     steps: int | None = None,
+    iterations: int | None = None,
     **options: Any,
 ) -> FolderRun:
     """Prepare the config run in ``directory`` to continue from its newest checkpoint;
-    with ``epochs``/``steps``, to that length (more than it has: an extension, recorded
-    in its status and run log; its config and folder stay those it was started with)."""
+    with ``epochs``/``steps``/``iterations``, to that length (more than it has: an
+    extension, recorded in its status and run log; its config and folder stay those it
+    was started with)."""
     directory = Path(directory)
     config, base = load_run_config(directory)
-    if epochs is None and steps is None:  # the length it has now (after an extension)
+    if epochs is None and steps is None and iterations is None:  # its length now
         status = read_status(directory)
         epochs, steps = status.get("epochs", config.epochs), status.get("steps", config.steps)
-    kind = ConfigKind(config, base, (epochs, steps))
+    kind = ConfigKind(config, base, (epochs, steps, iterations))
     return prepare_in_folder(kind, directory=directory, resume=True, **options)

@@ -92,11 +92,12 @@ class SourceKind:
     """A model source's train run (``folder_run.RunKind``): ``source_record``'s record
     (as a new run's, or as its folder recorded it), the model made by ``make`` (seeded
     as the record says) with its setup options resolved, and the length to run to
-    (``epochs``/``steps``: the record's, or more when a resume extends it)."""
+    (``epochs``/``steps``: the record's, or more when a resume extends it; ``iterations``:
+    a resume's ``--iterations``, instead of steps)."""
 
     source_record: dict[str, Any]
     make: Callable[[], tuple[Any, dict[str, Any] | None, type]]
-    length: tuple[int | None, int | None]
+    length: tuple[int | None, int | None, int | None]
 
     @property
     def epochs(self) -> int | None:
@@ -108,7 +109,10 @@ class SourceKind:
 
     @property
     def iterations(self) -> int | None:
-        """The length in iterations it was started with, unless one in steps replaced it."""
+        """The length in iterations a resume asks for, else the one it was started with
+        unless one in steps replaced it."""
+        if self.length[2] is not None:
+            return self.length[2]
         return self.source_record.get("iterations") if self.steps is None else None
 
     @property

@@ -238,21 +238,24 @@ class WithWeights:
 @dataclass(frozen=True)
 class Continue:
     """A run continued in its folder ``run_dir`` from its newest checkpoint, to ``epochs``
-    (``steps``) from its start: more than it has extends it; preempted by ``preempt``
-    too. The folder named here wins over the one the script gives (a copied run folder
-    continues in the copy), and a copy whose Checkpoint pack saves outside it is refused
-    (``refuse_checkpoints_outside``)."""
+    (``steps``, or ``iterations`` instead of steps) from its start: more than it has
+    extends it; preempted by ``preempt`` too. The folder named here wins over the one
+    the script gives (a copied run folder continues in the copy), and a copy whose
+    Checkpoint pack saves outside it is refused (``refuse_checkpoints_outside``)."""
 
     run_dir: Path
     epochs: int | None
     steps: int | None
     preempt: tuple[int, ...] = ()
+    iterations: int | None = None
     trains: ClassVar[bool] = True
 
     def __call__(self, engine: Engine, model: Any, arguments: RunArguments) -> RunResult:
         record = read_json(self.run_dir / RECORD)
         epochs = self.epochs if self.epochs is not None else record.get("epochs", arguments.epochs)
         steps = self.steps if self.steps is not None else record.get("steps", arguments.steps)
+        if self.iterations is not None:  # the length in iterations, instead of steps
+            steps = None
         named = _folder_of(arguments.run_dir)
         follow_into(engine, self.run_dir, named)
         with loading():  # bad input: said as the command says it
@@ -262,6 +265,7 @@ class Continue:
             arguments.mode,
             epochs=epochs,
             steps=steps,
+            iterations=self.iterations,
             setup_options=arguments.setup_options,
             backend=arguments.backend,
             resume="auto",
@@ -445,8 +449,13 @@ class ModelTarget(Target):
                 epochs = (
                     epochs if epochs is not None else status.get("epochs", record.get("epochs"))
                 )
-                steps = steps if steps is not None else status.get("steps", record.get("steps"))
-            kind = SourceKind(record, lambda: (model, resolved or None, cls), (epochs, steps))
+                if request.iterations is None:  # --iterations replaces the steps it had
+                    steps = steps if steps is not None else status.get("steps", record.get("steps"))
+            kind = SourceKind(
+                record,
+                lambda: (model, resolved or None, cls),
+                (epochs, steps, request.iterations),
+            )
             prepared = prepare_in_folder(
                 kind,
                 request.runs_dir,
@@ -502,7 +511,9 @@ class ScriptTarget(Target):
             return super().resume(request)
         say(f"run directory: {self.directory} (a run of {self.source})")
         result: RunResult = self.run_with(
-            Continue(self.directory, request.epochs, request.steps, request.preempt)
+            Continue(
+                self.directory, request.epochs, request.steps, request.preempt, request.iterations
+            )
         )
         return result
 
@@ -632,6 +643,7 @@ class ConfigTarget(Target):
                 progress=request.progress,
                 epochs=request.epochs,
                 steps=request.steps,
+                iterations=request.iterations,
                 packs=request.packs,
             )
         return _run_in_folder(prepared, request)
