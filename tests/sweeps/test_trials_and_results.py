@@ -1,5 +1,6 @@
-"""``runmodel sweep``: real config runs of the digits model, one or two epochs per trial,
-each trial in its own process; the study read back from Optuna's journal file."""
+"""``runmodel sweep``: real config runs of a small classifier (``clusters.py``), one or
+two epochs per trial, each trial in its own process; the study read back from Optuna's
+journal file."""
 
 from __future__ import annotations
 
