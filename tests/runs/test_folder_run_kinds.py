@@ -71,6 +71,30 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One folder of each kind."""
     root = tmp_path_factory.mktemp("kinds")
     (root / "digits.toml").write_text(CONFIG)
+    (root / "search.toml").write_text(CONFIG + SWEEP)
+    # the sweep's processes run beside this one's two runs (two cores, seconds of imports)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "runmodel", "sweep", "search.toml", "--runs-dir", "sweeps"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        config_run, source_run = _runs_here(root)
+        out, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert sweep.returncode == 0, out + err
+    (trial,) = (p.parent for p in (root / "sweeps" / "search").glob("*/config.json"))
+    return {"config": config_run, "source": source_run, "trial": trial}
+
+
+def _runs_here(root: Path) -> tuple[Path, Path]:
+    """The config run and the model source's run, in this process."""
     _, config_run = execute(
         load_config(root / "digits.toml"), root / "config", base=root, progress=False
     )
@@ -82,18 +106,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         os.chdir(here)
     assert code == 0
     (source_run,) = (p.parent for p in (root / "runs").glob("*/run.json"))
-    (root / "search.toml").write_text(CONFIG + SWEEP)
-    swept = subprocess.run(
-        [sys.executable, "-m", "runmodel", "sweep", "search.toml", "--runs-dir", "sweeps"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert swept.returncode == 0, swept.stdout + swept.stderr
-    (trial,) = (p.parent for p in (root / "sweeps" / "search").glob("*/config.json"))
-    return {"config": config_run, "source": source_run, "trial": trial}
+    return config_run, source_run
 
 
 def test_every_kind_leaves_the_same_files(folders: dict[str, Path]) -> None:

@@ -141,15 +141,26 @@ SOURCE_RUN = (*RUNMODEL, "run", "tiny.py", "--epochs", str(EPOCHS), "--no-progre
 @pytest.fixture(scope="module")
 def straight(project: Path) -> dict[str, Any]:
     """One uninterrupted script run, config run and model source's run of the same
-    model."""
-    script = _run(sys.executable, "train.py", "runs-script/straight", cwd=project)
-    assert script.returncode == 0, script.stderr
-    config = _run(
-        *RUNMODEL, "run", "run.toml", "--runs-dir", "runs-config", "--no-progress", cwd=project
-    )
-    assert config.returncode == 0, config.stderr
-    source = _run(*SOURCE_RUN, "--runs-dir", "runs-source", cwd=project)
-    assert source.returncode == 0, source.stderr
+    model, side by side (each in its own folder; two cores, and seconds of imports each)."""
+    started = [
+        subprocess.Popen(
+            args, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        )
+        for args in (
+            (sys.executable, "train.py", "runs-script/straight"),
+            (*RUNMODEL, "run", "run.toml", "--runs-dir", "runs-config", "--no-progress"),
+            (*SOURCE_RUN, "--runs-dir", "runs-source"),
+        )
+    ]
+    try:
+        for process in started:
+            _, err = process.communicate(timeout=TIMEOUT)
+            assert process.returncode == 0, err
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return {
         "script": project / "runs-script" / "straight",
         "config": _config_dir(project, "runs-config"),

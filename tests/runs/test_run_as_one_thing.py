@@ -73,18 +73,34 @@ print(json.dumps({{"metrics": result.metrics, "files": result.files}}))
 """
 
 
-def run(
-    *command: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def start(*command: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``command`` started; ``ended`` awaits it. Commands that touch nothing of each
+    other's run side by side: the machine has two cores, and each process spends seconds
+    importing torch."""
+    return subprocess.Popen(
         command,
         cwd=cwd,
         env=env or ENV,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
-        check=False,
     )
+
+
+def ended(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def run(
+    *command: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return ended(start(*command, cwd=cwd, env=env))
 
 
 def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
@@ -106,6 +122,8 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     cwd = tmp_path_factory.mktemp("script")
     (cwd / "train.py").write_text(SCRIPT)
     seen: dict[str, Any] = {"cwd": cwd, "run_dir": cwd / "runs" / "digits"}
+    # its own folder (runs/other) only, and stopped at the script's engine.run
+    describe = start(*RUNMODEL, "describe", "train.py", "2", "runs/other", cwd=cwd)
     hold = cwd / "hold"
     first = subprocess.Popen(
         [sys.executable, "train.py", "2", "runs/digits"],
@@ -136,13 +154,14 @@ def script_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         sys.executable, "train.py", "2", "runs/digits", "48", cwd=cwd, env={**ENV, "RESUME": "auto"}
     )
     seen["files_after"] = snapshot(run_dir)
+    evaluate = start(*RUNMODEL, "eval", "runs/digits", "--json", cwd=cwd)  # eval.json alone
     seen["runs"] = run(*RUNMODEL, "runs", "runs", cwd=cwd)
     (cwd / "runs" / "profile-x").mkdir()  # a folder that is no run, among the glob's
     seen["plot"] = run(
         *RUNMODEL, "plot", "runs/digits", "runs/profile-x", "-o", "plot.png", cwd=cwd
     )
-    seen["eval"] = run(*RUNMODEL, "eval", "runs/digits", "--json", cwd=cwd)
-    seen["describe"] = run(*RUNMODEL, "describe", "train.py", "2", "runs/other", cwd=cwd)
+    seen["eval"] = ended(evaluate)
+    seen["describe"] = ended(describe)
     yield seen
 
 
@@ -242,6 +261,11 @@ def config_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cwd = tmp_path_factory.mktemp("config")
     seen: dict[str, Any] = {"cwd": cwd}
     common = ("--runs-dir", "runs", "--no-progress", "--set", "model.args.hidden=32")
+    # the straight 4-epoch run, beside the others in a folder of its own
+    seen["four_cwd"] = tmp_path_factory.mktemp("config_four")
+    four = start(
+        *RUNMODEL, "run", str(DIGITS_CONFIG), "--epochs", "4", *common, cwd=seen["four_cwd"]
+    )
     seen["two"] = run(*RUNMODEL, "run", str(DIGITS_CONFIG), "--epochs", "2", *common, cwd=cwd)
     [run_dir] = (cwd / "runs").iterdir()
     seen["run_dir"] = run_dir
@@ -256,7 +280,7 @@ def config_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     seen["extended"] = run(
         *RUNMODEL, "resume", str(run_dir), "--epochs", "4", "--no-progress", cwd=cwd
     )
-    seen["four"] = run(*RUNMODEL, "run", str(DIGITS_CONFIG), "--epochs", "4", *common, cwd=cwd)
+    seen["four"] = ended(four)
     return seen
 
 
@@ -301,7 +325,8 @@ def test_an_extended_config_run_equals_a_run_started_with_the_larger_number(
     four = config_run["four"]
     assert four.returncode == 0, four.stderr
     run_dir = config_run["run_dir"]
-    [straight] = [p for p in (config_run["cwd"] / "runs").iterdir() if p != run_dir]
+    [straight] = (config_run["four_cwd"] / "runs").iterdir()
+    assert straight.name != run_dir.name  # a config of 4 epochs is another run
     a = torch.load(run_dir / "model.pt", weights_only=True)
     b = torch.load(straight / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical

@@ -1,6 +1,6 @@
-"""What the sweep tests share: a config of the digits example with a ``[sweep]`` table,
-the study read back from its storage, the sweep command as a real process, and a gate
-pack that holds a trial where a test kills something."""
+"""What the sweep tests share: a config of a small classifier (``clusters.py``) with a
+``[sweep]`` table, the study read back from its storage, the sweep command as a real
+process, and a gate pack that holds a trial where a test kills something."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import optuna
 
 from helpers import finish_group
 
-DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits.py"
+MODEL = Path(__file__).resolve().parent / "clusters.py"
 
 TWO_PARAMS = """[sweep]
 metric = "eval_accuracy"
@@ -29,10 +29,10 @@ trials = 3
 
 
 def write_config(folder: Path, sweep: str, epochs: int = 1, gate: bool = False) -> Path:
-    """``folder/search.toml``: digits (1,437 training images, 23 steps an epoch), with
-    ``sweep`` after it; ``gate``: with the Gate pack (``GATE``)."""
+    """``folder/search.toml``: the clusters model (8 steps an epoch), with ``sweep``
+    after it; ``gate``: with the Gate pack (``GATE``)."""
     path = folder / "search.toml"
-    imports = [str(DIGITS)]
+    imports = [str(MODEL)]
     packs = ""
     if gate:
         (folder / "gate.py").write_text(GATE)
@@ -42,7 +42,7 @@ def write_config(folder: Path, sweep: str, epochs: int = 1, gate: bool = False) 
 epochs = {epochs}
 seed = 0
 [model]
-type = "digits"
+type = "clusters"
 args = {{ hidden = 32 }}
 [optimizer]
 type = "adam"

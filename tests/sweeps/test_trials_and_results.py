@@ -1,12 +1,10 @@
-"""``runmodel sweep``: real config runs of the digits model, one or two epochs per trial,
-each trial in its own process; the study read back from Optuna's journal file."""
+"""``runmodel sweep``: real config runs of a small classifier (``clusters.py``), one or
+two epochs per trial, each trial in its own process; the study read back from Optuna's
+journal file."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,10 +22,13 @@ from sweeping import (
 )
 
 import runmodel
+from runmodel.cli import main
 from runmodel.config.runconfig import load_config
 
 
-def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(tmp_path: Path) -> None:
+def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = write_config(tmp_path, TWO_PARAMS)  # 3 trials: an odd one for 2 jobs
     process = command("sweep", str(config), "--jobs", "2", cwd=tmp_path)
     out, err = finish(process)
@@ -45,16 +46,12 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(tmp_p
     summary = json.loads((folder / "sweep.json").read_text())
     assert summary["best"]["value"] == max(values.values())
     assert Path(summary["best"]["run_dir"]).name == max(values, key=values.__getitem__)
-    # listed best first, the swept values as columns; to a pipe without COLUMNS, so whole.
-    # The environment is given, not inherited: pytest imports readline, which sets COLUMNS
-    # (and LINES) in this process's C environment, unseen in os.environ
-    listed = subprocess.run(
-        [sys.executable, "-m", "runmodel", "runs", str(folder)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={key: value for key, value in os.environ.items() if key != "COLUMNS"},
-    ).stdout.splitlines()
+    # listed best first, the swept values as columns; not to a terminal and without
+    # COLUMNS, so whole (the listing and the plot run in this process: they import no more)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    capsys.readouterr()
+    assert main(["runs", str(folder)]) == 0
+    listed = capsys.readouterr().out.splitlines()
     assert "model.args.hidden" in listed[0] and "optimizer.args.lr" in listed[0]
     shown = [line.split()[0] for line in listed[2:]]
     assert shown == sorted(values, key=lambda name: -values[name])
@@ -73,46 +70,41 @@ def test_two_jobs_finish_exactly_the_trials_asked_for_and_the_runs_compare(tmp_p
         == summary["best"]["params"]["model.args.hidden"]
     )
     assert [p.name for p in (tmp_path / best / "tensorboard").iterdir() if p.is_dir()] == []
-    plotted = subprocess.run(
-        [sys.executable, "-m", "runmodel", "plot", str(folder), "-o", str(tmp_path / "sweep.png")],
-        capture_output=True,
-        text=True,
-    )
-    assert plotted.returncode == 0, plotted.stderr
+    plotted = main(["plot", str(folder), "-o", str(tmp_path / "sweep.png")])
+    assert plotted == 0, capsys.readouterr().err
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
 PRUNING = """[sweep]
 metric = "eval_accuracy"
-trials = 4
+trials = 3
 sampler = { type = "random" }
 pruner = { type = "median", args = { n_startup_trials = 2 } }
-seed = 2  # the random sampler draws: good, good, hopeless, hopeless
+seed = 2  # the random sampler draws: good, good, hopeless
 [sweep.params]
 "optimizer.args.lr" = { choice = [0.01, 1e-7] }
 "model.args.hidden" = { int = [16, 96] }
 """
 
 
-def test_a_pruner_stops_trials_in_a_hopeless_region_and_marks_them(tmp_path: Path) -> None:
+def test_a_pruner_stops_trials_in_a_hopeless_region_and_marks_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert callable(runmodel.sweep) and runmodel.sweeps.__name__ == "runmodel.sweeps"
     config = write_config(tmp_path, PRUNING, epochs=2)
     result = runmodel.sweep(config, runs_dir=tmp_path / "runs", echo=False)
     study = trials(result.directory)
     pruned = [t for t in study if t.state.name == "PRUNED"]
     assert pruned and all(t.params["optimizer.args.lr"] == 1e-7 for t in pruned)
-    assert result.complete + result.pruned == 4 and result.pruned == len(pruned)
+    assert result.complete + result.pruned == 3 and result.pruned == len(pruned)
     for trial in pruned:  # stopped after its first epoch, and shown as pruned
         run = Path(trial.user_attrs["run_dir"])
         assert json.loads((run / "status.json").read_text())["status"] == "pruned"
         assert json.loads((run / "metrics.json").read_text())["epochs"] == 1
-    listed = subprocess.run(
-        [sys.executable, "-m", "runmodel", "runs", str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert listed.count(" pruned ") == len(pruned)
+    monkeypatch.delenv("COLUMNS", raising=False)  # whole rows
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.count(" pruned ") == len(pruned)
 
 
 def test_run_on_a_config_with_a_sweep_table_runs_the_base_config(tmp_path: Path) -> None:
