@@ -35,6 +35,7 @@ from .config.registry import Spec, make_backend
 from .models import setup_options_for
 from .modes import as_mode
 from .session.interrupt import (
+    OUTPUT_CLOSED,
     StoppedAtOnce,
     ends_as_its_signal,
     preempting,
@@ -276,11 +277,10 @@ class Engine(core.BareEngine):
         from .packs.checkpoint import Checkpoint
         from .session.folder import COMMAND_KINDS
 
-        what = (
-            "Ctrl-C"
-            if not isinstance(interrupted, core.Preempted)
-            else signal_number(interrupted.signal).name
-        )
+        if isinstance(interrupted, core.Preempted):
+            what = signal_number(interrupted.signal).name
+        else:
+            what = "a closed output" if OUTPUT_CLOSED in str(interrupted) else "Ctrl-C"
         step = self.state.step
         saved = [
             p.last_path

@@ -17,16 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checks import whole_number
 from .describe import describe_table
 from .hooks import Hook, HookHandle
 from .loop import Loop
 from .options import HookOptions, check_phase
-from .pack import Pack
+from .pack import Pack, steps_per_iteration
 from .plan import BackendLike, CheckpointStorage, ModeLike, StepPlan, Wrapper
 from .setup import check, set_up_and_plan
 from .snapshot import Snapshots
-from .state import RunResult, State, StopRun
+from .state import RunResult, State, StopRun, run_lengths
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -51,17 +50,7 @@ class BareEngine(Snapshots):
         self.table = HookTable()
         self._loop: Loop | None = None
         self._for_run: list[HookHandle] = []  # attached for one run (a backend's pack)
-        self._resuming = False
-        self.announce_resume = False  # say which checkpoint a run resumes from (stderr)
-        self._loaded_run: dict[str, Any] | None = None  # a checkpoint's run record
-        #: this run's record (``{"id": ..., "started": ...}``), continued by a resume
-        self.run_record: dict[str, Any] = {}
-        #: the checkpoint file this run resumed from (None: it started from step 0)
-        self.resumed_from: Path | None = None
-        #: how a resumed train run goes past the length it was started with, as
-        #: ``"epochs 2 -> 4"`` (None: it is no extension); packs whose behaviour depends
-        #: on the run's total length refuse it in their ``check_setup``
-        self.extension: str | None = None
+        super().__init__()  # what the run resumed from
 
     # -- registration ------------------------------------------------------------------
 
@@ -183,15 +172,7 @@ class BareEngine(Snapshots):
         optimizer after ``model.setup()``; ``resume`` is a checkpoint file or a folder of
         them to continue from.
         """
-        steps = whole_number(steps, "steps=", none=True)
-        epochs = whole_number(epochs, "epochs=", none=True)
-        iterations = whole_number(iterations, "iterations=", none=True)
-        if steps is not None and iterations is not None:
-            raise ValueError(
-                f"steps={steps} and iterations={iterations} exclude each other: both are "
-                f"the run's length, iterations= in optimizer steps (k steps each under "
-                f"GradAccumulation(k)); give one of them"
-            )
+        steps, epochs, iterations = run_lengths(steps, epochs, iterations)
         if self._loop is not None:
             raise RuntimeError(
                 "this engine is running already; an engine runs one model at "
@@ -233,17 +214,10 @@ class BareEngine(Snapshots):
         """Fresh run state (counters carried over from ``load_state_dict``/``restore``);
         ``iterations`` (instead of ``steps``): the step budget in optimizer steps."""
         # GradAccumulation's k (train runs only): what state.iteration divides by
-        packs = self.table.packs.values() if mode.kind == "train" else ()
-        accumulation = max((getattr(p, "steps_per_iteration", 1) for p in packs), default=1)
-        if iterations is not None:
-            steps = iterations * accumulation
-        steps = mode.budget(steps)
-        self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._resuming)
+        accumulation = steps_per_iteration(self.table.packs.values()) if mode.kind == "train" else 1
+        steps = mode.budget(steps if iterations is None else iterations * accumulation)
+        self.state.start(mode.name, mode.kind, steps, epochs, keep_counters=self._run_begins())
         self.state.accumulation, self.state.max_iterations = accumulation, iterations
-        if not self._resuming:
-            self._loaded_run = None
-        self._resuming = False
-        self.resumed_from, self.extension = None, None
         self.model, self._loop = model, Loop(self, steps, epochs)
         self.table.where = Where.of_run(model, mode, backend, self._restore_model)
         self.table.start(self.state, StepPlan({}))  # exception and teardown can fire

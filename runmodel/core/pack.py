@@ -19,7 +19,15 @@ if TYPE_CHECKING:
 
     from .options import HookArgs
 
-__all__ = ["Pack", "attach_site", "check_repeats", "flatten_packs", "hook", "override"]
+__all__ = [
+    "Pack",
+    "attach_site",
+    "check_repeats",
+    "flatten_packs",
+    "hook",
+    "override",
+    "steps_per_iteration",
+]
 
 _MARK = "__runmodel_hooks__"
 
@@ -167,6 +175,12 @@ def flatten_packs(packs: Iterable[Pack], taken: set[str]) -> list[tuple[str, Pac
 
 _CORE = os.path.dirname(os.path.abspath(__file__))
 _FACADE = os.path.join(os.path.dirname(_CORE), "engine.py")
+
+
+def steps_per_iteration(packs: Iterable[Pack]) -> int:
+    """The steps one optimizer step takes: a pack's ``steps_per_iteration``
+    (``GradAccumulation(k)``'s ``k``), else 1."""
+    return max((getattr(p, "steps_per_iteration", 1) for p in packs), default=1)
 
 
 def attach_site() -> str:

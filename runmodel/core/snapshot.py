@@ -71,12 +71,29 @@ class Snapshots:
     table: HookTable
     model: Any
     _loop: Loop | None
-    _resuming: bool
-    resumed_from: Path | None
-    _loaded_run: dict[str, Any] | None
-    #: the run this engine runs or ran last: ``{"id": ..., "started": ...}`` (a unix time),
-    #: from the checkpoint it resumed from, else made when the run started
-    run_record: dict[str, Any]
+
+    def __init__(self) -> None:
+        self._resuming = False  # load_state_dict ran: the next run keeps its counters
+        self.announce_resume = False  # say which checkpoint a run resumes from (stderr)
+        self._loaded_run: dict[str, Any] | None = None  # a checkpoint's run record
+        #: the run this engine runs or ran last: ``{"id": ..., "started": ...}`` (a unix
+        #: time), from the checkpoint it resumed from, else made when the run started
+        self.run_record: dict[str, Any] = {}
+        #: the checkpoint file this run resumed from (None: it started from step 0)
+        self.resumed_from: Path | None = None
+        #: how a resumed train run goes past the length it was started with, as
+        #: ``"epochs 2 -> 4"`` (None: it is no extension); packs whose behaviour depends
+        #: on the run's total length refuse it in their ``check_setup``
+        self.extension: str | None = None
+
+    def _run_begins(self) -> bool:
+        """At a run's start: whether it keeps the counters ``load_state_dict`` gave (a
+        resume); what the last run resumed from is forgotten."""
+        resuming, self._resuming = self._resuming, False
+        if not resuming:
+            self._loaded_run = None
+        self.resumed_from, self.extension = None, None
+        return resuming
 
     def state_dict(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """The run's counters (``counters`` replacing some), the last loss and the

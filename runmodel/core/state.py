@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .checks import whole_number
+
 if TYPE_CHECKING:
     from .engine import BareEngine
 
@@ -22,6 +24,7 @@ __all__ = [
     "StopRun",
     "current_rank",
     "refused_at_setup",
+    "run_lengths",
     "signal_name",
 ]
 
@@ -77,6 +80,23 @@ def signal_name(number: int) -> str:
 
 # shown as runmodel.Interrupted in tracebacks (the name users catch)
 Interrupted.__module__ = Preempted.__module__ = "runmodel"
+
+
+def run_lengths(
+    steps: object, epochs: object, iterations: object
+) -> tuple[int | None, int | None, int | None]:
+    """``engine.run``'s ``steps``, ``epochs`` and ``iterations``, checked: each a whole
+    number or None, and not both ``steps`` and ``iterations``."""
+    steps = whole_number(steps, "steps=", none=True)
+    epochs = whole_number(epochs, "epochs=", none=True)
+    iterations = whole_number(iterations, "iterations=", none=True)
+    if steps is not None and iterations is not None:
+        raise ValueError(
+            f"steps={steps} and iterations={iterations} exclude each other: both are "
+            f"the run's length, iterations= in optimizer steps (k steps each under "
+            f"GradAccumulation(k)); give one of them"
+        )
+    return steps, epochs, iterations
 
 
 class State:

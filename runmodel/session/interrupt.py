@@ -13,6 +13,14 @@ writes can fail the run: with ``python train.py 2>&1 | tee log`` the same Ctrl-C
 ``tee``, and a write to the closed pipe raises ``BrokenPipeError`` (``say`` drops it; a
 hook's own ``print`` is guarded, below).
 
+An output whose reader goes away with no signal (``python train.py | head -n 5``, a
+``tee`` killed on its own) is an interrupt too: a stdout or stderr that is a pipe or a
+socket is guarded for the whole run (``_Output``), and its first ``BrokenPipeError`` asks
+the run to stop after the step under way (``OUTPUT_CLOSED``), so that step is saved, the
+status says ``interrupted`` and the process ends as Ctrl-C does (130): the same end as a
+Ctrl-C that also ends ``tee``, whichever of the two the run meets first. A terminal or a
+file is never wrapped (a progress bar asks the stream itself whether it is a terminal).
+
 A second Ctrl-C stops at once, as Python's own handler does. A second preemption signal
 within ``SAME_SIGNAL_S`` seconds is the same preemption (a wrapper forwarding it, a
 scheduler signalling the group); a later one stops the run at once (``StoppedAtOnce``:
@@ -40,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -52,6 +61,7 @@ from ..backends.distributed.stopping import REQUEST
 from ..core import Interrupted
 
 __all__ = [
+    "OUTPUT_CLOSED",
     "SAME_SIGNAL_S",
     "IgnoreCtrlC",
     "StoppedAtOnce",
@@ -67,6 +77,10 @@ __all__ = [
 #: preemption signal reaches one process from a wrapper that forwards it and again from a
 #: scheduler that signals the group. (A second Ctrl-C of one process stops it at once.)
 SAME_SIGNAL_S = 2.0
+
+#: The reason a run gives (``state.stopping``'s message, its status's ``error``) when its
+#: stdout or stderr closed: the pipe's reader went away.
+OUTPUT_CLOSED = "interrupted: output closed"
 
 
 class StoppedAtOnce(KeyboardInterrupt):
@@ -144,12 +158,27 @@ def watch_interrupts(
     ):
         yield None  # an outer run's handlers, or the script's own
         return
-    watched = [signal.SIGINT] if ctrl_c is signal.default_int_handler else []
-    watched += [sig for sig in preempting if sig not in watched and sig != signal.SIGINT]
     owner, several = os.getpid(), env.several()
-    previous = {sig: signal.getsignal(sig) for sig in watched}
     set_up = [False]  # model.setup() ran and the backend prepared the model
     first_at = [0.0]  # when the first signal came (time.monotonic())
+
+    def output_closed() -> None:
+        """A pipe's reader went away: the run stops after this step, as for Ctrl-C
+        (unless it is stopping already: a signal's end, or a hook's ``stop()``, stays)."""
+        if os.getpid() != owner:
+            return
+        if not several:
+            if not first_at[0] and engine.state.stopping is None:
+                engine.interrupt(OUTPUT_CLOSED)
+        elif not REQUEST.signal:  # the processes stop together, at their next check
+            REQUEST.record(signal.SIGINT)
+            if set_up[0] and not REQUEST.checks:
+                _interrupt(engine, signal.SIGINT)
+
+    _guard_pipes(output_closed)
+    watched = [signal.SIGINT] if ctrl_c is signal.default_int_handler else []
+    watched += [sig for sig in preempting if sig not in watched and sig != signal.SIGINT]
+    previous = {sig: signal.getsignal(sig) for sig in watched}
 
     def first(signum: int, frame: Any) -> None:
         if os.getpid() != owner:  # a forked DataLoader worker: the run decides
@@ -261,49 +290,78 @@ def _at_once(signum: int, frame: Any) -> None:
 
 
 class _Output:
-    """``sys.stdout`` or ``sys.stderr`` while an interrupted run finishes its step: a
-    write to a reader that is gone (``| tee`` ended by the same Ctrl-C) is dropped, the
-    stream pointed at the null device, instead of failing the step before it is saved."""
+    """``sys.stdout`` or ``sys.stderr``, guarded: a write to a reader that is gone raises
+    no ``BrokenPipeError``; the text is dropped, the stream pointed at the null device, and
+    ``on_close`` (a run's) is called, once. Once an interrupt is pending (``pending``), a
+    write to a closed stream is dropped too, so a ``print`` in a hook cannot fail the step
+    that is finishing before it is saved."""
 
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
+    def __init__(self, stream: Any, on_close: Callable[[], None] | None = None) -> None:
+        self.stream, self.on_close, self.pending = stream, on_close, on_close is None
 
     def write(self, text: str) -> int:
         try:
             return int(self.stream.write(text))
-        except (BrokenPipeError, ValueError):
-            self._closed()
+        except (BrokenPipeError, ValueError) as error:
+            self._closed(error)
             return len(text)
 
     def flush(self) -> None:
         try:
             self.stream.flush()
-        except (BrokenPipeError, ValueError):
-            self._closed()
+        except (BrokenPipeError, ValueError) as error:
+            self._closed(error)
 
-    def _closed(self) -> None:
+    def _closed(self, error: Exception) -> None:
+        if isinstance(error, ValueError) and not self.pending:
+            raise error  # a stream the program closed itself, no interrupt pending
         with contextlib.suppress(OSError, ValueError, AttributeError):
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self.stream.fileno())
             os.close(null)
+        on_close, self.on_close, self.pending = self.on_close, None, True
+        if on_close is not None:
+            on_close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
+def _guard_pipes(on_close: Callable[[], None]) -> None:
+    """For the run: ``sys.stdout`` and ``sys.stderr`` guarded where they write to a pipe
+    or a socket (the outputs whose reader can go away), ``on_close`` called when one
+    closes."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Output) and _to_a_pipe(stream):
+            setattr(sys, name, _Output(stream, on_close))
+
+
+def _to_a_pipe(stream: Any) -> bool:
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no file descriptor: pytest's capture
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 def _guard_output() -> None:
-    """From the first signal to the end of the run: the output guarded (``_Output``)."""
-    if not isinstance(sys.stdout, _Output) and sys.stdout is not None:
-        sys.stdout = _Output(sys.stdout)
-    if not isinstance(sys.stderr, _Output) and sys.stderr is not None:
-        sys.stderr = _Output(sys.stderr)
+    """From the first signal to the end of the run: the output guarded (``_Output``), a
+    write to a closed stream dropped."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _Output):
+            stream.pending = True
+        elif stream is not None:
+            setattr(sys, name, _Output(stream))
 
 
 def _unguard_output() -> None:
-    if isinstance(sys.stdout, _Output):
-        sys.stdout = sys.stdout.stream
-    if isinstance(sys.stderr, _Output):
-        sys.stderr = sys.stderr.stream
+    """At the run's end: the streams as they were."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _Output):
+            setattr(sys, name, stream.stream)
 
 
 def ends_as_its_signal(error: BaseException) -> None:
