@@ -39,7 +39,7 @@ from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
 from helpers import with_child_net
-from launching import sections
+from launching import sections, wait_for
 
 EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 #: A run that hangs fails the test here rather than never ending.
@@ -405,13 +405,7 @@ class Runs:
             folder, "--shutdown-timeout", str(LIMIT_S), PREEMPT_AT_STEP="9", RECORD_INDICES="1"
         )
         self._later.append(process)
-        deadline = time.monotonic() + LIMIT_S
-        while (
-            not (folder / "ready").exists()
-            and process.poll() is None
-            and (time.monotonic() < deadline)
-        ):
-            time.sleep(0.05)
+        wait_for(folder / "ready", process, LIMIT_S)
         process.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(process)
         self._cache["preempted_checkpoints"] = [

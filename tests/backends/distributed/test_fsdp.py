@@ -44,7 +44,7 @@ from runmodel.checkpoint.sharded import UnsafeCheckpointError, read_whole
 from runmodel.checkpoint.sharded.safe_reader import _SafeBytes
 
 from helpers import with_child_net
-from launching import sections
+from launching import sections, wait_for
 
 EPOCHS, BATCH = 4, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 LIMIT_S = 240
@@ -416,13 +416,7 @@ class Runs:
             PREEMPT_AT_STEP="18",
         )
         self._processes.append(second)
-        deadline = time.monotonic() + LIMIT_S
-        while (
-            not (folder / "ready").exists()
-            and second.poll() is None
-            and (time.monotonic() < deadline)
-        ):
-            time.sleep(0.05)
+        wait_for(folder / "ready", second, LIMIT_S)
         second.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(second)
         self._cache["preempted_stopped"] = [  # before the resume writes them again
