@@ -13,10 +13,8 @@ saying so.
 
 from __future__ import annotations
 
-import os
-import signal
+import json
 import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -28,16 +26,21 @@ import torch
 from runmodel.checkpoint.export import export
 
 from helpers import with_child_net
+from launching import finish, launch, torchrun_args
 
 LIMIT_S = 240
 EPOCHS = 3  # 8 steps an epoch in each of the 2 processes
 
 CHILD = with_child_net(
     textwrap.dedent('''
-    """python child.py DISK OUT EPOCHS [RESUME]: the classifier under fsdp, a Checkpoint
-    each epoch in DISK/ckpt; FILL_AT=e: rank 0 fills DISK before the save at the end of
-    epoch index e (LEAVE=run_states: leaving room for the processes' run states, not for
-    their shards). Errors and the gathered model go to OUT."""
+    """python child.py RUNS.json: the classifier under fsdp, for each training of the list
+    in turn ({"disk": DISK, "out": OUT, "epochs": E, "resume": None, "fill_at": -1,
+    "async_save": False, "leave_run_states": False}), a Checkpoint each epoch in DISK/ckpt;
+    fill_at=e: rank 0 fills DISK before the save at the end of epoch index e
+    (leave_run_states: leaving room for the processes' run states, not for their shards).
+    Errors, the gathered model and the training's exit code ("code": 3 when it raised) go to
+    OUT."""
+    import json
     import os
     import sys
 
@@ -54,89 +57,73 @@ CHILD = with_child_net(
     CHILD_NET
 
 
-    disk, out, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    resume = sys.argv[4] if len(sys.argv) > 4 else None
     rank = os.environ["RANK"]
-    engine = runmodel.Engine(progress=False)
-    engine.attach(Checkpoint(f"{disk}/ckpt", every="1ep", keep=2,
-                             async_save=os.environ.get("ASYNC") == "1"))
 
 
-    @engine.on("epoch_end", rank=0, priority=5000)  # before the save (the others wait in it)
-    def fill_the_disk(engine):
-        if engine.state.epoch != int(os.environ.get("FILL_AT", "-1")):
-            return
-        leave = 0
-        if os.environ.get("LEAVE") == "run_states":  # as large as the last save's, in pages
-            last = sorted(p for p in os.scandir(f"{disk}/ckpt") if p.name.startswith("ckpt-"))
-            leave = sum(-(-entry.stat().st_size // 4096) * 4096 for entry in
-                        os.scandir(last[-1].path) if entry.name.startswith("run-"))
-        free = os.statvfs(disk)
-        ballast = os.open(f"{disk}/ballast", os.O_CREAT | os.O_WRONLY)
+    def train(disk, out, epochs, resume=None, fill_at=-1, async_save=False,
+              leave_run_states=False):
+        engine = runmodel.Engine(progress=False)
+        engine.attach(Checkpoint(f"{disk}/ckpt", every="1ep", keep=2, async_save=async_save))
+
+        @engine.on("epoch_end", rank=0, priority=5000)  # before the save (the others wait)
+        def fill_the_disk(engine):
+            if engine.state.epoch != fill_at:
+                return
+            leave = 0
+            if leave_run_states:  # as large as the last save's, in pages
+                last = sorted(p for p in os.scandir(f"{disk}/ckpt") if p.name.startswith("ckpt-"))
+                leave = sum(-(-entry.stat().st_size // 4096) * 4096 for entry in
+                            os.scandir(last[-1].path) if entry.name.startswith("run-"))
+            free = os.statvfs(disk)
+            ballast = os.open(f"{disk}/ballast", os.O_CREAT | os.O_WRONLY)
+            try:
+                os.posix_fallocate(ballast, 0, free.f_bavail * free.f_frsize - leave)
+            finally:
+                os.close(ballast)
+
+        @engine.on("teardown")
+        def gather(engine):
+            if engine.state.error is None:  # every process: a collective
+                state = engine.storage.full_model_state(engine.model)
+                if rank == "0":
+                    torch.save(state, f"{out}/gathered.pt")
+                else:
+                    with open(f"{out}/gathered-{rank}", "w") as file:
+                        file.write(repr(state))
+
         try:
-            os.posix_fallocate(ballast, 0, free.f_bavail * free.f_frsize - leave)
-        finally:
-            os.close(ballast)
+            engine.run(Net(), epochs=epochs, backend="fsdp", resume=resume)
+        except Exception as error:
+            with open(f"{out}/error-{rank}", "w") as file:
+                file.write(f"{type(error).__name__}: {error}\\n"
+                           f"{error.__cause__!r} {error.__suppress_context__}")
+            return 3
+        return 0
 
 
-    @engine.on("teardown")
-    def gather(engine):
-        if engine.state.error is None:  # every process: a collective
-            state = engine.storage.full_model_state(engine.model)
+    with open(sys.argv[1]) as file:
+        for run in json.load(file):
+            code = train(**run)
             if rank == "0":
-                torch.save(state, f"{out}/gathered.pt")
-            else:
-                with open(f"{out}/gathered-{rank}", "w") as file:
-                    file.write(repr(state))
-
-
-    try:
-        engine.run(Net(), epochs=epochs, backend="fsdp", resume=resume)
-    except Exception as error:
-        with open(f"{out}/error-{rank}", "w") as file:
-            file.write(f"{type(error).__name__}: {error}\\n"
-                       f"{error.__cause__!r} {error.__suppress_context__}")
-        sys.exit(3)
+                with open(f"{run['out']}/code", "w") as file:
+                    file.write(str(code))
 ''')
 )
 
 
-def torchrun(root: Path, disk: Path, out: Path, *args: str, **env: str) -> subprocess.Popen[str]:
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
-    environ.pop("TORCHELASTIC_RUN_ID", None)
-    out.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(root / "child.py"),
-            str(disk),
-            str(out),
-            str(EPOCHS),
-            *args,
-        ],
-        cwd=root,
-        env=environ,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )  # killed with its processes
+def torchrun(root: Path, *runs: dict[str, object]) -> subprocess.Popen[str]:
+    """child.py under torchrun, 2 processes, training ``runs`` in turn (each one's out
+    folder made)."""
+    for run in runs:
+        Path(str(run["out"])).mkdir(parents=True, exist_ok=True)
+    listed = root / f"runs-{len(list(root.glob('runs-*.json')))}.json"
+    listed.write_text(json.dumps([{"epochs": EPOCHS, **run} for run in runs]))
+    return launch(torchrun_args(root / "child.py", listed), root)
 
 
-def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
-    try:
-        _, err = process.communicate(timeout=LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, err = process.communicate()
-        pytest.fail(f"the launch did not end within {LIMIT_S}s:\n{err[-3000:]}")
-    return process.returncode, err
+def code_of(out: Path, launched: int) -> int:
+    """A training's exit code, or its launch's where it wrote none."""
+    return int((out / "code").read_text()) if (out / "code").exists() else launched or -1
 
 
 def mount_tmpfs(folder: Path) -> None:
@@ -157,7 +144,7 @@ def mount_tmpfs(folder: Path) -> None:
 
 
 class Runs:
-    """The two full-disk launches side by side (each on its own tmpfs), then the
+    """The two full-disk trainings (each on its own tmpfs) in one launch, then the
     synchronous one resumed once its disk has space again."""
 
     def __init__(self, root: Path) -> None:
@@ -177,26 +164,31 @@ class Runs:
         return self.root / f"out-{name}"
 
     def _run_all(self) -> None:
-        full = {
-            kind: torchrun(
-                self.root,
-                disk,
-                self.out(kind),
-                FILL_AT="1",
-                ASYNC="1" if kind == "async" else "0",
-                LEAVE="run_states" if kind == "async" else "",
-            )
-            for kind, disk in self.disks.items()
-        }
-        for kind, process in full.items():
-            self.results[kind] = finish(process)
-            self.left[kind] = sorted(p.name for p in (self.disks[kind] / "ckpt").iterdir())
-        (self.disks["sync"] / "ballast").unlink()  # space is back
-        self.results["resumed"] = finish(
+        """One launch fills each disk in turn (the processes go on to the next training
+        after a failed one, as they would in a new launch), then one resumes the
+        synchronous run once its disk has space again."""
+        code, _, err = finish(
             torchrun(
-                self.root, self.disks["sync"], self.out("resumed"), str(self.disks["sync"] / "ckpt")
+                self.root,
+                *(
+                    {
+                        "disk": str(disk),
+                        "out": str(self.out(kind)),
+                        "fill_at": 1,
+                        "async_save": kind == "async",
+                        "leave_run_states": kind == "async",
+                    }
+                    for kind, disk in self.disks.items()
+                ),
             )
         )
+        for kind in self.disks:
+            self.results[kind] = (code_of(self.out(kind), code), err)
+            self.left[kind] = sorted(p.name for p in (self.disks[kind] / "ckpt").iterdir())
+        (self.disks["sync"] / "ballast").unlink()  # space is back
+        disk = self.disks["sync"]
+        resumed = {"disk": str(disk), "out": str(self.out("resumed")), "resume": str(disk / "ckpt")}
+        self.results["resumed"] = finish(torchrun(self.root, resumed))[::2]  # code, stderr
 
     def result(self, name: str) -> tuple[int, str]:
         self._thread.join(timeout=3 * LIMIT_S)

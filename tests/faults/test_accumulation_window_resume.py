@@ -3,15 +3,18 @@
 full), or resumed from a ``Checkpoint(every="3st")`` save after an odd step, ends with the
 straight run's weights, bit for bit: the checkpoint holds the window's gradients and the
 resumed run completes the window. In one process and under torchrun (2 processes, gloo),
-through the command line; one straight run per module and world size."""
+through the command line; one straight run per module and world size, both started as
+the module begins."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,7 @@ ENV = {
 }
 ENV.pop("TORCHELASTIC_RUN_ID", None)
 RUNMODEL = (sys.executable, "-m", "runmodel")
+TWO = ("--nproc-per-node", "2")
 
 MODEL = textwrap.dedent('''
     """A small classifier registered as "tiny": 64 samples in batches of 8."""
@@ -129,11 +133,37 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _straight(project: Path, config: str, *launch: str) -> dict[str, torch.Tensor]:
-    runs = project / f"runs-straight-{config}"
-    done = _run("run", config, "--runs-dir", runs, *launch, cwd=project)
-    assert done.returncode == 0, done.stderr
-    return _weights(_only(runs))
+@pytest.fixture(scope="module")
+def straight(project: Path) -> Iterator[Callable[[str], dict[str, torch.Tensor]]]:
+    """The straight run of each config, both started at once in the background (a test's
+    own runs go on beside them: the cores are busier, the tests shorter); its weights,
+    awaited when a test asks."""
+    launches = {"run.toml": ("--no-progress",), "ddp.toml": (*TWO, "--no-progress")}
+    processes = {
+        config: subprocess.Popen(
+            [*RUNMODEL, "run", config, "--runs-dir", f"straight-{config}", *launch],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+            start_new_session=True,  # killed with its processes
+        )
+        for config, launch in launches.items()
+    }
+
+    def weights(config: str) -> dict[str, torch.Tensor]:
+        _, err = processes[config].communicate(timeout=TIMEOUT)
+        assert processes[config].returncode == 0, err
+        return _weights(_only(project / f"straight-{config}"))
+
+    try:
+        yield weights
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
 
 
 def _interrupted(project: Path, config: str, at: int, *launch: str) -> tuple[Path, int]:
@@ -147,14 +177,15 @@ def _interrupted(project: Path, config: str, at: int, *launch: str) -> tuple[Pat
     return folder, step
 
 
-def test_one_process_interrupted_inside_a_window_resumes_bit_identical(project: Path) -> None:
-    straight = _straight(project, "run.toml")
+def test_one_process_interrupted_inside_a_window_resumes_bit_identical(
+    project: Path, straight: Callable[[str], dict[str, torch.Tensor]]
+) -> None:
     folder, step = _interrupted(project, "run.toml", 10)
     assert step == 11
     checkpoints = sorted((folder / "checkpoint").iterdir())
     resumed = _run("resume", folder, cwd=project)
     assert resumed.returncode == 0, resumed.stderr
-    _same(_weights(folder), straight)
+    _same(_weights(folder), straight("run.toml"))
 
     # the every="3st" save after step 9 (inside a window), the newest once those after
     # it are gone: resumed from it, the same
@@ -165,14 +196,14 @@ def test_one_process_interrupted_inside_a_window_resumes_bit_identical(project: 
     (folder / "model.pt").unlink()
     again = _run("resume", folder, cwd=project)
     assert again.returncode == 0, again.stderr
-    _same(_weights(folder), straight)
+    _same(_weights(folder), straight("run.toml"))
 
 
-def test_two_processes_interrupted_inside_a_window_resume_bit_identical(project: Path) -> None:
-    launch = ("--nproc-per-node", "2")
-    straight = _straight(project, "ddp.toml", *launch)
-    folder, step = _interrupted(project, "ddp.toml", 0, *launch)
+def test_two_processes_interrupted_inside_a_window_resume_bit_identical(
+    project: Path, straight: Callable[[str], dict[str, torch.Tensor]]
+) -> None:
+    folder, step = _interrupted(project, "ddp.toml", 0, *TWO)
     assert step == 5
     resumed = _run("resume", folder, cwd=project)
     assert resumed.returncode == 0, resumed.stderr
-    _same(_weights(folder), straight)
+    _same(_weights(folder), straight("ddp.toml"))

@@ -8,7 +8,9 @@ resumed from one of its mid-epoch checkpoints, a run whose rank 1 fails, one who
 resumed in 2 processes, and in 1), and one whose rank 1 is killed under torchrun's
 ``--max-restarts 1``. The straight run is the reference of every bit-for-bit check; it
 is checked itself against the same training in this process, one process with batches
-twice as large drawn in the order the two processes' samplers deal out.
+twice as large drawn in the order the two processes' samplers deal out. Where launches
+need not be apart, one launch runs several in turn: the resumes of the straight and the
+killed run; the two 1-process resumes of the preempted run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
 from helpers import with_child_net
+from launching import sections, wait_for
 
 EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 #: A run that hangs fails the test here rather than never ending.
@@ -147,16 +150,32 @@ RESUME = textwrap.dedent('''
     import runmodel
     from net import Net, configure
 
-    engine = runmodel.Engine()
-    configure(engine, out="resumed" if sys.argv[1] != "auto" else ".")
-    model = Net()
-    torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
-    result = engine.run(model, epochs=3, backend="ddp", resume=sys.argv[1])
-    evaluated = runmodel.Engine().run(model, mode="eval", backend="ddp")
-    if os.environ["RANK"] == "0":
-        print(f"resumed: {result.ended} after {result.steps} steps")
-        print("then evaluated:", json.dumps({"metrics": evaluated.metrics,
-                                             "module": type(model.module).__name__}))
+
+
+    def resume(checkpoint):
+        engine = runmodel.Engine()
+        configure(engine, out="resumed" if checkpoint != "auto" else ".")
+        model = Net()
+        torch.manual_seed(12345)  # the checkpoint sets the generators and the sampler's seed
+        result = engine.run(model, epochs=3, backend="ddp", resume=checkpoint)
+        evaluated = runmodel.Engine().run(model, mode="eval", backend="ddp")
+        if os.environ["RANK"] == "0":
+            print(f"resumed: {result.ended} after {result.steps} steps")
+            print("then evaluated:", json.dumps({"metrics": evaluated.metrics,
+                                                 "module": type(model.module).__name__}),
+                  flush=True)
+
+
+    # resume.py CHECKPOINT, or resume.py FOLDER CHECKPOINT ...: each resumed in turn, from
+    # its folder (its output after a line "=== run FOLDER ===" on stdout and stderr)
+    if len(sys.argv) == 2:
+        resume(sys.argv[1])
+    for folder, checkpoint in zip(sys.argv[1::2], sys.argv[2::2]):
+        os.chdir(folder)
+        if os.environ["RANK"] == "0":
+            for stream in (sys.stdout, sys.stderr):
+                print(f"=== run {folder} ===", file=stream, flush=True)
+        resume(checkpoint)
 ''')
 
 
@@ -185,11 +204,30 @@ TRAIN = textwrap.dedent('''
                 rank=int(os.environ["RANK"])))
 
 
-    engine = runmodel.Engine()
-    configure(engine, out=os.getcwd())
-    model = OwnSampler() if os.environ.get("OWN_SAMPLER") else Net()
-    engine.run(model, epochs=3, backend=DDP(preempt_check_every=3), run_dir="run",
-               resume=sys.argv[1] if len(sys.argv) > 1 else "auto", preempt_signals=("SIGTERM",))
+
+
+    def train(resume):
+        engine = runmodel.Engine()
+        configure(engine, out=os.getcwd())
+        model = OwnSampler() if os.environ.get("OWN_SAMPLER") else Net()
+        engine.run(model, epochs=3, backend=DDP(preempt_check_every=3), run_dir="run",
+                   resume=resume, preempt_signals=("SIGTERM",))
+
+
+    if sys.argv[1:2] == ["--each"]:
+        # train.py --each CHECKPOINT FOLDER[:NAME] ...: resumed in each folder in turn
+        # (NAME=1 in the environment), its output after a line "=== run FOLDER ===" on stderr
+        for where in sys.argv[3:]:
+            folder, _, name = where.partition(":")
+            os.chdir(folder)
+            if name:
+                os.environ[name] = "1"
+            if os.environ["RANK"] == "0":
+                print(f"=== run {folder} ===", file=sys.stderr, flush=True)
+            train(sys.argv[2])
+            os.environ.pop(name, None)
+    else:
+        train(sys.argv[1] if len(sys.argv) > 1 else "auto")
 ''')
 
 
@@ -273,6 +311,8 @@ class Runs:
         self._resume_starter.start()
 
     def _start_resume(self) -> None:
+        """One launch resumes, in turn, the straight run from its mid-epoch checkpoint (as
+        soon as it is on disk) and the killed run from its newest (once it ended)."""
         checkpoint = self.straight_dir / "ckpt" / self.mid_epoch_checkpoint()
         deadline = time.monotonic() + LIMIT_S
         while (
@@ -281,7 +321,12 @@ class Runs:
             and (time.monotonic() < deadline)
         ):
             time.sleep(0.1)  # checkpoints are renamed into place: there means complete
-        if not checkpoint.exists():
+        while self._killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._cache["killed_checkpoints"] = [  # before the resume saves there again
+            c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))
+        ]
+        if not checkpoint.exists() or self._closing:
             return
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
         self._resume = launch(
@@ -293,11 +338,23 @@ class Runs:
                 "--nproc-per-node",
                 "2",
                 str(self.root / "resume.py"),
-                str(checkpoint),
+                *(str(self.straight_dir), str(checkpoint)),
+                *(str(self.killed_dir), "auto"),
             ],
             self.straight_dir,
             PYTHONPATH=path,
         )
+
+    def _await_resumes(self) -> None:
+        """The launch of the two resumes: each one's part of its output."""
+        if "resumed" in self._cache:
+            return
+        self._resume_starter.join()
+        assert self._resume is not None, "the straight run wrote no step-10 checkpoint"
+        code, out, err, took = finish(self._resume)
+        outs, errs = sections(out), sections(err)
+        for name, folder in (("resumed", self.straight_dir), ("killed_resumed", self.killed_dir)):
+            self._cache[name] = (code, outs.get(str(folder), out), errs.get(str(folder), err), took)
 
     def train(
         self, cwd: Path, *options: str, processes: int = 2, args: tuple[str, ...] = (), **env: str
@@ -348,13 +405,7 @@ class Runs:
             folder, "--shutdown-timeout", str(LIMIT_S), PREEMPT_AT_STEP="9", RECORD_INDICES="1"
         )
         self._later.append(process)
-        deadline = time.monotonic() + LIMIT_S
-        while (
-            not (folder / "ready").exists()
-            and process.poll() is None
-            and (time.monotonic() < deadline)
-        ):
-            time.sleep(0.05)
+        wait_for(folder / "ready", process, LIMIT_S)
         process.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(process)
         self._cache["preempted_checkpoints"] = [
@@ -372,14 +423,22 @@ class Runs:
         if self._closing:
             return
         resumed = self.train(folder)
-        one = self.train(self.one_dir, processes=1, args=(str(checkpoint),), RECORD_INDICES="1")
-        own = self.train(
-            self.own_sampler_dir, processes=1, args=(str(checkpoint),), OWN_SAMPLER="1"
-        )
-        self._later += [resumed, one, own]
+        # in 1 process, one launch: the run dealt out anew, then the one refused (last: the
+        # launch's exit code is its own)
+        each = (f"{self.one_dir}:RECORD_INDICES", f"{self.own_sampler_dir}:OWN_SAMPLER")
+        one = self.train(self.one_dir, processes=1, args=("--each", str(checkpoint), *each))
+        self._later += [resumed, one]
         self._cache["preempted_resumed"] = finish(resumed)
-        self._cache["in_one_process"] = finish(one)
-        self._cache["own_sampler"] = finish(own)
+        code, out, err, took = finish(one)
+        parts = sections(err)
+        went_on = str(self.own_sampler_dir) in parts  # the first ended without an error
+        self._cache["in_one_process"] = (
+            0 if went_on else code,
+            out,
+            parts.get(str(self.one_dir), err),
+            took,
+        )
+        self._cache["own_sampler"] = (code, out, parts.get(str(self.own_sampler_dir), err), took)
 
     def preempted(self, name: str = "preempted") -> tuple[int, str, str, float]:
         """The preempted launch (``name``), its resume in 2 processes
@@ -420,38 +479,15 @@ class Runs:
         resumed in the same folder with resume="auto": the launch that was killed."""
         if "killed" not in self._cache:
             self._cache["killed"] = finish(self._killed)
-            self._cache["killed_checkpoints"] = [
-                c.name for c in reversed(checkpoints_in(self.killed_dir / "ckpt"))
-            ]
-            path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-            self._cache["killed_resumed"] = finish(
-                launch(
-                    [
-                        sys.executable,
-                        "-m",
-                        "torch.distributed.run",
-                        "--standalone",
-                        "--nproc-per-node",
-                        "2",
-                        str(self.root / "resume.py"),
-                        "auto",
-                    ],
-                    self.killed_dir,
-                    PYTHONPATH=path,
-                )
-            )
+            self._await_resumes()
         result: tuple[int, str, str, float] = self._cache["killed"]
         return result
 
     def resumed(self) -> tuple[int, str, str, float]:
-        if "resumed" not in self._cache:
-            self.straight()
-            self._resume_starter.join()
-            assert self._resume is not None, "the straight run wrote no step-10 checkpoint"
-            self._cache["resumed"] = finish(self._resume)
-            code, _, err, _ = self._cache["resumed"]
-            assert code == 0, err[-4000:]
+        self.straight()
+        self._await_resumes()
         result: tuple[int, str, str, float] = self._cache["resumed"]
+        assert result[0] == 0, result[2][-4000:]
         return result
 
     @staticmethod

@@ -1,12 +1,13 @@
 """The fsdp backend in real processes: torchrun starts 2 on the CPU (gloo).
 
-Launching costs seconds, so the launches are made once per module, all at once, and
-shared: a straight 4-epoch run (async sharded checkpoints each epoch, best-K, an uneven
-eval set, clipping; then, in the same script, an eval run of the trained model and its
-full weights gathered), the same run stopped after 2 epochs (its final save made at the
-stop, collective), resumed in 2 processes and preempted by SIGTERM to torchrun in the
-middle of epoch 3 (every process saving its shards at one step), then resumed again, a
-run resumed from a one-process checkpoint file, and a run accumulating gradients. Under
+Launching costs seconds, so the launches are made once per module and shared; one
+launch trains, one after another in its 2 processes, a straight 4-epoch run (async
+sharded checkpoints each epoch, best-K, an uneven eval set, clipping; then, in the same
+script, an eval run of the trained model and its full weights gathered), the same run
+stopped after 2 epochs (its final save made at the stop, collective), a run resumed from
+a one-process checkpoint file, and a run accumulating gradients. Then the stopped run is
+resumed in 2 processes and preempted by SIGTERM to torchrun in the middle of epoch 3
+(every process saving its shards at one step), then resumed again. Under
 the soak marker, a run whose rank 1 is SIGKILLed (through ``runmodel run --nproc-per-node
 2 --backend fsdp``; the ddp tests kill a rank in the suite). References are computed in
 this process, one process with the batches the two processes together drew.
@@ -43,6 +44,7 @@ from runmodel.checkpoint.sharded import UnsafeCheckpointError, read_whole
 from runmodel.checkpoint.sharded.safe_reader import _SafeBytes
 
 from helpers import with_child_net
+from launching import sections, wait_for
 
 EPOCHS, BATCH = 4, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 LIMIT_S = 240
@@ -79,10 +81,10 @@ MODEL = with_child_net(
             torch.save(weights, path)
 
 
-    def configure(engine, out="."):
+    def configure(engine, out=".", what=None):
         out = os.path.abspath(out)  # here, not in the run folder `runmodel run` gives it
         os.makedirs(out, exist_ok=True)
-        what = os.environ.get("FSDP_TEST", "")
+        what = what or os.environ.get("FSDP_TEST", "")
         if what == "killed":
             @engine.on("step_start", rank=1, once=12)
             def die(engine):  # as the OOM killer or a lost machine would end it
@@ -181,21 +183,35 @@ MODEL = with_child_net(
                 json.dump({"metrics": evaluated.metrics, "module_as_it_was": as_it_was}, f)
 
 
-    if __name__ == "__main__":
+    def train(what, epochs, resume=None, out="."):
+        """One training of the kind ``what`` names (see configure); rank 0 prints its
+        result, a JSON line."""
         engine = runmodel.Engine()
-        configure(engine)
-        resume = sys.argv[2] if len(sys.argv) > 2 else None
+        configure(engine, out, what)
         torch.manual_seed(12345)  # a resumed run: the checkpoint sets the generators
         model = Net()
         from runmodel.backends import FSDP
 
-        result = engine.run(model, epochs=int(sys.argv[1]), resume=resume,
+        result = engine.run(model, epochs=epochs, resume=resume,
                             backend=FSDP(preempt_check_every=3), preempt_signals=("SIGTERM",))
         if os.environ["RANK"] == "0":
             print(json.dumps({"ended": result.ended, "steps": result.steps,
-                              "metrics": result.metrics}))
-        if os.environ.get("FSDP_TEST") == "straight":
-            evaluate_and_gather(model)
+                              "metrics": result.metrics}), flush=True)
+        if what == "straight":
+            evaluate_and_gather(model, out)
+
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "--each":  # net.py --each RUNS.json: train's arguments, in turn
+            with open(sys.argv[2]) as f:
+                for run in json.load(f):
+                    for stream in (sys.stdout, sys.stderr):  # where each one's output begins
+                        if os.environ["RANK"] == "0":
+                            print(f"=== run {run['what']} ===", file=stream, flush=True)
+                    train(**run)
+        else:  # net.py EPOCHS [RESUME]: the training FSDP_TEST names
+            train(os.environ.get("FSDP_TEST", ""), int(sys.argv[1]),
+                  sys.argv[2] if len(sys.argv) > 2 else None)
 ''')
 ).replace("import os\n", "import json\nimport os\n", 1)
 
@@ -251,7 +267,8 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 class Runs:
-    """The launches, started together; awaited when a test needs one."""
+    """The launches, made once: the first trains several runs in turn; awaited when a
+    test needs one."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -273,12 +290,6 @@ class Runs:
         self._cache: dict[str, Any] = {}
         self._processes: list[subprocess.Popen[str]] = []
         self._threads: dict[str, threading.Thread] = {}
-        self._start(
-            "straight", torchrun(root, self.dirs["straight"], str(EPOCHS), FSDP_TEST="straight")
-        )
-        self._start(
-            "accumulate", torchrun(root, self.dirs["accumulate"], "2", FSDP_TEST="accumulate")
-        )
         # a one-process run's checkpoint file, resumed under fsdp
         model = net_module(root).Net("cpu")
         engine = runmodel.Engine()
@@ -287,17 +298,7 @@ class Runs:
         engine.attach(Checkpoint(self.dirs["from_plain"] / "plain"))
         engine.run(model, epochs=1)
         self.plain_checkpoint = self.dirs["from_plain"] / "plain" / "ckpt-00001-0000000016.pt"
-        self._start(
-            "from_plain",
-            torchrun(
-                root,
-                self.dirs["from_plain"],
-                "2",
-                str(self.plain_checkpoint),
-                FSDP_TEST="from_plain",
-            ),
-        )
-        # stopped after 2 epochs, then resumed: one after the other, in a thread
+        # the trainings of one launch, then the stopped one resumed: in a thread
         self._stopped = threading.Thread(target=self._stop_and_resume, daemon=True)
         self._stopped.start()
 
@@ -377,10 +378,27 @@ class Runs:
         self._threads[name].start()
 
     def _stop_and_resume(self) -> None:
+        """One launch trains in turn the straight run, the run stopped after 2 epochs, the
+        accumulating one and the one resumed from the one-process file (each training's
+        result: the launch's exit code and its part of the output); then the stopped run
+        is resumed and preempted, and resumed again, in launches of their own."""
         folder = self.dirs["stopped"]
-        first = torchrun(self.root, folder, str(EPOCHS), FSDP_TEST="stopped")
+        each = [
+            {"what": "straight", "epochs": EPOCHS},
+            {"what": "stopped", "epochs": EPOCHS},
+            {"what": "accumulate", "epochs": 2},
+            {"what": "from_plain", "epochs": 2, "resume": str(self.plain_checkpoint)},
+        ]
+        for run in each:
+            run["out"] = str(self.dirs[str(run["what"])])
+        (self.root / "each.json").write_text(json.dumps(each))
+        first = torchrun(self.root, self.root, "--each", str(self.root / "each.json"))
         self._processes.append(first)
-        self._cache["stopped"] = finish(first)
+        code, out, err = finish(first)
+        outs, errs = sections(out), sections(err)
+        for run in each:
+            name = str(run["what"])
+            self._cache[name] = (code, outs.get(name, out), errs.get(name, err))
         self._cache["stopped_checkpoints"] = sorted(p.name for p in (folder / "ckpt").iterdir())
         if (folder / "final.pt").exists():
             shutil.move(folder / "final.pt", folder / "at-stop.pt")
@@ -398,13 +416,7 @@ class Runs:
             PREEMPT_AT_STEP="18",
         )
         self._processes.append(second)
-        deadline = time.monotonic() + LIMIT_S
-        while (
-            not (folder / "ready").exists()
-            and second.poll() is None
-            and (time.monotonic() < deadline)
-        ):
-            time.sleep(0.05)
+        wait_for(folder / "ready", second, LIMIT_S)
         second.send_signal(signal.SIGTERM)
         self._cache["preempted"] = finish(second)
         self._cache["preempted_stopped"] = [  # before the resume writes them again
@@ -420,7 +432,7 @@ class Runs:
         self._cache["resumed"] = finish(third)
 
     def result(self, name: str) -> tuple[int, str, str]:
-        if name in ("stopped", "preempted", "resumed"):
+        if name not in self._threads:
             self._stopped.join(timeout=4 * LIMIT_S)
         else:
             self._threads[name].join(timeout=2 * LIMIT_S)

@@ -7,15 +7,16 @@ another optimizer class refused at setup.
 
 The child script is test_fsdp.py's model (``net.py``) with hooks that write the full
 weights and optimizer state at the first epoch's start (what the run resumed with) and at
-each epoch's end (what its checkpoint holds). The launches run one after another, in a
-thread started once for the module.
+each epoch's end (what its checkpoint holds). Starting processes costs seconds, so each
+launch runs several trainings one after another: the 2-process fsdp and ddp runs, then
+every resume of theirs in 1 process, then the 1-process checkpoint resumed in 2; the
+launches run one after another, in a thread started once for the module.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import sys
+import json
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -24,16 +25,22 @@ from typing import Any
 
 import pytest
 import torch
-from test_fsdp import MODEL, assert_equal_weights, finish, launch, net_module
+from test_fsdp import MODEL, assert_equal_weights, net_module
 
 import runmodel
 from runmodel.packs import Checkpoint
 
+from launching import finish, launch, sections, torchrun_args
+
 CHILD = textwrap.dedent('''
     """net.py's Net, checkpointed every epoch, its full state written as it starts and
-    at each epoch's end: python reshard.py BACKEND EPOCHS OUT [RESUME]"""
+    at each epoch's end; the trainings of a JSON list, one after another, in this process:
+    python reshard.py RUNS.json. Each prints "=== run NAME ===" to stderr as it begins,
+    and writes its exit code (1: it raised) to its folder's "code"."""
+    import json
     import os
     import sys
+    import traceback
 
     import torch
 
@@ -60,95 +67,116 @@ CHILD = textwrap.dedent('''
             torch.save({"module": weights, "optimizer": optimizer}, path)
 
 
-    backend, epochs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    resume = sys.argv[4] if len(sys.argv) > 4 else None
-    engine = runmodel.Engine()
-    engine.attach(Checkpoint(f"{out}/ckpt", every="1ep", keep=None))
-    if os.environ.get("MID_EPOCH"):
-        engine.attach(Checkpoint(f"{out}/mid", every="5st", keep=1))
-        engine.attach(Checkpoint(f"{out}/last", every="4st", keep=1))  # at each epoch's end
-    first = [True]
+    def train(name, backend, epochs, out, resume=None, mid_epoch=False, adam=False):
+        engine = runmodel.Engine()
+        engine.attach(Checkpoint(f"{out}/ckpt", every="1ep", keep=None))
+        if mid_epoch:
+            engine.attach(Checkpoint(f"{out}/mid", every="5st", keep=1))
+            engine.attach(Checkpoint(f"{out}/last", every="4st", keep=1))  # at each epoch's end
+        first = [True]
 
-    @engine.on("epoch_start")
-    def restored(engine):
-        if first:
-            first.clear()
-            full_state(engine, f"{out}/restored.pt")
+        @engine.on("epoch_start")
+        def restored(engine):
+            if first:
+                first.clear()
+                full_state(engine, f"{out}/restored.pt")
 
-    @engine.on("epoch_end", priority=-5000)
-    def at_end(engine):
-        full_state(engine, f"{out}/epoch{engine.state.epoch + 1}.pt")
+        @engine.on("epoch_end", priority=-5000)
+        def at_end(engine):
+            full_state(engine, f"{out}/epoch{engine.state.epoch + 1}.pt")
 
-    model = AdamNet() if os.environ.get("ADAM") else Net()
-    engine.run(model, epochs=epochs, backend=backend, resume=resume)
+        model = AdamNet() if adam else Net()
+        engine.run(model, epochs=epochs, backend=backend, resume=resume)
+
+
+    with open(sys.argv[1]) as file:
+        runs = json.load(file)
+    for run in runs:
+        print(f"=== run {run['name']} ===", file=sys.stderr, flush=True)
+        code = 0
+        try:
+            train(**run)
+        except Exception:  # a refusal: said as an uncaught error would, then the next run
+            traceback.print_exc()
+            code = 1
+        if os.environ["RANK"] == "0":
+            with open(f"{run['out']}/code", "w") as file:
+                file.write(str(code))
 ''')
 
-#: name -> (processes, backend, epochs, resume from (a launch's folder, a path in it), env);
-#: two chains, each in a thread: the fsdp launches, and the ddp ones
-LAUNCHES: dict[str, tuple[int, str, int, tuple[str, str] | None, dict[str, str]]] = {
-    "two": (2, "fsdp", 2, None, {"MID_EPOCH": "1"}),  # 8 steps an epoch
-    "two_to_one": (1, "fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {}),  # 16 steps
-    "one_to_two": (2, "fsdp", 4, ("two_to_one", "ckpt/ckpt-00003-0000000032"), {}),
-    "ddp": (2, "ddp", 1, None, {}),
-    "ddp_to_fsdp": (1, "fsdp", 2, ("ddp", "ckpt/ckpt-00001-0000000008.pt"), {}),
-    "adam": (1, "fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {"ADAM": "1"}),
+#: name -> (backend, epochs, resume from (a training's folder, a path in it), options);
+#: the launches, in turn: their processes, and the trainings they run one after another
+TRAININGS: dict[str, tuple[str, int, tuple[str, str] | None, dict[str, bool]]] = {
+    "two": ("fsdp", 2, None, {"mid_epoch": True}),  # 8 steps an epoch
+    "ddp": ("ddp", 1, None, {}),
+    "two_to_one": ("fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {}),  # 16 steps
+    "adam": ("fsdp", 3, ("two", "ckpt/ckpt-00002-0000000016"), {"adam": True}),
     # saved after epoch 2's last step, before its end: resumed as two_to_one is
-    "last_to_one": (1, "fsdp", 3, ("two", "last/ckpt-00002-0000000016"), {}),
+    "last_to_one": ("fsdp", 3, ("two", "last/ckpt-00002-0000000016"), {}),
+    "ddp_to_fsdp": ("fsdp", 2, ("ddp", "ckpt/ckpt-00001-0000000008.pt"), {}),
+    "one_to_two": ("fsdp", 4, ("two_to_one", "ckpt/ckpt-00003-0000000032"), {}),
 }
+LAUNCHES: list[tuple[int, list[str]]] = [
+    (2, ["two", "ddp"]),
+    (1, ["two_to_one", "last_to_one", "ddp_to_fsdp", "adam"]),  # refused: last
+    (2, ["one_to_two"]),
+]
 
 
 class Launches:
-    """The launches: those of a chain one after another (each after the one it resumes),
-    the two chains side by side."""
+    """The launches, one after another (each resumes what the one before saved), in a
+    thread; each training's exit code (of its own, not its launch's: the launch goes on to
+    its next training) and its part of the launch's stderr."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "net.py").write_text(MODEL)
         (root / "reshard.py").write_text(CHILD)
         self.results: dict[str, tuple[int, str, str]] = {}
-        self.done = {name: threading.Event() for name in LAUNCHES}
-        chains = [[n for n in LAUNCHES if "ddp" not in n], [n for n in LAUNCHES if "ddp" in n]]
-        self._threads = [
-            threading.Thread(target=self._run_all, args=(chain,), daemon=True) for chain in chains
-        ]
-        for thread in self._threads:
-            thread.start()
+        self.done = {name: threading.Event() for name in TRAININGS}
+        self._thread = threading.Thread(target=self._run_all, daemon=True)
+        self._thread.start()
 
     def folder(self, name: str) -> Path:
         return self.root / name
 
-    def _run_all(self, chain: list[str]) -> None:
-        for name in chain:
-            processes, backend, epochs, resume, env = LAUNCHES[name]
-            try:
-                out = self.folder(name)
-                out.mkdir()
-                args = [backend, str(epochs), str(out)]
-                if resume is not None:
-                    args.append(str(self.folder(resume[0]) / resume[1]))
-                path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-                self.results[name] = finish(
-                    launch(
-                        [
-                            sys.executable,
-                            "-m",
-                            "torch.distributed.run",
-                            "--standalone",
-                            "--nproc-per-node",
-                            str(processes),
-                            str(self.root / "reshard.py"),
-                            *args,
-                        ],
-                        out,
-                        PYTHONPATH=path,
-                        **env,
+    def _run_all(self) -> None:
+        try:
+            for number, (processes, names) in enumerate(LAUNCHES):
+                runs = []
+                for name in names:
+                    backend, epochs, resume, options = TRAININGS[name]
+                    self.folder(name).mkdir()
+                    runs.append(
+                        {
+                            "name": name,
+                            "backend": backend,
+                            "epochs": epochs,
+                            "out": str(self.folder(name)),
+                            "resume": resume and str(self.folder(resume[0]) / resume[1]),
+                            **options,
+                        }
                     )
-                )
-            finally:
-                self.done[name].set()
+                listed = self.root / f"launch-{number}.json"
+                listed.write_text(json.dumps(runs))
+                script = torchrun_args(self.root / "reshard.py", listed, processes=processes)
+                code, out, err = finish(launch(script, self.root, path=[self.root]))
+                parts = sections(err)
+                for name in names:
+                    ran = self.folder(name) / "code"
+                    # a training that never wrote its code: the launch's own, and all it said
+                    self.results[name] = (
+                        int(ran.read_text()) if ran.exists() else code or -1,
+                        out,
+                        parts.get(name, err),
+                    )
+                    self.done[name].set()
+        finally:
+            for event in self.done.values():
+                event.set()
 
     def ok(self, name: str) -> str:
-        """The launch's stderr, once it ended well."""
+        """The training's part of its launch's stderr, once it ended well."""
         code, _, err = self.result(name)
         assert code == 0, err[-4000:]
         return err
@@ -167,8 +195,7 @@ class Launches:
 def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launches]:
     made = Launches(tmp_path_factory.mktemp("reshard"))
     yield made
-    for thread in made._threads:
-        thread.join(timeout=600)
+    made._thread.join(timeout=600)
 
 
 def assert_same_state(resumed: dict[str, Any], saved: dict[str, Any]) -> None:
