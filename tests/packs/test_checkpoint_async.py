@@ -14,9 +14,7 @@ from __future__ import annotations
 import collections
 import filecmp
 import multiprocessing
-import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -203,23 +201,12 @@ CONTEXT.set_forkserver_preload(["torch", "runmodel", "resume_run"])
 
 def train(folder: str, kill: int) -> None:
     """``resume_run.Net`` with a checkpoint written in the background after every step;
-    resumed from ``folder`` if it holds one. ``kill``: die with SIGKILL once the
-    ``kill``-th checkpoint is written and fsynced, before its rename, in the writer
-    thread."""
+    resumed from ``folder`` if it holds one. ``kill``: the training's process dies with
+    SIGKILL once the ``kill``-th checkpoint is written and fsynced, before its rename, by
+    the writer process (``resume_run.kill_mid_async_save``)."""
     torch.set_num_threads(1)
     if kill:
-        replace, writes = os.replace, [0]
-
-        def replace_then_die(source: str, target: str) -> None:
-            if os.path.basename(target).startswith("ckpt-"):
-                writes[0] += 1
-                if writes[0] == kill:
-                    if threading.current_thread() is threading.main_thread():
-                        os._exit(3)  # not in the background: the test fails
-                    os.kill(os.getpid(), signal.SIGKILL)
-            replace(source, target)
-
-        checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
+        resume_run.kill_mid_async_save(kill)
     engine = runmodel.Engine()
     engine.attach(Checkpoint(folder, every="1st", keep=2, async_save=True))
     model = resume_run.Net(0)
