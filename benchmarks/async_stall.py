@@ -20,7 +20,8 @@ tensors into buffers allocated beforehand. Measured in one training run, at each
 * the **GIL wait** after the writer's ``submit``: the longest pause of a Python loop on
   the training thread (its next statements) while the write runs (at most 0.25 s), and
   the same while a thread of this process writes the snapshot with ``torch.save`` (as
-  the plain writer did before it had a process of its own).
+  the plain writer did before it had a process of its own), and with nothing written
+  (what the machine's other jobs cause).
 
 Before each measurement every background write has ended (it is waited for, untimed), so
 none competes for the cores. The first save of a run allocates the buffers: it is left
@@ -124,7 +125,7 @@ class Measure:
         self.pack, self.folder, self.plain = pack, folder, plain
         self.times: dict[str, list[float]] = {k: [] for k in MEASURES}  # wall clock
         self.cpu: dict[str, list[float]] = {k: [] for k in MEASURES}  # this process's CPU
-        self.pauses: dict[str, list[float]] = {"writer": [], "thread": []}  # GIL waits
+        self.pauses: dict[str, list[float]] = {"idle": [], "writer": [], "thread": []}
         self.first_pack = float("nan")
         self.nbytes = self.tensors = 0
         self._floor: Floor | None = None
@@ -169,6 +170,7 @@ class Measure:
                     self.pauses["writer"].append(longest_pause(lambda: self._writer.busy))
                 self._writer.wait()  # its write (if any) ends before the next measure
                 self._clear(engine)
+            self.pauses["idle"].append(longest_pause(lambda: True))  # the machine's own
             if self.plain:
                 self.pauses["thread"].append(self._thread_pause(engine))
         gc.collect()
@@ -363,6 +365,7 @@ def table(title: str, result: dict[str, Any]) -> list[str]:
 
 
 PAUSES = {
+    "idle": "the training thread's longest pause in 0.25 s with nothing written (the load)",
     "writer": "the training thread's longest pause while the writer writes",
     "thread": "the same while a thread writes the snapshot with torch.save (the former way)",
 }

@@ -331,30 +331,18 @@ class _Plan:
             if [firsts.setdefault(id(t), i) for i, t in enumerate(tensors)] != self.same:
                 return False
         # each test one C-level pass over the state (map with the tensor methods: no
-        # Python frame a tensor); the tensors that fail one are looked at one by one
-        same = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
+        # Python frame a tensor)
         if (
-            all(same)
-            and list(map(_dtype, tensors)) == self.dtypes
-            and list(map(_grad, tensors)) == self.grads
-            and list(map(type, tensors)) == self.types
-            and not any(map(torch.Tensor.is_conj, tensors))
-            and not any(map(torch.Tensor.is_neg, tensors))
+            list(map(_dtype, tensors)) != self.dtypes
+            or list(map(_grad, tensors)) != self.grads
+            or list(map(type, tensors)) != self.types
+            or any(map(torch.Tensor.is_conj, tensors))
+            or any(map(torch.Tensor.is_neg, tensors))
         ):
-            return True
-        moved = [
-            i
-            for i, (new, old, kept) in enumerate(zip(tensors, self.tensors, same, strict=True))
-            if not (
-                kept
-                and new.dtype is old.dtype
-                and new.requires_grad is old.requires_grad
-                and type(new) is type(old)
-                and not new.is_conj()
-                and not new.is_neg()
-            )
-        ]
-        return self._move(tensors, moved)
+            return False
+        kept = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
+        moved = [i for i, same in enumerate(kept) if not same]
+        return not moved or self._move(tensors, moved)
 
     def _move(self, tensors: list[torch.Tensor], moved: list[int]) -> bool:
         """The tensors ``moved`` take their plan's places, if each has a new storage of
@@ -378,9 +366,11 @@ class _Plan:
             addresses.add(new.untyped_storage().data_ptr())
         if len(addresses) != len(moved) or addresses & self.addresses:
             return False  # shared with another tensor of the state
-        for i in moved:
+        for i in moved:  # (the storage it replaces may be freed, its address reused)
+            self.addresses.discard(self.tensors[i].untyped_storage().data_ptr())
             self.tensors[i] = tensors[i]
             self.sources[self.whole[i]] = tensors[i]
+        self.addresses |= addresses
         return True
 
     def copy(self, tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
