@@ -16,7 +16,12 @@ tensors into buffers allocated beforehand. Measured in one training run, at each
   takes the sharded state itself; both copy with ``writer.Stager``);
 * ``pack``: the time the training waits in the ``Checkpoint`` pack's save hook (hooks
   just before and after it): the finite check of the parameters, ``engine.snapshot``,
-  ``submit``; and its two parts on their own, ``snapshot`` and ``finite check``.
+  ``submit``; and its two parts on their own, ``snapshot`` and ``finite check``;
+* the **GIL wait** after the writer's ``submit``: the longest pause of a Python loop on
+  the training thread (its next statements) while the write runs (at most 0.25 s), and
+  the same while a thread of this process writes the snapshot with ``torch.save`` (as
+  the plain writer did before it had a process of its own), and with nothing written
+  (what the machine's other jobs cause).
 
 Before each measurement every background write has ended (it is waited for, untimed), so
 none competes for the cores. The first save of a run allocates the buffers: it is left
@@ -46,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,10 +121,11 @@ class Measure:
     save, the floor, the writer alone and the pack's parts are timed first (the order
     rotated from save to save), then the pack's save itself."""
 
-    def __init__(self, pack: Checkpoint, folder: Path) -> None:
-        self.pack, self.folder = pack, folder
+    def __init__(self, pack: Checkpoint, folder: Path, plain: bool) -> None:
+        self.pack, self.folder, self.plain = pack, folder, plain
         self.times: dict[str, list[float]] = {k: [] for k in MEASURES}  # wall clock
         self.cpu: dict[str, list[float]] = {k: [] for k in MEASURES}  # this process's CPU
+        self.pauses: dict[str, list[float]] = {"idle": [], "writer": [], "thread": []}
         self.first_pack = float("nan")
         self.nbytes = self.tensors = 0
         self._floor: Floor | None = None
@@ -159,10 +166,26 @@ class Measure:
                 fn()
                 self.times[name].append(time.perf_counter() - started)
                 self.cpu[name].append(time.process_time() - started_cpu)
+                if name == "writer":
+                    self.pauses["writer"].append(longest_pause(lambda: self._writer.busy))
                 self._writer.wait()  # its write (if any) ends before the next measure
                 self._clear(engine)
+            self.pauses["idle"].append(longest_pause(lambda: True))  # the machine's own
+            if self.plain:
+                self.pauses["thread"].append(self._thread_pause(engine))
         gc.collect()
         self._started, self._started_cpu = time.perf_counter(), time.process_time()
+
+    def _thread_pause(self, engine: runmodel.Engine) -> float:
+        """The GIL wait while a thread of this process writes the snapshot."""
+        from runmodel.checkpoint.format import write
+
+        thread = threading.Thread(target=write, args=(self.folder / "alone", engine.snapshot()))
+        thread.start()
+        pause = longest_pause(thread.is_alive)
+        thread.join()
+        self._clear(engine)
+        return pause
 
     def _submit(self) -> None:
         self._writer.submit(self.folder / "alone", self._snapshot)
@@ -188,6 +211,18 @@ class Measure:
 MEASURES = ("floor", "pack", "writer", "snapshot", "finite check")
 
 
+def longest_pause(busy: Callable[[], bool], limit: float = 0.25) -> float:
+    """The longest time between two turns of a Python loop while ``busy()`` (at most
+    ``limit`` seconds): how long the thread waited for the GIL at worst."""
+    start = last = time.perf_counter()
+    longest = 0.0
+    while busy() and last - start < limit:
+        now = time.perf_counter()
+        longest = max(longest, now - last)
+        last = now
+    return longest
+
+
 def check_finite(engine: runmodel.Engine) -> None:
     """The pack's check that the parameters are finite (every process, all-reduced
     under fsdp), as its save runs it."""
@@ -203,9 +238,9 @@ def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[s
     module = module_of(state)
     width = 2048 if state == "large" else 256
     g = torch.Generator().manual_seed(1)
-    data = [
+    data = [  # one step past the last save: not the epoch's last step, saved at its end
         (torch.randn(4, width, generator=g), torch.randn(4, width, generator=g))
-        for _ in range(EVERY * (saves + 1))
+        for _ in range(EVERY * (saves + 1) + 1)
     ]
     model = runmodel.TorchModel.from_parts(
         module, optimizer=torch.optim.Adam, loss_fn=nn.MSELoss(), train_data=data
@@ -213,7 +248,7 @@ def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[s
     pack = Checkpoint(folder / "ckpt", every=f"{EVERY}st", keep=1, async_save=True)
     engine = runmodel.Engine()
     engine.attach(pack)
-    probe = Measure(pack, folder)
+    probe = Measure(pack, folder, plain=backend is None)
     probe.attach(engine)
     kwargs: dict[str, Any] = {} if backend is None else {"backend": backend}
     engine.run(model, steps=len(data), **kwargs)
@@ -221,6 +256,7 @@ def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[s
         "times": probe.times,
         "cpu": probe.cpu,
         "first_pack": probe.first_pack,
+        "pauses": probe.pauses,
         "nbytes": probe.nbytes,
         "tensors": probe.tensors,
     }
@@ -322,7 +358,17 @@ def table(title: str, result: dict[str, Any]) -> list[str]:
             ratios = [t / f for t, f in zip(clock[name], clock["floor"], strict=True)]
             cells += [spread(clock[name]), spread(ratios, 2, "x")]
         rows.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    for name, pauses in result["pauses"].items():
+        if pauses:
+            rows.append(f"\nGIL wait, {PAUSES[name]}: {spread(pauses, 4, ' s')}")
     return rows
+
+
+PAUSES = {
+    "idle": "the training thread's longest pause in 0.25 s with nothing written (the load)",
+    "writer": "the training thread's longest pause while the writer writes",
+    "thread": "the same while a thread writes the snapshot with torch.save (the former way)",
+}
 
 
 LABELS = {

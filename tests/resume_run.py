@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import runmodel
 import runmodel.checkpoint
+import runmodel.checkpoint.writer
 import runmodel.engine  # the rest of runmodel, also once in the forkserver
 from runmodel.packs import Checkpoint
 
@@ -86,11 +88,13 @@ def train(
     if kill is not None:
         kind, at = kill
         if kind == "full":  # before the checkpoint of step `at`
-            engine.on("runstep", lambda e: _fill_disk(), once=at)
+            engine.on("runstep", _fill_disk, once=at)
         elif kind == "step":  # after the checkpoint of step `at` (priority below Checkpoint's)
             engine.on("runstep", lambda e: _die(), once=at, priority=-2000)
         elif kind == "epoch":
             engine.on("epoch_start", lambda e: _die(), once=at)
+        elif options.get("async_save", False):
+            kill_mid_async_save(at)
         else:
             replace, saves = os.replace, [0]
 
@@ -115,14 +119,40 @@ def train(
     torch.save([p.detach() for p in model.module.parameters()], out)
 
 
+def kill_mid_async_save(at: int) -> None:
+    """The ``at``-th checkpoint that ``Checkpoint(async_save=True)``'s writer process
+    writes kills the training's process with SIGKILL once written and fsynced, before its
+    rename (the writer process dies with it)."""
+    runmodel.checkpoint.writer._SERVE = textwrap.dedent(f"""
+        import os, signal, time
+        from runmodel.checkpoint import format, writer
+        replace, saves = os.replace, [0]
+        def replace_then_die(source, target):
+            if os.path.basename(target).startswith("ckpt-"):
+                saves[0] += 1
+                if saves[0] == {at}:  # the temporary file is complete and fsynced
+                    os.kill(os.getppid(), signal.SIGKILL)
+                    time.sleep(60)  # killed with its parent
+            replace(source, target)
+        format.os.replace = replace_then_die
+        writer.serve()
+    """)
+
+
 FULL = 4096  # bytes: a file-size limit below a checkpoint's size
 
 
-def _fill_disk() -> None:
-    # what a full disk does to the writes of this process: a file past FULL bytes fails
-    # with EFBIG (not the SIGXFSZ signal that would kill it)
+def _fill_disk(engine: runmodel.Engine) -> None:
+    # what a full disk does to the writes of this process (and of a Checkpoint's writer
+    # process): a file past FULL bytes fails with EFBIG (not the SIGXFSZ signal that
+    # would kill it)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FULL, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    limit = (FULL, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    for pack in engine.table.packs.values():
+        process = getattr(getattr(pack, "_writer", None), "_process", None)
+        if process is not None:
+            resource.prlimit(process.pid, resource.RLIMIT_FSIZE, limit)
 
 
 def log_until_full(kind: str, folder: str) -> None:

@@ -1,28 +1,44 @@
 """Writing checkpoints in the background (``Checkpoint(async_save=True)``).
 
-``Writer`` writes plain checkpoint files: the snapshot's tensors are copied into CPU
-buffers kept from one save to the next (the training goes on changing the originals),
-and a thread writes the copy as ``format.save`` does. ``Stager`` is that copy; the
-sharded writer (``sharded.saving.ShardedWriter``) stages its shards with it too, then
-``torch.distributed.checkpoint`` writes them. An error a background write met is raised
-by the next ``wait``: ``raise_background_error``.
+``Writer`` writes plain checkpoint files. At a save the snapshot's tensors are copied
+into one shared-memory buffer kept from one save to the next (the training goes on
+changing the originals): which storage goes where is a ``_Plan`` made at the first save
+and kept while the state's layout stays the same, so a save is one batched copy. A
+writer process of its own (``serve``) rebuilds the tensors over that buffer and writes
+them as ``format.save`` does, to the same bytes: pickling thousands of tensors in a
+thread of the training's process would hold the GIL that the training waits for.
+
+``Stager`` copies a state into CPU buffers kept from one call to the next, tensor by
+tensor; the sharded writer (``sharded.saving.ShardedWriter``) stages its shards with
+it, then ``torch.distributed.checkpoint`` writes them. An error a background write met
+is raised by the next ``wait``: ``raise_background_error``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import operator
 import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
 import threading
-from collections.abc import Callable
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from .._io import DiskFullError, raise_if_disk_full
 from .format import check_loadable, write
 
-__all__ = ["Stager", "Writer", "raise_background_error"]
+__all__ = ["Stager", "Writer", "raise_background_error", "serve"]
 
 
 def raise_background_error(error: BaseException, what: str, path: Path | None) -> None:
@@ -30,11 +46,561 @@ def raise_background_error(error: BaseException, what: str, path: Path | None) -
     ``path`` met: a full disk as the one ``DiskFullError`` naming it (found through what
     wrapped it), anything else as a ``RuntimeError`` naming it, the error chained."""
     if isinstance(error, DiskFullError):  # it names the file already
-        raise error
+        raise error from None
     raise_if_disk_full(error, str(path))
     raise RuntimeError(
         f"writing {what} {str(path)!r} in the background failed: {type(error).__name__}: {error}"
     ) from error
+
+
+class Writer:
+    """Write checkpoints in the background, one at a time.
+
+    ``submit`` copies the snapshot's tensors (on the caller's thread: the copy is the
+    state at that moment, whatever the training changes next) into a shared-memory
+    buffer reused from the previous save, and hands the rest of the snapshot to a
+    writer process (started at the first save, one per ``Writer``), which writes the
+    file that ``save`` writes, byte for byte; then ``then`` is called in a thread of this
+    process. A ``submit`` while a write is under way waits for it first; ``wait`` waits
+    for it and raises the error it met, naming the file. The buffer holds one more copy
+    of the state in memory. The writer process dies with this one (Linux), so a process
+    killed mid-save leaves at most a temporary file, which the next run removes.
+
+    ``floor_s`` is what the last save's copy would take at the best copy bandwidth this
+    writer measured (the state's bytes over it): the least a save can stall.
+    """
+
+    __slots__ = ("__weakref__", "_error", "_path", "_plan", "_process", "_thread", "floor_s")
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+        self._process: _Process | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._path: Path | None = None
+        self.floor_s: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is being written now."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(
+        self,
+        path: str | os.PathLike[str],
+        snapshot: dict[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
+        waits for the write before, and raises its error."""
+        self.wait()
+        check_loadable(snapshot)
+        tensors: list[torch.Tensor] = []
+        skeleton = _flatten(snapshot, tensors)
+        plan = self._plan
+        if plan is None or not plan.fits(tensors):
+            plan = self._plan = _Plan(tensors, self._plan)
+        inline = plan.copy(tensors)
+        self.floor_s = plan.floor_s
+        if self._process is None or not self._process.alive:
+            self._process = _Process(self)
+            plan.sent = False
+        message = {"path": str(path), "skeleton": skeleton, "inline": inline}
+        if not plan.sent:
+            message["layout"] = plan.layout()
+            plan.sent = True
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._path = Path(path)
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(self._process, data, plan.events, then),
+            name=f"runmodel checkpoint writer {self._path.name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(
+        self, process: _Process, data: bytes, events: list[Any], then: Callable[[], None] | None
+    ) -> None:
+        try:
+            for event in events:  # the copies from a GPU are done
+                event.synchronize()
+            process.write(data)
+            if then is not None:
+                then()
+        except BaseException as error:  # raised on the training thread by wait()
+            self._error = error
+            if not process.alive:
+                self._plan = None  # a new process maps a new buffer
+
+    def wait(self) -> None:
+        """Block until the checkpoint being written is on disk; raise the error that
+        writing it met (once), naming the file."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            thread.join()
+        except BaseException:  # interrupted: still under way, wait again next time
+            self._thread = thread
+            raise
+        error, self._error = self._error, None
+        if error is not None:
+            raise_background_error(error, "checkpoint", self._path)
+
+
+class _Slot:
+    """Where the snapshot had a tensor, in what the writer process is sent (pickled by
+    name: one global, then a reference to it)."""
+
+    def __reduce__(self) -> str:
+        return "_SLOT"
+
+
+_SLOT = _Slot()
+
+
+def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with its containers rebuilt and every tensor replaced by ``_SLOT``, the
+    tensors appended to ``tensors`` in order (``_fill`` puts them back in that order).
+    (A dict's plain tensors are taken in place: thousands of calls fewer a save.)"""
+    if type(value) is dict:
+        return {
+            key: (tensors.append(item) or _SLOT)  # type: ignore[func-returns-value]
+            if type(item) is torch.Tensor
+            else _flatten(item, tensors)
+            for key, item in value.items()
+        }
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _SLOT
+    if isinstance(value, dict):
+        rebuilt = copy.copy(value)  # keeps an OrderedDict's _metadata (module versions)
+        for key, item in value.items():
+            rebuilt[key] = (
+                (tensors.append(item) or _SLOT)  # type: ignore[func-returns-value]
+                if type(item) is torch.Tensor
+                else _flatten(item, tensors)
+            )
+        return rebuilt
+    if isinstance(value, list):
+        return [_flatten(item, tensors) for item in value]
+    if isinstance(value, tuple):
+        items = [_flatten(item, tensors) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, (str, int, float, bool, type(None), bytes)):
+        return value
+    return copy.deepcopy(value)
+
+
+def _fill(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
+    """``_flatten`` undone: each ``_SLOT`` of ``value`` replaced by the next tensor."""
+    if value is _SLOT:
+        return next(tensors)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _fill(item, tensors)
+        return value
+    if isinstance(value, list):
+        value[:] = [_fill(item, tensors) for item in value]
+        return value
+    if isinstance(value, tuple):
+        items = [_fill(item, tensors) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+_ALIGN = 64  # bytes: each storage's place in the buffer starts at a multiple of it
+
+
+def _is_rare(tensor: torch.Tensor) -> bool:
+    """A tensor that is not a plain strided one over a storage of its own values (sparse,
+    quantized, meta, conjugate or negative views, other classes): copied whole at every
+    save and sent with the snapshot."""
+    return (
+        type(tensor) not in _PLAIN_TENSORS
+        or tensor.layout is not _STRIDED
+        or tensor.is_quantized
+        or tensor.is_meta
+        or tensor.is_conj()
+        or tensor.is_neg()
+    )
+
+
+_dtype = operator.attrgetter("dtype")
+_grad = operator.attrgetter("requires_grad")
+
+
+class _Plan:
+    """Where each storage of a state goes in the shared buffer, and the tensors over it:
+    made at a save whose layout the previous plan does not fit, then one batched copy a
+    save. A tensor whose storage is new at each save (a random generator's state) but
+    has the same layout and is the only tensor over it takes its place."""
+
+    def __init__(self, tensors: list[torch.Tensor], previous: _Plan | None) -> None:
+        self.sent = False  # the writer process has its layout
+        self.floor_s: float | None = None
+        #: bytes a second: the fastest copy of a state measured (a plan goes on from the last's)
+        self.bandwidth: float = 0.0 if previous is None else previous.bandwidth
+        #: each tensor of the state as the plan was made for it (their storages kept)
+        self.tensors = list(tensors)
+        self.rare = [i for i, t in enumerate(tensors) if _is_rare(t)]
+        #: per storage, its (byte offset in the buffer, bytes); per tensor, None (a rare
+        #: one) or (storage index, dtype, offset, size, stride, grad flag, Parameter,
+        #: index of the first tensor that is the same object)
+        self.storages: list[tuple[int, int]] = []
+        self.leaves: list[tuple[Any, ...] | None] = []
+        self.nbytes = self.copied = 0
+        places: dict[tuple[Any, ...], int] = {}  # (device, address, bytes) -> storage
+        firsts: dict[int, int] = {}
+        owners: list[list[int]] = []  # per storage, the tensors over it
+        for i, tensor in enumerate(tensors):
+            same = firsts.setdefault(id(tensor), i)
+            if _is_rare(tensor):
+                self.leaves.append(None)
+                continue
+            storage = tensor.untyped_storage()
+            size = storage.nbytes()
+            key = (tensor.device, storage.data_ptr(), size)
+            index = places.get(key)
+            if index is None:
+                index = places[key] = len(self.storages)
+                self.storages.append((self.nbytes, size))
+                owners.append([])
+                self.nbytes += -(-size // _ALIGN) * _ALIGN
+                self.copied += size
+            owners[index].append(i)
+            self.leaves.append(
+                (
+                    index,
+                    tensor.dtype,
+                    tensor.storage_offset(),
+                    tuple(tensor.size()),
+                    tuple(tensor.stride()),
+                    tensor.requires_grad,
+                    type(tensor) is torch.nn.Parameter,
+                    same,
+                )
+            )
+        self.same = [leaf[7] if leaf else i for i, leaf in enumerate(self.leaves)]
+        self.dtypes = list(map(_dtype, tensors))
+        self.grads = list(map(_grad, tensors))
+        self.types = list(map(type, tensors))
+        self.distinct = len(firsts) == len(tensors)
+        self.buffer, self.file = _shared_buffer(self.nbytes, previous)
+        # the copies: a tensor that is its whole storage as itself, else the storage's
+        # bytes; `whole`: the tensors alone over their storage, which a new storage of the
+        # same layout may replace (their source's index)
+        self.targets: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []
+        self.whole: dict[int, int] = {}
+        for (offset, size), over in zip(self.storages, owners, strict=True):
+            if size == 0:
+                continue
+            source = tensors[over[0]]
+            target = self.buffer[offset : offset + size]
+            if source.storage_offset() == 0 and source.nbytes == size and source.is_contiguous():
+                if len(over) == 1:
+                    self.whole[over[0]] = len(self.sources)
+                self.targets.append(target.view(source.dtype).view(source.shape))
+                self.sources.append(source)
+            else:  # its bytes, whatever views of it the state holds
+                self.targets.append(target)
+                self.sources.append(
+                    torch.empty(0, dtype=torch.uint8, device=source.device).set_(
+                        source.untyped_storage()
+                    )
+                )
+        self.addresses = {t.untyped_storage().data_ptr() for t in self.sources}
+        self.cuda = any(t.is_cuda for t in self.sources)
+        self.events: list[Any] = []
+
+    def fits(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether ``tensors`` have this plan's layout: each the same view of the same
+        storage as the plan's (or a new storage of the same layout where the plan's
+        tensor was its whole storage, which then takes its place), none the same object
+        as another where the plan's were not. Checked at every save: a few calls a
+        tensor, no copy of a size or stride."""
+        if self.rare or len(tensors) != len(self.tensors):
+            return False
+        if self.distinct:
+            if len(set(map(id, tensors))) != len(tensors):
+                return False
+        else:
+            firsts: dict[int, int] = {}
+            if [firsts.setdefault(id(t), i) for i, t in enumerate(tensors)] != self.same:
+                return False
+        # each test one C-level pass over the state (map with the tensor methods: no
+        # Python frame a tensor)
+        if (
+            list(map(_dtype, tensors)) != self.dtypes
+            or list(map(_grad, tensors)) != self.grads
+            or list(map(type, tensors)) != self.types
+            or any(map(torch.Tensor.is_conj, tensors))
+            or any(map(torch.Tensor.is_neg, tensors))
+        ):
+            return False
+        kept = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
+        moved = [i for i, same in enumerate(kept) if not same]
+        return not moved or self._move(tensors, moved)
+
+    def _move(self, tensors: list[torch.Tensor], moved: list[int]) -> bool:
+        """The tensors ``moved`` take their plan's places, if each has a new storage of
+        its own, laid out as the plan's whole storage was."""
+        addresses = set()
+        for i in moved:
+            new, old = tensors[i], self.tensors[i]
+            if (
+                i not in self.whole
+                or _is_rare(new)
+                or type(new) is not type(old)
+                or new.dtype is not old.dtype
+                or new.shape != old.shape
+                or new.device != old.device
+                or new.requires_grad is not old.requires_grad
+                or new.storage_offset() != 0
+                or not new.is_contiguous()
+                or new.untyped_storage().nbytes() != new.nbytes
+            ):
+                return False
+            addresses.add(new.untyped_storage().data_ptr())
+        if len(addresses) != len(moved) or addresses & self.addresses:
+            return False  # shared with another tensor of the state
+        for i in moved:  # (the storage it replaces may be freed, its address reused)
+            self.addresses.discard(self.tensors[i].untyped_storage().data_ptr())
+            self.tensors[i] = tensors[i]
+            self.sources[self.whole[i]] = tensors[i]
+        self.addresses |= addresses
+        return True
+
+    def copy(self, tensors: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Copy the state's tensors into the buffer (from a GPU: queued, ``events`` to
+        wait for); the rare tensors' copies, by their index, to send whole."""
+        started = time.perf_counter()
+        with torch.no_grad():
+            if self.targets:
+                torch._foreach_copy_(self.targets, self.sources, non_blocking=self.cuda)
+            inline = {i: tensors[i].detach().to("cpu", copy=True) for i in self.rare}
+        self.events = []
+        if self.cuda:  # the copies are queued on the device's stream
+            for device in {t.device for t in self.sources if t.is_cuda}:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+                self.events.append(event)
+        else:
+            took = time.perf_counter() - started
+            if took > 0 and self.copied:
+                self.bandwidth = max(self.bandwidth, self.copied / took)
+        if self.bandwidth:
+            self.floor_s = self.copied / self.bandwidth
+        return inline
+
+    def layout(self) -> dict[str, Any]:
+        """What the writer process needs to rebuild the tensors over the buffer."""
+        return {
+            "file": self.file.name,
+            "nbytes": max(self.nbytes, 1),
+            "storages": self.storages,
+            "leaves": self.leaves,
+        }
+
+
+class _SharedFile:
+    """A file of ``nbytes`` in memory that another process can map: a memfd on Linux
+    (gone with this process, however it ends), else a temporary file that the writer
+    process removes once mapped."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+            self.fd: int | None = os.memfd_create("runmodel-checkpoint")
+            self.name = f"/proc/{os.getpid()}/fd/{self.fd}"
+        else:
+            self.fd = None
+            handle, self.name = tempfile.mkstemp(prefix="runmodel-checkpoint-")
+            os.close(handle)
+        try:
+            os.truncate(self.fd if self.fd is not None else self.name, nbytes)
+        except BaseException:
+            self.close()
+            raise
+        self._closing = weakref.finalize(self, _close_shared, self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _close_shared(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _shared_buffer(nbytes: int, previous: _Plan | None) -> tuple[torch.Tensor, _SharedFile]:
+    """A buffer of at least ``nbytes`` that the writer process can map: the previous
+    plan's where it is large enough (a state that changed a little), else a new one."""
+    if previous is not None and previous.file.nbytes >= nbytes and previous.file.fd is not None:
+        return previous.buffer, previous.file
+    shared = _SharedFile(max(nbytes, 1))
+    buffer = torch.from_file(shared.name, shared=True, size=shared.nbytes, dtype=torch.uint8)
+    return buffer, shared
+
+
+class _Process:
+    """The writer process of a ``Writer``: started with this interpreter (``serve``),
+    sent one pickled message a save, answering each with the error it met or None. It
+    is started in a session of its own (a Ctrl-C or a signal to the training's process
+    group does not stop a write the run waits for) and dies with this process."""
+
+    def __init__(self, owner: Writer) -> None:
+        here = str(Path(__file__).resolve().parents[2])  # where this runmodel is imported from
+        paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+        self._popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SERVE,
+                str(os.getpid()),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        # its input closed with the Writer: it ends
+        weakref.finalize(owner, _stop, self._popen)
+
+    @property
+    def alive(self) -> bool:
+        return self._popen.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def write(self, data: bytes) -> None:
+        """Send one save; return once it is written, or raise the error it met."""
+        popen = self._popen
+        assert popen.stdin is not None and popen.stdout is not None
+        try:
+            _send(popen.stdin, data)
+            reply = _receive(popen.stdout)
+        except (OSError, EOFError):
+            reply = None
+        if reply is None:
+            code = popen.wait()
+            raise RuntimeError(
+                f"the checkpoint writer process ended (exit code {code}) before the write was done"
+            )
+        error = pickle.loads(reply)
+        if isinstance(error, tuple):  # a full disk: (errno, the file)
+            raise DiskFullError(*error)
+        if error is not None:
+            raise error
+
+
+#: what the writer process runs (``python -c``; its argument: this process's id)
+_SERVE = "from runmodel.checkpoint.writer import serve; serve()"
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    if popen.stdin is not None:
+        with contextlib.suppress(OSError):
+            popen.stdin.close()
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+def _send(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_LENGTH.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> bytes | None:
+    """One message, or None at the end of the stream."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    size = _LENGTH.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    return data
+
+
+def serve() -> None:
+    """The writer process (``Writer``): for each message of its input, write the checkpoint
+    it describes, its tensors rebuilt over the shared buffer, and answer the error it
+    met (None once written); end with its input. It dies with its parent, named by its
+    first argument (Linux), and a file past the file-size limit is an error, not its
+    death."""
+    parent = int(sys.argv[1])
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        return
+    for name in ("SIGXFSZ", "SIGINT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    torch.set_num_threads(1)
+    source, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # what anything prints goes apart from the answers
+    tensors: list[torch.Tensor] = []
+    while True:
+        data = _receive(source)
+        if data is None:
+            return
+        try:
+            message = pickle.loads(data)
+            if "layout" in message:
+                tensors = _rebuild(message["layout"])
+            inline = message["inline"]
+            leaves = (inline.get(i, tensor) for i, tensor in enumerate(tensors))
+            write(Path(message["path"]), _fill(message["skeleton"], leaves))
+            answer: Any = None
+        except Exception as error:
+            answer = error
+        if isinstance(answer, DiskFullError):  # its arguments are not its args: sent apart
+            answer = (answer.errno, answer.filename)
+        try:
+            reply = pickle.dumps(answer)
+            pickle.loads(reply)
+        except Exception:  # an error that does not pickle: its words
+            reply = pickle.dumps(RuntimeError(f"{type(answer).__name__}: {answer}"))
+        _send(answers, reply)
+
+
+def _rebuild(layout: dict[str, Any]) -> list[torch.Tensor]:
+    """The state's tensors over the shared buffer, as ``_Plan`` laid them out: each
+    storage its own (so the file is the one ``save`` writes), the same object where the
+    state had it twice. A temporary file goes once mapped."""
+    name = layout["file"]
+    buffer = torch.from_file(name, shared=True, size=layout["nbytes"], dtype=torch.uint8)
+    if not name.startswith("/proc/"):
+        os.unlink(name)
+    whole = buffer.untyped_storage()
+    storages = [whole[offset : offset + size] for offset, size in layout["storages"]]
+    tensors: list[torch.Tensor] = []
+    for i, leaf in enumerate(layout["leaves"]):
+        if leaf is None:  # a rare tensor: sent with each save
+            tensors.append(torch.empty(0))
+            continue
+        index, dtype, offset, size, stride, grad, parameter, same = leaf
+        if same != i:
+            tensors.append(tensors[same])
+            continue
+        tensor = torch.empty(0, dtype=dtype).set_(storages[index], offset, size, stride)
+        tensors.append(
+            torch.nn.Parameter(tensor, grad) if parameter else tensor.requires_grad_(grad)
+        )
+    return tensors
 
 
 class _Copy:
@@ -65,79 +631,6 @@ _MOST_VIEWS = 64  # kept per storage
 _Copies = dict[tuple[torch.device, int, int], _Copy]
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
-
-
-class Writer:
-    """Write checkpoints in a background thread, one at a time.
-
-    ``submit`` copies the snapshot's tensors (on the caller's thread: the copy is the
-    state at that moment, whatever the training changes next) into CPU buffers reused
-    from the previous save (pinned, and copied without waiting, for CUDA tensors), and
-    starts a thread that writes the copy as ``save`` does, then calls ``then``. A
-    ``submit`` while a write is under way waits for it first; ``wait`` waits for it and
-    raises the error it met, naming the file. The buffers hold one more copy of the
-    state in CPU memory.
-    """
-
-    __slots__ = ("_error", "_path", "_stager", "_thread")
-
-    def __init__(self) -> None:
-        self._stager = Stager()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._path: Path | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a checkpoint is being written now."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def submit(
-        self,
-        path: str | os.PathLike[str],
-        snapshot: dict[str, Any],
-        then: Callable[[], None] | None = None,
-    ) -> None:
-        """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
-        waits for the write before, and raises its error."""
-        self.wait()
-        check_loadable(snapshot)
-        staged, events = self._stager.stage(snapshot)
-        self._path = Path(path)
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(self._path, staged, events, then),
-            name=f"runmodel checkpoint writer {self._path.name}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def _run(
-        self, path: Path, staged: dict[str, Any], events: list[Any], then: Callable[[], None] | None
-    ) -> None:
-        try:
-            for event in events:
-                event.synchronize()
-            write(path, staged)
-            if then is not None:
-                then()
-        except BaseException as error:  # raised on the training thread by wait()
-            self._error = error
-
-    def wait(self) -> None:
-        """Block until the checkpoint being written is on disk; raise the error that
-        writing it met (once), naming the file."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        try:
-            thread.join()
-        except BaseException:  # interrupted: still under way, wait again next time
-            self._thread = thread
-            raise
-        error, self._error = self._error, None
-        if error is not None:
-            raise_background_error(error, "checkpoint", self._path)
 
 
 class Stager:

@@ -23,6 +23,9 @@ from .metric_watcher import MetricWatcher
 
 __all__ = ["Checkpoint"]
 
+#: the metrics an async save records: its stall, and the least it could be
+_COSTS = ("checkpoint_stall_s", "checkpoint_floor_s")
+
 
 class Checkpoint(Pack):
     """Write checkpoints into ``directory``: ``every="1ep"`` (at the end of every epoch),
@@ -62,12 +65,18 @@ class Checkpoint(Pack):
     (``runmodel/core/position.py``).
 
     ``async_save=True`` copies the state into CPU buffers at the save (the training waits
-    only for that copy) and writes the file in a background thread, with the same
-    temporary file, rename and pruning. At most one checkpoint is written at a time: a
+    only for that copy) and writes the file in the background (plain files: from a
+    writer process, ``checkpoint.writer.Writer``), with the same temporary file, rename
+    and pruning. At most one checkpoint is written at a time: a
     save that comes while the previous one is still being written waits for it. The end
     of the run (also one ended by an error) waits for the last write; an error that a
     background write met is raised at the next save or at the end of the run, naming the
-    file. ``wait()`` waits for the write under way.
+    file. ``wait()`` waits for the write under way. Each async save records what it
+    cost the training in ``engine.state.metrics`` until the next save (so the loggers
+    and the run's log show them; checkpoints do not hold them): ``checkpoint_stall_s``,
+    the seconds the save hook kept the training waiting, and ``checkpoint_floor_s``, the
+    least it could: the state's bytes over the best copy bandwidth measured (where the
+    writer measures it: plain files on a CPU).
 
     How a checkpoint is written is the run's checkpoint storage (``engine.storage``, from
     the backend; ``runmodel.checkpoint.storage``): plain files written by rank 0, or under
@@ -141,6 +150,8 @@ class Checkpoint(Pack):
         #: the metric's value before the first step (Evaluate(at_start=True)): to beat
         self.baseline: float | None = None
         self.async_save = async_save
+        if async_save:
+            self.writes = _COSTS
         # the run's checkpoint storage (engine.storage, taken at setup) and its background
         # writer (async_save), kept while the storage is the same
         self._storage: Storage | None = None
@@ -436,6 +447,7 @@ class Checkpoint(Pack):
         """Save now (or start saving in the background) where ``counters`` say a run
         resumed from it starts; then (once it is on disk) record the best-K and delete
         the checkpoints neither kept nor best."""
+        started = time.perf_counter()
         self.wait()  # at most one write under way
         storage = self._storage
         assert storage is not None
@@ -470,16 +482,26 @@ class Checkpoint(Pack):
                 self._ranking(),
                 [self.directory / n for n in sorted(old)],
             )
+            for cost in _COSTS:  # a save's cost is no state of the training: never saved
+                s.metrics.pop(cost, None)
             snapshot = engine.snapshot(counters)
             if self._writer is not None:
                 self._writer.submit(path, snapshot, finish)
                 self._rollback = (previous, previous_best)
+                self._record_stall(s, time.perf_counter() - started)
                 return path
             storage.save(path, snapshot, finish)
         except BaseException:
             self.saved, self.best_saved = previous, previous_best
             raise
         return path
+
+    def _record_stall(self, state: Any, stall: float) -> None:
+        """What this async save cost the training, and the least it could have."""
+        state.metrics["checkpoint_stall_s"] = stall
+        floor = getattr(self._writer, "floor_s", None)  # a writer that measures its copy
+        if floor is not None:
+            state.metrics["checkpoint_floor_s"] = floor
 
     def _rank_best(self, storage: Storage, state: Any, epoch: int, step: int) -> str | None:
         """Put this checkpoint among the best by the metric; its best name if it is."""

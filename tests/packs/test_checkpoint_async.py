@@ -14,9 +14,7 @@ from __future__ import annotations
 import collections
 import filecmp
 import multiprocessing
-import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +117,31 @@ def test_keep_prunes_as_the_synchronous_pack_does_and_the_end_waits(tmp_path: Pa
     pack = Checkpoint(tmp_path, every="1ep", keep=2, async_save=True)
     engine.attach(pack)
     seen: list[list[str]] = []
+    costs: list[tuple[Any, ...]] = []  # (stall, floor, the writer's plan) after each save
     engine.on(
-        "epoch_end", lambda e: (pack.wait(), seen.append(files(tmp_path))), priority=-2000
+        "epoch_end",
+        lambda e: (
+            pack.wait(),
+            seen.append(files(tmp_path)),
+            costs.append(
+                (
+                    e.state.metrics.get("checkpoint_stall_s"),
+                    e.state.metrics.get("checkpoint_floor_s"),
+                    pack._writer._plan,  # type: ignore[union-attr]
+                )
+            ),
+        ),
+        priority=-2000,
     )  # after the save
     engine.run(dropout_mlp(), epochs=4)
+    # every save records its stall and floor; the staging plan of the first save serves
+    # them all (the random generators' states are new tensors at each save)
+    assert all(stall > 0 and floor > 0 for stall, floor, _ in costs), costs
+    assert all(plan is costs[0][2] for *_, plan in costs), [id(plan) for *_, plan in costs]
+    for name in files(tmp_path):  # what a save costs is not in a checkpoint
+        assert not {"checkpoint_stall_s", "checkpoint_floor_s"} & set(
+            checkpoint.read(tmp_path / name)["engine"]["metrics"]
+        )
     assert seen == [
         ["ckpt-00001-0000000004.pt"],
         ["ckpt-00001-0000000004.pt", "ckpt-00002-0000000008.pt"],
@@ -203,23 +222,12 @@ CONTEXT.set_forkserver_preload(["torch", "runmodel", "resume_run"])
 
 def train(folder: str, kill: int) -> None:
     """``resume_run.Net`` with a checkpoint written in the background after every step;
-    resumed from ``folder`` if it holds one. ``kill``: die with SIGKILL once the
-    ``kill``-th checkpoint is written and fsynced, before its rename, in the writer
-    thread."""
+    resumed from ``folder`` if it holds one. ``kill``: the training's process dies with
+    SIGKILL once the ``kill``-th checkpoint is written and fsynced, before its rename, by
+    the writer process (``resume_run.kill_mid_async_save``)."""
     torch.set_num_threads(1)
     if kill:
-        replace, writes = os.replace, [0]
-
-        def replace_then_die(source: str, target: str) -> None:
-            if os.path.basename(target).startswith("ckpt-"):
-                writes[0] += 1
-                if writes[0] == kill:
-                    if threading.current_thread() is threading.main_thread():
-                        os._exit(3)  # not in the background: the test fails
-                    os.kill(os.getpid(), signal.SIGKILL)
-            replace(source, target)
-
-        checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
+        resume_run.kill_mid_async_save(kill)
     engine = runmodel.Engine()
     engine.attach(Checkpoint(folder, every="1st", keep=2, async_save=True))
     model = resume_run.Net(0)
