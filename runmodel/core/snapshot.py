@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from .loop import Loop
+    from .plan import CheckpointStorage
     from .state import State
     from .table import HookTable
 
@@ -70,6 +71,7 @@ class Snapshots:
     state: State
     table: HookTable
     model: Any
+    storage: CheckpointStorage | None
     _loop: Loop | None
 
     def __init__(self) -> None:
@@ -161,8 +163,13 @@ class Snapshots:
     def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """Everything a checkpoint holds: the engine's state, the model's, the random
         number generators', where the data stands in the epoch (``position.py``).
-        ``counters`` is where a run resumed from it starts."""
+        ``counters`` is where a run resumed from it starts. Under a storage that writes
+        the model's state itself (``writes_model_state``: the ``fsdp`` backend's, whose
+        save reads each process's shards as it writes them), the model's part is None:
+        no ``state_dict()`` is built that the save would drop."""
         state_dict = getattr(self.model, "state_dict", None)
+        if getattr(self.storage, "writes_model_state", False):
+            state_dict = None
         engine = self.state_dict(counters)
         position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(counters)
         if self.epoch_drawn(counters):

@@ -473,8 +473,10 @@ class Checkpoint(Pack):
                 *self.saved,
                 *(n for _, n in self.best_saved),
             }
-            # sharded: each process sees its shards alone; they refuse together
-            check_finite_parameters(engine, epoch, step, storage.group)
+            # sharded: each process sees its shards alone; they refuse together (a writer
+            # that checks the copy it makes, the sharded one, refuses in submit instead)
+            if not getattr(self._writer, "checks_finite", False):
+                check_finite_parameters(engine, epoch, step, storage.group)
             finish = _Finish(
                 storage,
                 path,

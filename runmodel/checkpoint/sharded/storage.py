@@ -24,6 +24,10 @@ class ShardedStorage:
     visible, then finishes the save. A folder cannot be linked: the best-K are the
     folders themselves, kept, and listed in ``best.json``."""
 
+    #: a save reads the model's and optimizer's shards itself (DCP's state), so
+    #: ``engine.snapshot()`` leaves the model's part out (None)
+    writes_model_state = True
+
     def __init__(self, sharded: Sharded) -> None:
         self.sharded = sharded
 
