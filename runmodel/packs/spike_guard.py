@@ -147,10 +147,11 @@ class SpikeGuard(StepGuard):
         old = self._ring[at]
         if not math.isnan(old):
             del self._sorted[bisect_left(self._sorted, old)]
-        # non-finite losses are NaNGuard's: kept out of the median
-        self._ring[at] = value if math.isfinite(value) else math.nan
         if math.isfinite(value):
             insort(self._sorted, value)
+        else:  # non-finite losses are NaNGuard's: kept out of the median
+            value = math.nan
+        self._ring[at] = value
         self._seen += 1
 
     def _dropped(self) -> None:
@@ -200,7 +201,8 @@ class SpikeGuard(StepGuard):
 
     def _arm(self) -> None:
         """The window is full: onto the host, in one read."""
-        self._ring = torch.stack([t.cpu() for t in self._waiting]).tolist()
+        device = self._waiting[-1].device  # (those from a checkpoint are on the CPU)
+        self._ring = torch.stack([t.to(device) for t in self._waiting]).tolist()
         self._ring = [x if math.isfinite(x) else math.nan for x in self._ring]
         self._sorted = sorted(x for x in self._ring if not math.isnan(x))
         self._waiting = []
@@ -217,10 +219,10 @@ class SpikeGuard(StepGuard):
             return list(self._ring)
         if not self._seen:
             return None
-        waiting = [float(t) for t in self._waiting]
-        return [*(x if math.isfinite(x) else math.nan for x in waiting)] + [math.nan] * (
-            self.window - len(waiting)
-        )
+        device = self._waiting[-1].device
+        waiting: list[float] = torch.stack([t.to(device) for t in self._waiting]).tolist()
+        finite = [x if math.isfinite(x) else math.nan for x in waiting]
+        return finite + [math.nan] * (self.window - len(finite))
 
     # -- a spike --------------------------------------------------------------------------
 
