@@ -125,18 +125,17 @@ class SpikeGuard(StepGuard):
     def backward(self, engine: Any) -> None:
         """The check once armed; then the loss into the window unless it spiked."""
         state = engine.state
-        loss = state.loss.detach().reshape(())
         if self._seen < self.window:  # not armed: no sync
-            self._waiting.append(loss.float())
+            self._waiting.append(state.loss.detach().reshape(()).float())
             self._seen += 1
             if self._seen == self.window:
                 self._arm()
             return
-        value = float(loss)  # the one read
+        value = state.loss.item()  # the one read
         median = self._median()
         ok = not value > self.threshold * median
         failed = agreed_failure(
-            ok if self._processes == 1 else torch.tensor(ok, device=loss.device),
+            ok if self._processes == 1 else torch.tensor(ok, device=state.loss.device),
             state.rank,
             self._processes,
         )
