@@ -29,6 +29,7 @@ __all__ = [
     "Pack",
     "Phase",
     "Preempted",
+    "Rewind",
     "RunHorizon",
     "RunResult",
     "RunStep",
@@ -51,7 +52,8 @@ __getattr__, __dir__ = lazy_exports(
             ("BackendLike", "CheckpointStorage", "ModeLike", "RunHorizon", "StepPlan"), ".plan"
         ),
         **dict.fromkeys(
-            ("Interrupted", "Preempted", "RunResult", "RunStep", "State", "StopRun"), ".state"
+            ("Interrupted", "Preempted", "Rewind", "RunResult", "RunStep", "State", "StopRun"),
+            ".state",
         ),
         "Dispatch": ".table",
     },
@@ -74,5 +76,5 @@ if TYPE_CHECKING:
     from .plan import BackendLike as Backend  # noqa: F401  (deprecated)
     from .plan import ModeLike as Mode  # noqa: F401  (deprecated)
     from .plan import RunHorizon as FineTuneSpec  # noqa: F401  (deprecated)
-    from .state import Interrupted, Preempted, RunResult, RunStep, State, StopRun
+    from .state import Interrupted, Preempted, Rewind, RunResult, RunStep, State, StopRun
     from .table import Dispatch

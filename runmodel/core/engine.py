@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .describe import describe_table
 from .hooks import Hook, HookHandle
@@ -25,7 +25,7 @@ from .pack import Pack, steps_per_iteration
 from .plan import BackendLike, CheckpointStorage, ModeLike, StepPlan, Wrapper
 from .setup import check, set_up_and_plan
 from .snapshot import Snapshots
-from .state import RunResult, State, StopRun, run_lengths
+from .state import Rewind, RunResult, State, StopRun, run_lengths
 from .table import Dispatch, HookTable
 from .where import Where
 
@@ -148,6 +148,32 @@ class BareEngine(Snapshots):
             )
         self._loop.skip_step()
 
+    def batch_index(self) -> int:
+        """The 0-based position in its epoch's data of the batch under way (of the next
+        one, between steps): every batch the epoch's data yielded before it counts, left
+        out or skipped ones too, as ``leave_out`` counts them."""
+        return 0 if self._loop is None else self._loop.position.batches()
+
+    def leave_out(self, epoch: int, batches: Iterable[int]) -> None:
+        """Leave the batches at these 0-based positions in epoch ``epoch``'s data out of
+        the run: each is drawn when its turn comes and dropped without a step (no hook
+        fires for it; ``state.skipped`` counts it, as ``skip_step``'s). Positions count
+        every batch the epoch's data yields, run or not. For this run (a pack that plans
+        them puts them in its state and calls this again at ``setup``)."""
+        if self._loop is None:
+            raise RuntimeError("leave_out() plans a run's batches; call it from a hook")
+        self._loop.leave_out(epoch, {int(b) for b in batches})
+
+    def rewind(self, checkpoint: str | os.PathLike[str]) -> NoReturn:
+        """From a hook during a step: abandon the step and go on from ``checkpoint`` as a
+        run resumed from it would (its weights, optimizer, counters, every pack's state,
+        random generators and data position; the hooks' filters counting from there), the
+        model's loop started again. Batches left out (``leave_out``) stay left out; a
+        pack that must keep state across the rewind keeps it itself. Raises ``Rewind``."""
+        if self._loop is None:
+            raise RuntimeError("rewind() goes back during a run; call it from a hook")
+        raise Rewind(checkpoint)
+
     # -- the run -------------------------------------------------------------------------
 
     def run(
@@ -189,9 +215,7 @@ class BareEngine(Snapshots):
             if saved is not None:  # after the setup hooks, which may regroup the optimizer
                 self._restore_model(saved)
             with plan.context():
-                loop.position.data_begins(first_epoch_begun=False)
-                with contextlib.suppress(StopRun):  # how the budget and stop() end a run
-                    model.run(loop.runstep(mode.kind), self.state.max_steps)
+                self._run_model(model, mode.kind, loop, plan)
                 loop.finish()  # raises Interrupted where engine.interrupt() ended the run
             extras = plan.finish(self)
         except BaseException as error:
@@ -201,6 +225,34 @@ class BareEngine(Snapshots):
             self.announce_resume = False
             self._end(loop, model)
         return self.state.result(loop.ended, loop.reason, time.perf_counter() - started, extras)
+
+    def _run_model(self, model: Any, kind: str, loop: Loop, plan: StepPlan) -> None:
+        """``model.run`` until the budget, ``stop()`` or the model's loop ends it, started
+        again from the checkpoint after each ``rewind``."""
+        while True:
+            loop.position.data_begins(first_epoch_begun=False)
+            try:
+                with contextlib.suppress(StopRun):  # how the budget and stop() end a run
+                    model.run(loop.runstep(kind), self.state.max_steps)
+                return
+            except Rewind as rewind:
+                self._rewind_to(rewind.checkpoint, loop, plan)
+
+    def _rewind_to(self, checkpoint: str | os.PathLike[str], loop: Loop, plan: StepPlan) -> None:
+        """The state of a run resumed from ``checkpoint``, in this run."""
+        if self.storage is None:
+            raise ValueError("rewind() reads a checkpoint, and this engine has no storage")
+        _, saved = self.storage.load(checkpoint, self.model)
+        sums = self.state.epoch_sums  # the plan's accumulators take the saved sums
+        self.load_state_dict(saved["engine"])
+        for name, total in sums.items():
+            if hasattr(total, "load_state_dict"):
+                total.load_state_dict(self.state.epoch_sums.get(name) or {})
+        self.state.epoch_sums = sums
+        self._resuming = False
+        loop.restart()
+        self._restore_model(saved)
+        self.table.start(self.state, plan)  # filters count from the checkpoint's counters
 
     def _start(
         self,

@@ -46,6 +46,8 @@ class Loop:
         self.first_step: int | None = None  # the step this run's first runstep call found
         self.held: tuple[str | None, int] | None = None  # a preemption before its first step
         self.position = Position(self.state, None)  # the plan's data tracker joins later
+        #: per epoch, the positions in its data of the batches left out (``leave_out``)
+        self.left_out: dict[int, set[int]] = {}
         self.guard = -1  # runstep takes its slow path while step >= guard
 
     def _arm(self) -> None:
@@ -59,7 +61,27 @@ class Loop:
             or p.replay
             or (p.pending is not None)
         )
-        self.guard = -1 if busy else self.budget
+        self.guard = -1 if busy else self._next_stop()
+
+    def _next_stop(self) -> int:
+        """The budget, or the step at which the epoch's next batch to leave out comes, if
+        sooner (the slow path drops it)."""
+        left = self.left_out.get(self.state.epoch)
+        if not left:
+            return self.budget
+        at = self.position.batches()
+        ahead = [b for b in left if b >= at]
+        return min(self.budget, self.state.step + min(ahead) - at) if ahead else self.budget
+
+    def restart(self) -> None:
+        """Before the model's loop starts again from a checkpoint (``engine.rewind``): the
+        loop as at the run's start, its data tracker, budget, stop and left-out batches
+        kept; the checkpoint then positions the data (``position.resume``)."""
+        self.position = Position(self.state, self.position.tracker)
+        self.epoch_open = self.epoch_ending = self.explicit_epochs = False
+        self.skip = self.in_step_start = False
+        self.first_epoch = True
+        self.guard = -1
 
     # -- run controls -------------------------------------------------------------------
 
@@ -104,6 +126,10 @@ class Loop:
             )
         self.skip = True
 
+    def leave_out(self, epoch: int, batches: set[int]) -> None:
+        self.left_out.setdefault(epoch, set()).update(batches)
+        self.guard = -1  # the slow path arms the fast one again, with these in view
+
     # -- the runstep callable ---------------------------------------------------------------
 
     def runstep(self, kind: str) -> RunStep:
@@ -123,6 +149,8 @@ class Loop:
                 if loop.skip:
                     loop.skip = False
                     state.skipped += 1
+                    if loop.left_out:  # the data ran one batch ahead of the steps
+                        loop.guard = -1
                     return None
             dispatch.runstep(engine)
             state.step += 1
@@ -142,8 +170,8 @@ class Loop:
 
     def _before_step(self) -> bool:
         """The slow path of runstep: end the run, drop the call, open an epoch, or go on
-        with a resumed epoch (drop a replayed batch; restore the generators); a preemption
-        held until this run's first step is done stops it now."""
+        with a resumed epoch (drop a replayed batch; restore the generators); drop a batch
+        left out; a preemption held until this run's first step is done stops it now."""
         if self.first_step is None:
             self.first_step = self.state.step
         elif self.held is not None and self.first_step < self.state.step < self.budget:
@@ -167,6 +195,11 @@ class Loop:
         if p.pending is not None:
             restore, p.pending = p.pending, None
             restore()
+        left = self.left_out.get(self.state.epoch)
+        if left and p.batches() in left:
+            self.state.skipped += 1  # drawn, not run: counted as a skip_step's batch
+            self._arm()
+            return False
         self._arm()
         return True
 

@@ -18,6 +18,7 @@ __all__ = [
     "Interrupted",
     "Preempted",
     "Refusal",
+    "Rewind",
     "RunResult",
     "RunStep",
     "State",
@@ -48,6 +49,16 @@ def refused_at_setup(error: BaseException) -> bool:
 class StopRun(BaseException):
     """Ends a run cleanly from inside ``runstep``: the budget is spent or ``stop()`` was
     called. A ``BaseException``, so a model's ``except Exception`` cannot swallow it."""
+
+
+class Rewind(BaseException):
+    """Leaves the step under way for ``engine.rewind(checkpoint)``: the engine goes on
+    from ``checkpoint`` and starts the model's loop again. A ``BaseException``, as
+    ``StopRun``, so a model's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str]) -> None:
+        super().__init__(os.fspath(checkpoint))
+        self.checkpoint = checkpoint
 
 
 class Interrupted(KeyboardInterrupt):

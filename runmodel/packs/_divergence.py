@@ -21,16 +21,50 @@ from typing import Any
 import torch
 
 from .._io import atomic_write
+from ..core import Pack, override
 from ..core.snapshot import rng_state, set_rng_state
 from ..models.torchutil import unwrap
+from ._common import zero_grads
 
-__all__ = ["FILE", "Finding", "agreed_failure", "locate", "record", "world"]
+__all__ = [
+    "FILE",
+    "TRAIN_MODES",
+    "Finding",
+    "StepGuard",
+    "agreed_failure",
+    "locate",
+    "record",
+    "world",
+]
 
 #: The run folder's file of divergences: a JSON list of records, oldest first.
 FILE = "divergence.json"
+#: The modes whose steps may be train steps (benchmark and profile can measure them).
+TRAIN_MODES = ("train", "benchmark", "profile")
 
 
 # -- one verdict for every process ---------------------------------------------------------
+
+
+class StepGuard(Pack):
+    """What ``NaNGuard`` and ``SpikeGuard`` share: a check after the backward pass finds
+    the step bad (``_found``, what it found), and then the optimizer step is not taken
+    and the step's gradients are dropped."""
+
+    _found: str | None = None
+
+    @override("optimizer_step", priority=200, modes=TRAIN_MODES)
+    def guard(self, engine: Any, default: Callable[[Any], Any]) -> None:
+        """Step, unless this step (or window) was found bad."""
+        if self._found is None:
+            default(engine)
+            return
+        self._found = None
+        self._dropped()
+        zero_grads(engine.model)
+
+    def _dropped(self) -> None:
+        """An optimizer step was not taken (what a guard counts)."""
 
 
 def world() -> int:
@@ -41,19 +75,21 @@ def world() -> int:
     return 1
 
 
-def agreed_failure(ok: torch.Tensor, rank: int, processes: int) -> int | None:
+def agreed_failure(ok: torch.Tensor | bool, rank: int, processes: int) -> int | None:
     """``None`` when the check passed on every process, else the rank of a process where
     it failed (the highest). Alone: one read of ``ok``; among ``processes`` > 1: one
     all-reduce of one number (each process's rank + 1 where it failed, else 0), so every
-    process takes the same decision at the same step."""
+    process takes the same decision at the same step (``ok`` a tensor on the device the
+    process group's backend reduces on; a bool, on the CPU)."""
     if processes == 1:
         return None if bool(ok) else rank
     import torch.distributed as dist
 
-    local = getattr(ok, "to_local", None)  # fsdp: a verdict on this process's shards
+    verdict = ok if isinstance(ok, torch.Tensor) else torch.tensor(ok)
+    local = getattr(verdict, "to_local", None)  # fsdp: a verdict on this process's shards
     if callable(local):
-        ok = local()
-    failed = torch.where(ok, 0, rank + 1).to(torch.int32).reshape(1)
+        verdict = local()
+    failed = torch.where(verdict, 0, rank + 1).to(torch.int32).reshape(1)
     if dist.get_backend() == "gloo" and failed.device.type != "cpu":
         failed = failed.cpu()
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
@@ -68,8 +104,8 @@ def record(engine: Any, entry: dict[str, Any]) -> dict[str, Any]:
     """Add ``entry`` (with the step's counters first) to the run folder's
     ``divergence.json`` (when the run has a folder; a process other than rank 0 writes
     ``divergence.rank<N>.json``) and make it ``engine.state.divergence``. A record of
-    the same step from the same guard replaces the older one: a resumed run that repeats
-    a finding repeats its record, not the list."""
+    the same step (and batch) from the same guard replaces the older one: a resumed run
+    that repeats a finding repeats its record, not the list."""
     s = engine.state
     entry = {"step": s.step, "epoch": s.epoch, "epoch_step": s.epoch_step, **entry}
     s.divergence = entry
@@ -81,8 +117,11 @@ def record(engine: Any, entry: dict[str, Any]) -> dict[str, Any]:
             records = json.loads(path.read_text()) if path.is_file() else []
         except (OSError, ValueError):
             records = []  # a torn or foreign file: the run's own records start it again
-        key = (entry["step"], entry.get("guard"))
-        records = [r for r in records if (r.get("step"), r.get("guard")) != key] + [entry]
+
+        def key(r: dict[str, Any]) -> tuple[Any, ...]:  # a rollback's: also its batch
+            return (r.get("step"), r.get("guard"), r.get("batch"))
+
+        records = [r for r in records if key(r) != key(entry)] + [entry]
         with atomic_write(path, "w") as file:
             json.dump(records, file, indent=1)
     return entry

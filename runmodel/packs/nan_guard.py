@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..core import Pack, hook, override
+from ..core import hook
 from ..core.checks import whole_number
-from ._common import refuse_closure_optimizer, require_phased_step, trained_parameters, zero_grads
-from ._divergence import agreed_failure, locate, record, world
+from ._common import refuse_closure_optimizer, require_phased_step, trained_parameters
+from ._divergence import TRAIN_MODES, StepGuard, agreed_failure, locate, record, world
 
 __all__ = ["NaNGuard"]
 
-#: The modes whose steps may be train steps (benchmark and profile can measure them).
-TRAIN_MODES = ("train", "benchmark", "profile")
 ACTIONS = ("skip", "stop")
 _get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
 
 
-class NaNGuard(Pack):
+class NaNGuard(StepGuard):
     """After each backward, check that the loss and the gradients are finite; if not,
     the optimizer step is not taken and the gradients are zeroed, and then
     ``action="skip"`` goes on with the next batch (counted in ``skipped`` and
@@ -106,23 +103,12 @@ class NaNGuard(Pack):
             if grads:
                 norm = _total_norm(grads)
                 finite = finite & torch.isfinite(norm).to(finite.device)
-        if self._processes == 1:
-            if not finite:  # a sync, on a GPU
-                self._handle(engine, state.rank)
-            return
-        failed = agreed_failure(finite, state.rank, self._processes)
+        failed = agreed_failure(finite, state.rank, self._processes)  # a sync, on a GPU
         if failed is not None:
             self._handle(engine, failed)
 
-    @override("optimizer_step", priority=200, modes=TRAIN_MODES)
-    def guard(self, engine: Any, default: Callable[[Any], Any]) -> None:
-        """Step, unless this step (or window) had a non-finite loss or gradient."""
-        if self._found is None:
-            default(engine)
-            return
-        self._found = None
+    def _dropped(self) -> None:
         self.skipped += 1
-        zero_grads(engine.model)
 
     @hook(modes=TRAIN_MODES)
     def epoch_end(self, engine: Any) -> None:
@@ -133,6 +119,7 @@ class NaNGuard(Pack):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.skipped, self.last = int(state.get("skipped", 0)), state.get("last")
+        self._found = None  # a state between steps (a rollback leaves a found step behind)
 
     # -- when a check fails ------------------------------------------------------------
 

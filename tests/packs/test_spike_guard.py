@@ -94,20 +94,22 @@ def test_stop_ends_the_run_after_the_spike_without_its_update() -> None:
     assert_weights(m, straight(SPIKE + 1))
 
 
+@pytest.mark.parametrize("at", [3, 6])  # before the guard is armed (window 4), and after
 def test_a_resumed_run_sees_the_same_window_and_skips_alike(
-    tmp_path: Path, reference: list[torch.Tensor]
+    tmp_path: Path, reference: list[torch.Tensor], at: int
 ) -> None:
     def run(resume: Path | None) -> tuple[SpikeGuard, runmodel.TorchModel]:
         guard = SpikeGuard(window=WINDOW)
-        engine = runmodel.Engine(guard, Checkpoint(tmp_path, every="5st"), progress=False)
+        checkpoint = Checkpoint(tmp_path, every="3st", keep=None)
+        engine = runmodel.Engine(guard, checkpoint, progress=False)
         poison(engine)
         m = model()
         engine.run(m, "train", steps=STEPS, resume=resume)
         return guard, m
 
     first, _ = run(None)
-    (at_5,) = [p for p in checkpoints_in(tmp_path) if p.name.endswith("0000000005.pt")]
-    again, m = run(at_5)  # before the spike: the window comes from the checkpoint
+    (saved,) = [p for p in checkpoints_in(tmp_path) if p.name.endswith(f"{at:010d}.pt")]
+    again, m = run(saved)  # before the spike: the window comes from the checkpoint
     assert again.spikes == 1 and again.records == first.records
     assert_weights(m, reference)
 
