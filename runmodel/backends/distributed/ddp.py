@@ -233,12 +233,6 @@ class DistributedRun(Pack):
                 phase,
                 HookOptions.of(priority=10_000, name=f"{self.name}.{phase}_mark"),
             )
-        # after the mark (every process ended the epoch at one step), before other hooks
-        yield Hook(
-            self.share_epoch_means,
-            "epoch_end",
-            HookOptions.of(priority=10_000, modes="train", name=f"{self.name}.epoch_means"),
-        )
         yield Hook(
             self.failed, "exception", HookOptions.of(priority=10_000, name=f"{self.name}.failed")
         )
@@ -265,24 +259,6 @@ class DistributedRun(Pack):
             (record.get("id"), record.get("started"))
         )
         self.dealer.setup(engine)
-
-    def share_epoch_means(self, engine: Any) -> None:
-        """Rank 0's epoch means (those ``state.epoch_sums`` keeps: the loss) in every
-        process's ``state.metrics``: the numbers the run records (rank 0 writes them), the
-        same on every process, in a straight run and after a resume. A process's own mean
-        (of its own batches) would differ, and a resumed process would go on from rank 0's
-        sums, the checkpoint's, not its own; so a hook or pack of any rank (an
-        ``EarlyStopping("loss")``) decides as rank 0 does. One collective an epoch."""
-        s = engine.state
-        if not s.epoch_sums or not env.several():
-            return
-        names = sorted(s.epoch_sums)
-        means = env.broadcast_from_0([s.metrics.get(name) for name in names])
-        for name, mean in zip(names, means, strict=True):
-            if mean is None:
-                s.metrics.pop(name, None)
-            else:
-                s.metrics[name] = mean
 
     def check_stop(self, engine: Any) -> None:
         assert self.stop_check is not None
