@@ -546,9 +546,10 @@ def serve() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         return
-    for name in ("SIGXFSZ", "SIGINT"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # blocked, not handled (no handler of a run's here): a write past the size limit
+    # then fails with EFBIG, and a Ctrl-C is the training process's to act on
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT})
     torch.set_num_threads(1)
     source, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # what anything prints goes apart from the answers
