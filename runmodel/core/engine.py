@@ -238,22 +238,6 @@ class BareEngine(Snapshots):
             except Rewind as rewind:
                 self._rewind_to(rewind.checkpoint, loop, plan)
 
-    def _rewind_to(self, checkpoint: str | os.PathLike[str], loop: Loop, plan: StepPlan) -> None:
-        """The state of a run resumed from ``checkpoint``, in this run."""
-        if self.storage is None:
-            raise ValueError("rewind() reads a checkpoint, and this engine has no storage")
-        _, saved = self.storage.load(checkpoint, self.model)
-        sums = self.state.epoch_sums  # the plan's accumulators take the saved sums
-        self.load_state_dict(saved["engine"])
-        for name, total in sums.items():
-            if hasattr(total, "load_state_dict"):
-                total.load_state_dict(self.state.epoch_sums.get(name) or {})
-        self.state.epoch_sums = sums
-        self._resuming = False
-        loop.restart()
-        self._restore_model(saved)
-        self.table.start(self.state, plan)  # filters count from the checkpoint's counters
-
     def _start(
         self,
         model: Any,

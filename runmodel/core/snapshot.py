@@ -13,10 +13,11 @@ from .continuing import world_size
 from .plan import RunHorizon
 
 if TYPE_CHECKING:
+    import os
     from pathlib import Path
 
     from .loop import Loop
-    from .plan import CheckpointStorage
+    from .plan import CheckpointStorage, StepPlan
     from .state import State
     from .table import HookTable
 
@@ -217,6 +218,22 @@ class Snapshots:
         """Continue from ``snapshot()``'s result: the next run starts where it was taken."""
         self.load_state_dict(snapshot["engine"])
         self._restore_model(snapshot)
+
+    def _rewind_to(self, checkpoint: str | os.PathLike[str], loop: Loop, plan: StepPlan) -> None:
+        """The state of a run resumed from ``checkpoint``, in this run."""
+        if self.storage is None:
+            raise ValueError("rewind() reads a checkpoint, and this engine has no storage")
+        _, saved = self.storage.load(checkpoint, self.model)
+        sums = self.state.epoch_sums  # the plan's accumulators take the saved sums
+        self.load_state_dict(saved["engine"])
+        for name, total in sums.items():
+            if hasattr(total, "load_state_dict"):
+                total.load_state_dict(self.state.epoch_sums.get(name) or {})
+        self.state.epoch_sums = sums
+        self._resuming = False
+        loop.restart()
+        self._restore_model(saved)
+        self.table.start(self.state, plan)  # filters count from the checkpoint's counters
 
     def _restore_model(self, snapshot: dict[str, Any]) -> None:
         model_state = snapshot.get("model")
