@@ -39,7 +39,7 @@ from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
 from helpers import with_child_net
-from launching import sections, wait_for
+from launching import sections, torchrun_args, wait_for
 
 EPOCHS, BATCH = 3, 4  # per process: 64 samples / 2 processes / 4 = 8 steps an epoch
 #: A run that hangs fails the test here rather than never ending.
@@ -362,17 +362,7 @@ class Runs:
         """train.py under torchrun, from ``cwd`` (its run folder is ``cwd/run``)."""
         path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
         return launch(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                str(processes),
-                *options,
-                str(self.root / "train.py"),
-                *args,
-            ],
+            torchrun_args(self.root / "train.py", *args, processes=processes, options=options),
             cwd,
             PYTHONPATH=path,
             **env,
