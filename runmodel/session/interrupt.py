@@ -57,6 +57,7 @@ from types import TracebackType
 from typing import Any
 
 from ..backends.distributed import env
+from ..backends.distributed.failures import record_failure
 from ..backends.distributed.stopping import REQUEST
 from ..core import Interrupted
 
@@ -252,7 +253,13 @@ def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
         return
     s = engine.state
     if (s.error is not None and not isinstance(s.error, Interrupted)) or s.ended is not None:
-        _at_once(signum, frame)  # failed, or tearing down: nothing to stop after
+        # failed, or tearing down: nothing to stop after. torchrun's SIGTERM to the
+        # processes left after a failure can come before this one's failure is recorded
+        # (the backend's exception hook): record it first, or a restarted group could not
+        # tell which process failed first (failures.restarts)
+        if s.error is not None and not isinstance(s.error, Interrupted):
+            record_failure(s.error)
+        _at_once(signum, frame)
         return
     REQUEST.record(signum)
     _guard_output()
