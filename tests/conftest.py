@@ -3,10 +3,15 @@ tests share are in helpers.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# one OpenMP thread a process, this one and its children alike (2 shared cores; the
+# children forked by warm.py have the one their zygote read at its torch import)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import runmodel
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +21,8 @@ from torch import nn
 import runmodel
 from runmodel.core.phases import PHASES
 from runmodel.packs import Checkpoint
+
+import warm as subprocess
 
 __all__ = [
     "Counting",

@@ -7,9 +7,10 @@ runmodel: ``child_env`` puts it first on ``PYTHONPATH``. It gets no ``COLUMNS``:
 imports readline, which sets ``COLUMNS=80`` in the environment, and a child's output goes
 to a pipe, where a terminal's width means nothing.
 
-Importing torch costs seconds of CPU a process, and a torchrun launch of 2 processes
-costs three: a test that can share a launch (a module-scoped fixture), or run several
-trainings one after another in the processes of one launch, is much faster.
+Importing torch costs seconds of CPU a process (``launch`` forks a Python command from a
+warm interpreter: ``warm.py``), and a torchrun launch of 2 processes costs two more (its
+workers start afresh): a test that can share a launch (a module-scoped fixture), or run
+several trainings one after another in the processes of one launch, is much faster.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A launch that hangs fails its test after this many seconds rather than never ending
@@ -77,7 +80,7 @@ def launch(
     """``args`` started in a session of its own (``finish`` kills the whole group if it
     hangs), its output piped as text; ``path`` goes first on its ``PYTHONPATH``, ``env``
     into its environment."""
-    return subprocess.Popen(
+    return warm.Popen(
         list(map(str, args)),
         cwd=cwd,
         env=child_env(*path, **env),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import filecmp
 import pickle
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 import torch
 
 from runmodel import checkpoint
+
+import warm as subprocess
 
 
 def snapshot(model: dict[str, Any]) -> dict[str, Any]:

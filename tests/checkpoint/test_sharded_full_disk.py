@@ -14,7 +14,6 @@ saying so.
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import torch
 
 from runmodel.checkpoint.export import export
 
+import warm as subprocess
 from helpers import with_child_net
 from launching import finish, launch, torchrun_args
 

@@ -9,7 +9,6 @@ synchronous save's: tests/checkpoint/test_async_writer.py.)"""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from typing import Any
@@ -18,6 +17,8 @@ import pytest
 import torch
 
 import runmodel
+
+import warm as subprocess
 
 SAVES = textwrap.dedent("""
     import json

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pytest
 import runmodel
 
 import helpers
+import warm as subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600  # seconds for one command (2 to 30 s here: 10x and more, for a busy machine)

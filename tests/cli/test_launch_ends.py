@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+import warm as subprocess
 from helpers import signal_when_ready
 
 TIMEOUT = 300  # seconds for one command (a launch takes ten or more on a busy machine)

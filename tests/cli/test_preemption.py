@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import torch
 from runmodel.cli import launch, main
 from runmodel.cli.parser import parser
 
+import warm as subprocess
 from helpers import signal_when_ready
 
 TIMEOUT = 240  # seconds for one command; each takes a few (a launch of 2, ten or so)

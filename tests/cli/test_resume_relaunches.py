@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from runmodel.runs import read_status
 
+import warm as subprocess
 from helpers import with_child_net
 
 LIMIT_S = 300

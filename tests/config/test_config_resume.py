@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +20,8 @@ import pytest
 import torch
 
 from runmodel.config.runconfig import load_config
+
+import warm as subprocess
 
 TIMEOUT = 240
 MODEL = textwrap.dedent("""

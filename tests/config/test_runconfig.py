@@ -7,7 +7,6 @@ import copy
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +20,8 @@ from runmodel import RunConfig, load_config
 from runmodel.config.registry import Spec
 from runmodel.config.runconfig import ConfigError, apply_overrides
 from runmodel.runs import run_dir_for
+
+import warm as subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = (

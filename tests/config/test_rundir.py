@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import types
@@ -36,6 +35,7 @@ from runmodel.cli import main
 from runmodel.config.runconfig import RunConfig, load_config
 from runmodel.runs import RunExists, execute, prepare, read_status, run_dir_for
 
+import warm as subprocess
 from helpers import RUN_FOLDER, make_data
 
 ROOT = Path(__file__).resolve().parents[2]

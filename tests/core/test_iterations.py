@@ -7,7 +7,6 @@ saved with the run and fired where a straight run fires after a resume."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import runmodel
 from runmodel.packs import Checkpoint
 from runmodel.packs.grad_accumulation import GradAccumulation
 
+import warm as subprocess
 from helpers import Counting, Tiny
 
 ROOT = Path(__file__).resolve().parents[2]

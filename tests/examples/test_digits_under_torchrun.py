@@ -4,9 +4,10 @@ processes on the CPU (gloo), each trains on its half of the digits."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import warm as subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 

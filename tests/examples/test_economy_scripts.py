@@ -7,9 +7,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+import warm as subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 ECONOMY = ROOT / "benchmarks" / "economy"

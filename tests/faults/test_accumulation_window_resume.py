@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm as subprocess
 from helpers import default_ctrl_c
 
 TIMEOUT = 300

@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 import torch
+
+import warm as subprocess
 
 TIMEOUT = 240
 EPOCHS = 4  # 8 steps each: 64 samples in batches of 8

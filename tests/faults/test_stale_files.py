@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import runmodel
 from runmodel import checkpoint
 from runmodel._io import remove_stale
 from runmodel.packs import Checkpoint
+
+import warm as subprocess
 
 # a writer that stops in the middle of writing: it has written part of the file, says so,
 # and waits to be killed

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from torch import nn
 import runmodel
 from runmodel.integrations.ignite import MirrorEngine, default_output
 
+import warm as subprocess
 from ignite_twin import (
     CLASSES,
     CORE,

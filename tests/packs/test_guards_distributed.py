@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import warm as subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = 5  # the step whose batch is bad on rank 1

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+
+import warm as subprocess
 
 pytest.importorskip("sklearn")
 

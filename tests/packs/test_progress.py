@@ -8,7 +8,6 @@ import io
 import os
 import pty
 import struct
-import subprocess
 import sys
 import termios
 import textwrap
@@ -19,6 +18,7 @@ import pytest
 import runmodel
 from runmodel.packs.progress import Progress
 
+import warm as subprocess
 from helpers import Tiny
 
 ROOT = Path(__file__).resolve().parents[2]

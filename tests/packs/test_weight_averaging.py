@@ -4,7 +4,6 @@ SIGKILL, the averaged weights of a checkpoint read back (eval, export), refusals
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import runmodel
 from runmodel.checkpoint.export import averaged_weights, export, model_state
 from runmodel.packs import EMA, SWA, Checkpoint, Evaluate, LRSchedule
 
+import warm as subprocess
 from helpers import Tiny, build_module, make_data
 
 HERE = Path(__file__).parent

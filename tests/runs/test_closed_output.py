@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+
+import warm as subprocess
 
 TIMEOUT = 120
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}

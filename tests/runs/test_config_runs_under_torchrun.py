@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -29,6 +28,7 @@ from runmodel.checkpoint.names import is_sharded
 from runmodel.checkpoint.sharded import read_whole
 from runmodel.config.registry import registries
 
+import warm as subprocess
 from helpers import with_child_net
 
 LIMIT_S = 180

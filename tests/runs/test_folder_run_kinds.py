@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from runmodel.config.runconfig import load_config
 from runmodel.runs import execute
 from runmodel.runs.source_run import IDENTITY
 from runmodel.runs.table import flatten
+
+import warm as subprocess
 
 pytest.importorskip("sklearn", reason="the digits example needs scikit-learn")
 pytest.importorskip("optuna", reason="a sweep's trial needs optuna")

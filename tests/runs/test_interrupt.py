@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 import helpers
+import warm as subprocess
 
 TIMEOUT = 120  # seconds for one child
 

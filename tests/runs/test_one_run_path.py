@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+import warm as subprocess
 from helpers import RUN_FOLDER, signal_when_ready
 
 TIMEOUT = 180  # seconds for one child; each takes a few

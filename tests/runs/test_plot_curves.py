@@ -11,12 +11,13 @@ import json
 import os
 import re
 import struct
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+
+import warm as subprocess
 
 pytest.importorskip("matplotlib")
 

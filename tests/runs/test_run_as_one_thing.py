@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import runmodel
 from runmodel.packs import Checkpoint
 from runmodel.runs import list_runs
 
+import warm as subprocess
 from helpers import RUN_FOLDER, dropout_mlp, train_with_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 
+import warm as subprocess
 from helpers import default_ctrl_c, signal_when_ready
 
 TIMEOUT = 120

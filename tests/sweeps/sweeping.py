@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 
 import optuna
 
+import warm as subprocess
 from helpers import finish_group
 
 MODEL = Path(__file__).resolve().parent / "clusters.py"

@@ -11,10 +11,11 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+
+import warm as subprocess
 
 pytest.importorskip("optuna")
 

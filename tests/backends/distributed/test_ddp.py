@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -38,6 +37,7 @@ from runmodel.backends import DDP
 from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint import load as load_checkpoint
 
+import warm as subprocess
 from helpers import with_child_net
 from launching import sections, torchrun_args, wait_for
 

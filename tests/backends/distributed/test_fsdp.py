@@ -22,7 +22,6 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -43,6 +42,7 @@ from runmodel.checkpoint import checkpoints_in
 from runmodel.checkpoint.sharded import UnsafeCheckpointError, read_whole
 from runmodel.checkpoint.sharded.safe_reader import _SafeBytes
 
+import warm as subprocess
 from helpers import with_child_net
 from launching import sections, wait_for
 

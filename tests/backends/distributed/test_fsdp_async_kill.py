@@ -7,7 +7,6 @@ weights of the run that was never killed, bit for bit."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import warm as subprocess
 
 LIMIT_S = 300
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from test_fsdp import MODEL, finish, launch
+
+import warm as subprocess
 
 # a writer of a sharded save's staging folder: holds its shared lock, writes a shard,
 # says so and waits (to be killed, or to outlive the run)

@@ -23,7 +23,6 @@ every rank (a clean end too, left to the exit handler) and a run stopped on one 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import warm as subprocess
 from helpers import finish_group
 
 # the abort at exit came about 1 run in 3: 2 clean runs here, 60 under the soak marker

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+import warm as subprocess
 
 LIMIT_S = 120
 
