@@ -27,7 +27,7 @@ __all__ = ["NaNGuard"]
 ACTIONS = ("skip", "stop")
 #: ``locate="exact"`` copies the generators after every other ``step_start`` hook: those
 #: may change the batch, drawing, and the replay starts from the batch they leave
-AFTER_STEP_START = -1_000_000
+LAST_PRIORITY = -1_000_000
 _get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
 
 
@@ -101,12 +101,14 @@ class NaNGuard(StepGuard):
         self._start: tuple[int, Generators] | None = None
 
     def hooks(self) -> Iterator[Hook]:
+        """The methods marked as hooks, and with ``locate="exact"`` ``keep_generators``
+        on ``step_start``."""
         yield from super().hooks()
         if self.locate == "exact":
             yield Hook(
                 self.keep_generators,
                 "step_start",
-                HookOptions.of(priority=AFTER_STEP_START, modes=TRAIN_MODES),
+                HookOptions.of(priority=LAST_PRIORITY, modes=TRAIN_MODES),
             )
 
     def keep_generators(self, engine: Any) -> None:
@@ -207,13 +209,13 @@ class NaNGuard(StepGuard):
             return
         if finding is None:
             why = (
-                "another process's batch, or a hook's or override's random draws"
+                "or a hook's or override's random draws"
                 if start is not None
-                else "another process's batch, or from random draws"
+                else "or from random draws: locate='exact' replays the step's own"
             )
             print(
                 f"{message}: not found again in a replay of the step on process "
-                f"{engine.state.rank} (from {why})",
+                f"{engine.state.rank} (from another process's batch, {why})",
                 file=sys.stderr,
             )
             return

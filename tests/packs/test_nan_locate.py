@@ -247,7 +247,7 @@ def test_exact_replays_the_steps_own_dropout_mask(tmp_path: Path) -> None:
     anew, _ = masked_run(True, tmp_path / "anew")
     assert len(anew) == 1 and f"at step {MASKED_STEP} " in anew[0]
     assert "not found again in a replay of the step" in anew[0]
-    assert "from random draws" in anew[0]
+    assert "from random draws: locate='exact' replays the step's own" in anew[0]
     assert not (tmp_path / "anew" / "divergence.json").exists()
 
     _, plain = masked_run(False, tmp_path / "plain")
