@@ -15,11 +15,10 @@ variants:
 * issue 39's guards, counted only when named in ``--variants`` (``GUARDS``; older
   checkouts lack the packs): ``train`` with ``NaNGuard()``, ``NaNGuard(every=10)``,
   ``NaNGuard(locate=True)``, ``NaNGuard(locate="exact")`` (a copy of the random
-  generators' states at each step's start; also with ``numpy.random`` imported, whose
-  state it then copies too: count that one after the others) or ``SpikeGuard()``
-  attached (armed after its 32-step window, within the SHORT region, so the difference
-  counts armed steps only), and, as the yardstick of one scalar read, ``train`` with a
-  hook on ``backward`` that reads the loss back (``float(engine.state.loss.detach())``);
+  generators' states at each step's start) or ``SpikeGuard()`` attached (armed after its
+  32-step window, within the SHORT region, so the difference counts armed steps only),
+  and, as the yardstick of one scalar read, ``train`` with a hook on ``backward`` that
+  reads the loss back (``float(engine.state.loss.detach())``);
 * for scale, a plain PyTorch train loop and a plain eval loop (``torch.no_grad``) on the
   same work; they do not depend on the checkout.
 
@@ -72,7 +71,6 @@ GUARDS = (
     "train, NaNGuard(every=10)",
     "train, NaNGuard(locate=True)",
     'train, NaNGuard(locate="exact")',
-    'train, NaNGuard(locate="exact"), numpy.random imported',
     "train, SpikeGuard()",
 )
 RUNMODEL = (
@@ -171,19 +169,6 @@ def guard(pack: str, **options: Any) -> Callable[[Any], None]:
     return setup
 
 
-def with_numpy_random(setup: Callable[[Any], None]) -> Callable[[Any], None]:
-    """``setup``, once ``numpy.random`` is imported (torch does not import it, a user's
-    code often does): the generators ``locate="exact"`` copies then include NumPy's. The
-    import stays for the variants counted after this one."""
-
-    def numpy_and_setup(engine: Any) -> None:
-        import numpy.random  # noqa: F401
-
-        setup(engine)
-
-    return numpy_and_setup
-
-
 RUNS: dict[str, Callable[[int], None]] = {
     "plain PyTorch train loop": plain_train,
     "train": with_runmodel("train", 0),
@@ -199,9 +184,6 @@ RUNS: dict[str, Callable[[int], None]] = {
     "train, NaNGuard(locate=True)": with_runmodel("train", 0, setup=guard("NaNGuard", locate=True)),
     'train, NaNGuard(locate="exact")': with_runmodel(
         "train", 0, setup=guard("NaNGuard", locate="exact")
-    ),
-    'train, NaNGuard(locate="exact"), numpy.random imported': with_runmodel(
-        "train", 0, setup=with_numpy_random(guard("NaNGuard", locate="exact"))
     ),
     "train, SpikeGuard()": with_runmodel("train", 0, setup=guard("SpikeGuard")),
 }
