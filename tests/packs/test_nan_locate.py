@@ -215,12 +215,15 @@ class KeptMean(nn.Module):
 MASKED_STEP = 5  # with this seed, the one step whose mask drops a whole row
 
 
-def masked_run(locate: bool | str, tmp: Path) -> tuple[list[str], list[torch.Tensor]]:
-    """One epoch of 8 batches through ``KeptMean``, ``NaNGuard(locate=locate)`` skipping;
-    its lines on stderr from NaNGuard, and the final weights."""
+def masked_run(
+    locate: bool | str, tmp: Path, seed: int = 18, jitter: bool = False
+) -> tuple[list[str], list[torch.Tensor]]:
+    """One epoch of 8 batches through ``KeptMean``, ``NaNGuard(locate=locate)`` skipping
+    (``jitter``: a ``step_start`` hook adds noise to each batch, drawing); its lines on
+    stderr from NaNGuard, and the final weights."""
     torch.manual_seed(0)
     batches = [(torch.rand(4, 3), torch.randn(4, 1)) for _ in range(8)]
-    torch.manual_seed(18)
+    torch.manual_seed(seed)
     module = nn.Sequential(nn.Linear(3, 4), KeptMean(), nn.Tanh(), nn.Linear(4, 1))
     m = runmodel.TorchModel.from_parts(
         module,
@@ -228,9 +231,17 @@ def masked_run(locate: bool | str, tmp: Path) -> tuple[list[str], list[torch.Ten
         loss_fn=nn.MSELoss(),
         train_data=batches,
     )
+    engine = runmodel.Engine(NaNGuard(locate=locate), progress=False)
+    if jitter:
+
+        @engine.on("step_start")
+        def noise(engine: Any) -> None:
+            x, y = engine.state.batch
+            engine.state.batch = (x + 0.01 * torch.rand(x.shape), y)
+
     errors = io.StringIO()
     with contextlib.redirect_stderr(errors), pytest.warns(RuntimeWarning, match="skipped"):
-        runmodel.Engine(NaNGuard(locate=locate), progress=False).run(m, epochs=1, run_dir=tmp)
+        engine.run(m, epochs=1, run_dir=tmp)
     lines = [line for line in errors.getvalue().splitlines() if line.startswith("NaNGuard")]
     return lines, [p.detach().clone() for p in module.parameters()]
 
@@ -253,6 +264,15 @@ def test_exact_replays_the_steps_own_dropout_mask(tmp_path: Path) -> None:
     _, plain = masked_run(False, tmp_path / "plain")
     for a, b in zip(located, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def test_exact_copies_the_generators_after_the_step_start_hooks_that_draw(
+    tmp_path: Path,
+) -> None:
+    """A step_start hook that changes the batch with random noise draws before the
+    step's mask: the copy is taken after it, so the replay draws the mask again."""
+    exact, _ = masked_run("exact", tmp_path, seed=7, jitter=True)
+    assert len(exact) == 1 and "starts in 1 (forward" in exact[0]
 
 
 def test_only_exact_copies_the_generators_on_each_step() -> None:
