@@ -14,10 +14,11 @@ variants:
 * ``eval``: ``engine.run(model, "eval", steps=N)`` (output, loss, the model's metrics);
 * issue 39's guards, counted only when named in ``--variants`` (``GUARDS``; older
   checkouts lack the packs): ``train`` with ``NaNGuard()``, ``NaNGuard(every=10)``,
-  ``NaNGuard(locate=True)`` or ``SpikeGuard()`` attached (armed after its 32-step window,
-  within the SHORT region, so the difference counts armed steps only), and, as the
-  yardstick of one scalar read, ``train`` with a hook on ``backward`` that reads the loss
-  back (``float(engine.state.loss.detach())``);
+  ``NaNGuard(locate=True)``, ``NaNGuard(locate="exact")`` (a copy of the random
+  generators' states at each step's start) or ``SpikeGuard()`` attached (armed after its
+  32-step window, within the SHORT region, so the difference counts armed steps only),
+  and, as the yardstick of one scalar read, ``train`` with a hook on ``backward`` that
+  reads the loss back (``float(engine.state.loss.detach())``);
 * for scale, a plain PyTorch train loop and a plain eval loop (``torch.no_grad``) on the
   same work; they do not depend on the checkout.
 
@@ -69,6 +70,7 @@ GUARDS = (
     "train, NaNGuard()",
     "train, NaNGuard(every=10)",
     "train, NaNGuard(locate=True)",
+    'train, NaNGuard(locate="exact")',
     "train, SpikeGuard()",
 )
 RUNMODEL = (
@@ -180,6 +182,9 @@ RUNS: dict[str, Callable[[int], None]] = {
     "train, NaNGuard()": with_runmodel("train", 0, setup=guard("NaNGuard")),
     "train, NaNGuard(every=10)": with_runmodel("train", 0, setup=guard("NaNGuard", every=10)),
     "train, NaNGuard(locate=True)": with_runmodel("train", 0, setup=guard("NaNGuard", locate=True)),
+    'train, NaNGuard(locate="exact")': with_runmodel(
+        "train", 0, setup=guard("NaNGuard", locate="exact")
+    ),
     "train, SpikeGuard()": with_runmodel("train", 0, setup=guard("SpikeGuard")),
 }
 

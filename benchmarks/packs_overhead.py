@@ -24,8 +24,10 @@ MLP (Linear 32->64, ReLU, Linear 64->64, ReLU, Linear 64->32; batch 64, MSE, SGD
 thread) trained for 200 steps, every 10th batch poisoned with values near float32's
 largest, so the forward overflows (the replay names the first module that does). Per
 step, the gap between two batch fetches; the median of the healthy steps and of the
-poisoned ones, with ``locate=True`` and without, runs interleaved; the replay's cost is
-(poisoned step with locate) - (poisoned step without).
+poisoned ones, with ``locate=True``, with ``locate="exact"`` and without, runs
+interleaved; the replay's cost is (poisoned step with locate) - (poisoned step without),
+and a healthy step with ``locate="exact"`` against one with ``locate=True`` is the cost
+of its copy of the generators' states.
 
     python benchmarks/packs_overhead.py [--quick]
     python benchmarks/packs_overhead.py --replay
@@ -242,7 +244,7 @@ def instructions(tools: str, dumps: str) -> list[str]:
 REPLAY_STEPS, POISON_EVERY = 200, 10
 
 
-def replay_run(locate: bool) -> tuple[list[float], list[float], str]:
+def replay_run(locate: bool | str) -> tuple[list[float], list[float], str]:
     """One run of ``--replay``: the healthy steps' and the poisoned steps' times (µs),
     and the first line NaNGuard wrote on stderr."""
     torch.manual_seed(0)
@@ -275,17 +277,21 @@ def replay_run(locate: bool) -> tuple[list[float], list[float], str]:
 def replay(repeats: int) -> list[str]:
     """The rows of ``--replay``: medians over each run's steps, then median [min, max]
     over the interleaved runs."""
-    runs: dict[str, list[float]] = {"healthy": [], "poisoned": [], "poisoned, located": []}
+    healthy_of: dict[bool | str, list[float]] = {False: [], True: [], "exact": []}
+    poisoned_of: dict[bool | str, list[float]] = {False: [], True: [], "exact": []}
     line = ""
     for _ in range(repeats):
-        for locate in (False, True):
-            healthy, poisoned, first = replay_run(locate)
-            runs["poisoned, located" if locate else "poisoned"].append(statistics.median(poisoned))
-            if locate:
-                runs["healthy"].append(statistics.median(healthy))
+        for locate in (False, True, "exact"):
+            healthy_steps, poisoned, first = replay_run(locate)
+            healthy_of[locate].append(statistics.median(healthy_steps))
+            poisoned_of[locate].append(statistics.median(poisoned))
+            if locate is True:
                 line = first
-    replays = [a - b for a, b in zip(runs["poisoned, located"], runs["poisoned"], strict=True)]
-    healthy = statistics.median(runs["healthy"])
+
+    def less(located: bool | str) -> list[float]:
+        return [a - b for a, b in zip(poisoned_of[located], poisoned_of[False], strict=True)]
+
+    healthy = statistics.median(healthy_of[True])
 
     def row(name: str, values: list[float]) -> str:
         mid = statistics.median(values)
@@ -298,10 +304,13 @@ def replay(repeats: int) -> list[str]:
         f"NaNGuard's line: {line}\n",
         "| step | µs, median [min, max] over runs | ratio to a healthy step |",
         "|---|---:|---:|",
-        row("healthy (NaNGuard(locate=True), nothing found)", runs["healthy"]),
-        row("poisoned, NaNGuard() (skipped)", runs["poisoned"]),
-        row("poisoned, NaNGuard(locate=True) (replayed, skipped)", runs["poisoned, located"]),
-        row("the replay: located - not located", replays),
+        row("healthy (NaNGuard(locate=True), nothing found)", healthy_of[True]),
+        row('healthy (NaNGuard(locate="exact"), nothing found)', healthy_of["exact"]),
+        row("poisoned, NaNGuard() (skipped)", poisoned_of[False]),
+        row("poisoned, NaNGuard(locate=True) (replayed, skipped)", poisoned_of[True]),
+        row('poisoned, NaNGuard(locate="exact") (replayed, skipped)', poisoned_of["exact"]),
+        row("the replay: located - not located", less(True)),
+        row('the replay, "exact": located - not located', less("exact")),
     ]
 
 
@@ -311,7 +320,7 @@ def main() -> None:
     parser.add_argument(
         "--replay",
         action="store_true",
-        help="time NaNGuard(locate=True)'s replay of a failed step (issue 39)",
+        help="time the replay of a failed step by NaNGuard(locate=True) and locate='exact'",
     )
     parser.add_argument(
         "--instructions",

@@ -6,11 +6,14 @@ The replay costs nothing until a check fails. When one does, the step's state be
 its update is all still there: the optimizer has not stepped (the guards check after
 backward), the batch is ``state.batch``; what the replay changes (gradients, buffers such
 as batch norm's running statistics, the random generators) is put back as it was, so a
-run with ``locate=True`` ends with the weights of a run without it."""
+run with ``locate=True`` ends with the weights of a run without it. Only the random
+generators' states from before the step are gone by then: ``Generators``, taken at every
+step's start (``locate="exact"``), keeps them for the replay to start from."""
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,7 +25,6 @@ import torch
 
 from .._io import atomic_write
 from ..core import Pack, override
-from ..core.snapshot import rng_state, set_rng_state
 from ..models.torchutil import unwrap
 from ._common import zero_grads
 
@@ -30,6 +32,7 @@ __all__ = [
     "FILE",
     "TRAIN_MODES",
     "Finding",
+    "Generators",
     "StepGuard",
     "agreed_failure",
     "locate",
@@ -137,12 +140,40 @@ class Finding(dict[str, Any]):
     (the words of the line on stderr)."""
 
 
-def locate(engine: Any) -> Finding | None:
+class Generators:
+    """The states of the random generators a step draws from, as they are now: torch's
+    on the CPU and on each CUDA device (once CUDA is initialized), Python's ``random``
+    and NumPy's global one (once ``numpy.random`` is imported). The cheap form of
+    ``core.snapshot.rng_state``: each kept as its generator gives it, not made into
+    tensors for a checkpoint, for ``put_back`` in this process only."""
+
+    __slots__ = ("cuda", "numpy", "python", "torch")
+
+    def __init__(self) -> None:
+        self.torch = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.python = random.getstate()
+        numpy_random = sys.modules.get("numpy.random")
+        self.numpy = numpy_random.get_state() if numpy_random is not None else None
+
+    def put_back(self) -> None:
+        """Set every generator to the state it had when this was taken."""
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy.random"].set_state(self.numpy)
+
+
+def locate(engine: Any, start: Generators | None = None) -> Finding | None:
     """Run the current step again from its state before the update, with forward and
     full backward hooks on every module (and on the loss function when it is a module),
     and say where the first non-finite value appears; ``None`` when the replay stays
-    finite and no hook or override of the step can be blamed. Everything the replay
-    touches is put back."""
+    finite and no hook or override of the step can be blamed. The replay draws its
+    random numbers from ``start`` (the generators' states when the step began), or
+    without it from where the step left them. Everything the replay touches is put
+    back, the generators where the step left them."""
     model = engine.model
     wrapped = getattr(model, "module", None)
     module = unwrap(wrapped)
@@ -172,9 +203,9 @@ def locate(engine: Any) -> Finding | None:
         names[id(loss_fn)] = "loss_fn"
         hooked.append(loss_fn)
     try:
-        found, loss = _replay(engine, wrapped, module, hooked, names, modules_backward=True)
+        found, loss = _replay(engine, wrapped, module, hooked, names, start, modules_backward=True)
     except RuntimeError:  # a module changed its input in place: no full backward hooks
-        found, loss = _replay(engine, wrapped, module, hooked, names, modules_backward=False)
+        found, loss = _replay(engine, wrapped, module, hooked, names, start, modules_backward=False)
     if found:
         return found[0]
     phase = "forward" if not _finite(engine.state.loss) else "backward"
@@ -196,14 +227,16 @@ def _replay(
     module: torch.nn.Module,
     hooked: list[torch.nn.Module],
     names: dict[int, str],
+    start: Generators | None,
     modules_backward: bool,
 ) -> tuple[list[Finding], Any]:
-    """The step's forward and backward again, with hooks that note each non-finite
-    value where it appears (``modules_backward``: full backward hooks on the modules,
-    beside the parameters' gradient hooks); what it found, first first, and its loss."""
+    """The step's forward and backward again (from the generators' states ``start``,
+    when given), with hooks that note each non-finite value where it appears
+    (``modules_backward``: full backward hooks on the modules, beside the parameters'
+    gradient hooks); what it found, first first, and its loss."""
     model = engine.model
     found: list[Finding] = []
-    with _restored(module), _alone(model, wrapped, module), ExitStack() as hooks:
+    with _restored(module, start), _alone(model, wrapped, module), ExitStack() as hooks:
         for m in hooked:
             hooks.callback(m.register_forward_hook(_on_forward(names, found)).remove)
             if modules_backward:
@@ -291,13 +324,16 @@ def _alone(model: Any, wrapped: Any, module: torch.nn.Module) -> Iterator[None]:
 
 class _restored:
     """Around the replay: the gradients, the buffers and the random generators as they
-    were before it (the step is skipped: its own gradients are dropped after)."""
+    were before it (the step is skipped: its own gradients are dropped after); inside
+    it, the generators as they were at ``start``, when given."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
+    def __init__(self, module: torch.nn.Module, start: Generators | None) -> None:
+        self.module, self.start = module, start
 
     def __enter__(self) -> None:
-        self.rng = rng_state()
+        self.generators = Generators()
+        if self.start is not None:
+            self.start.put_back()
         self.params = list(self.module.parameters())
         self.grads = [p.grad for p in self.params]
         for p in self.params:
@@ -311,7 +347,7 @@ class _restored:
         with torch.no_grad():
             for b, saved in self.buffers:
                 b.copy_(saved)
-        set_rng_state(self.rng)
+        self.generators.put_back()
 
 
 def _users(engine: Any, phase: str) -> list[str]:

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import torch
 
-from ..core import hook
+from ..core import Hook, HookOptions, hook
 from ..core.checks import whole_number
 from ._common import refuse_closure_optimizer, require_phased_step, trained_parameters
-from ._divergence import TRAIN_MODES, StepGuard, agreed_failure, locate, record, world
+from ._divergence import (
+    TRAIN_MODES,
+    Generators,
+    StepGuard,
+    agreed_failure,
+    locate,
+    record,
+    world,
+)
 
 __all__ = ["NaNGuard"]
 
 ACTIONS = ("skip", "stop")
+#: ``locate="exact"`` copies the generators after every other ``step_start`` hook: those
+#: may change the batch, drawing, and the replay starts from the batch they leave
+LAST_PRIORITY = -1_000_000
 _get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
 
 
@@ -48,7 +60,12 @@ class NaNGuard(StepGuard):
     update of an earlier step) that made it. One line on stderr names it; the record goes
     to the run folder's ``divergence.json`` and ``engine.state.divergence``. Healthy
     steps pay nothing for it; the replay puts back the gradients, buffers and random
-    generators it touched (``docs/divergence.md``).
+    generators it touched (``docs/divergence.md``). The replay draws its random numbers
+    from where the step left the generators, so a NaN that only the step's own draws
+    make (one dropout mask) may not appear again. ``locate="exact"`` copies the
+    generators' states at the start of every checked step (one copy, replaced at each)
+    and the replay starts from them: it draws what the step drew. That copy is the
+    one cost it adds to a healthy step.
 
     In a distributed run (ddp, fsdp) the verdict is agreed: each check all-reduces one
     number, and a non-finite value on any process skips (or stops at) the step on all.
@@ -58,19 +75,48 @@ class NaNGuard(StepGuard):
     repeatable = False  # a second one would compound the first
     writes = ("nan_skipped",)
 
-    def __init__(self, action: str = "skip", every: int = 1, *, locate: bool = False) -> None:
+    def __init__(
+        self, action: str = "skip", every: int = 1, *, locate: bool | Literal["exact"] = False
+    ) -> None:
         if action not in ACTIONS:
             raise ValueError(
                 f"NaNGuard action= must be 'skip' (skip the step and go on) or "
                 f"'stop' (end the run), got {action!r}"
             )
         whole_number(every, "NaNGuard every=", least=1, meaning="check every N-th step")
+        if not (isinstance(locate, bool) or locate == "exact"):
+            raise ValueError(
+                f"NaNGuard locate= must be False, True (replay a failed step, drawing "
+                f"from where the step left the random generators) or 'exact' (replay it "
+                f"from their states at the step's start, copied at every step), "
+                f"got {locate!r}"
+            )
         self.action, self.every, self.locate = action, every, locate
         self.skipped = 0  # optimizer steps not taken, over the whole training
         self.last: str | None = None  # what the latest one found
         self._found: str | None = None  # what this step (or window) found, until its step
         self._warned = False
         self._processes = 1  # the run's processes, which agree on each verdict
+        # locate="exact": the generators' states at the start of the latest checked step
+        self._start: tuple[int, Generators] | None = None
+
+    def hooks(self) -> Iterator[Hook]:
+        """The methods marked as hooks, and with ``locate="exact"`` ``keep_generators``
+        on ``step_start``."""
+        yield from super().hooks()
+        if self.locate == "exact":
+            yield Hook(
+                self.keep_generators,
+                "step_start",
+                HookOptions.of(priority=LAST_PRIORITY, modes=TRAIN_MODES),
+            )
+
+    def keep_generators(self, engine: Any) -> None:
+        """``locate="exact"``: the generators' states before a checked step draws, kept
+        (in place of the last step's) for a replay of it to start from."""
+        step = engine.state.step
+        if self.every == 1 or (step + 1) % self.every == 0:
+            self._start = step, Generators()
 
     def check_setup(self, engine: Any) -> None:
         """A closure optimizer is refused: its step cannot be skipped."""
@@ -88,6 +134,7 @@ class NaNGuard(StepGuard):
         """A new run; in train mode, check that its step fires backward and
         optimizer_step (else this pack would never run)."""
         self._found, self._warned, self._processes = None, False, world()
+        self._start = None
         require_phased_step(engine, type(self).__name__)
 
     @hook(priority=1000, modes=TRAIN_MODES)  # first: before hooks that read gradients
@@ -151,16 +198,24 @@ class NaNGuard(StepGuard):
     def _locate(self, engine: Any, message: str) -> None:
         """Replay the step to name where its non-finite value starts: one line on
         stderr, a record in ``divergence.json`` and ``engine.state.divergence``."""
+        step, start = self._start or (None, None)
+        if step != engine.state.step:
+            start = None  # not copied at this step's start: drawn from where it left them
         try:
-            finding = locate(engine)
+            finding = locate(engine, start)
         except Exception as error:  # locating must not end the run
             # (a module that changes its input in place refuses full backward hooks)
             print(f"{message}: the replay that locates it failed: {error!r}", file=sys.stderr)
             return
         if finding is None:
+            why = (
+                "or a hook's or override's random draws"
+                if start is not None
+                else "or from random draws: locate='exact' replays the step's own"
+            )
             print(
                 f"{message}: not found again in a replay of the step on process "
-                f"{engine.state.rank} (from another process's batch, or from random draws)",
+                f"{engine.state.rank} (from another process's batch, {why})",
                 file=sys.stderr,
             )
             return

@@ -6,6 +6,8 @@ of the same run without ``locate``."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -196,3 +198,93 @@ def test_a_module_changing_its_input_in_place_is_still_located(
     engine.run(m, epochs=1)  # relu gives 0 somewhere: log(0) at the first step
     assert "starts in 2 (forward" in capsys.readouterr().err
     assert engine.state.divergence is not None and engine.state.divergence["step"] == 0
+
+
+# -- a NaN that only one dropout mask makes: locate=True against locate="exact" ---------
+
+
+class KeptMean(nn.Module):
+    """Dropout that rescales each row by the count of its kept units: a row whose units
+    are all dropped divides 0 by 0, a NaN that only such a mask makes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = (torch.rand(x.shape) > 0.4).to(x.dtype)
+        return x * kept * x.shape[-1] / kept.sum(-1, keepdim=True)
+
+
+MASKED_STEP = 5  # with this seed, the one step whose mask drops a whole row
+
+
+def masked_run(
+    locate: bool | str, tmp: Path, seed: int = 18, jitter: bool = False
+) -> tuple[list[str], list[torch.Tensor]]:
+    """One epoch of 8 batches through ``KeptMean``, ``NaNGuard(locate=locate)`` skipping
+    (``jitter``: a ``step_start`` hook adds noise to each batch, drawing); its lines on
+    stderr from NaNGuard, and the final weights."""
+    torch.manual_seed(0)
+    batches = [(torch.rand(4, 3), torch.randn(4, 1)) for _ in range(8)]
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(3, 4), KeptMean(), nn.Tanh(), nn.Linear(4, 1))
+    m = runmodel.TorchModel.from_parts(
+        module,
+        optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
+        loss_fn=nn.MSELoss(),
+        train_data=batches,
+    )
+    engine = runmodel.Engine(NaNGuard(locate=locate), progress=False)
+    if jitter:
+
+        @engine.on("step_start")
+        def noise(engine: Any) -> None:
+            x, y = engine.state.batch
+            engine.state.batch = (x + 0.01 * torch.rand(x.shape), y)
+
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), pytest.warns(RuntimeWarning, match="skipped"):
+        engine.run(m, epochs=1, run_dir=tmp)
+    lines = [line for line in errors.getvalue().splitlines() if line.startswith("NaNGuard")]
+    return lines, [p.detach().clone() for p in module.parameters()]
+
+
+def test_exact_replays_the_steps_own_dropout_mask(tmp_path: Path) -> None:
+    """locate=True replays the step with a new mask and finds nothing; locate="exact"
+    replays it with the step's own and names the module; neither changes the run."""
+    exact, located = masked_run("exact", tmp_path / "exact")
+    assert len(exact) == 1 and f"at step {MASKED_STEP} " in exact[0]
+    assert "starts in 1 (forward" in exact[0] and "(KeptMean)" in exact[0]
+    (record,) = json.loads((tmp_path / "exact" / "divergence.json").read_text())
+    assert (record["step"], record["module"], record["phase"]) == (MASKED_STEP, "1", "forward")
+
+    anew, _ = masked_run(True, tmp_path / "anew")
+    assert len(anew) == 1 and f"at step {MASKED_STEP} " in anew[0]
+    assert "not found again in a replay of the step" in anew[0]
+    assert "from random draws: locate='exact' replays the step's own" in anew[0]
+    assert not (tmp_path / "anew" / "divergence.json").exists()
+
+    _, plain = masked_run(False, tmp_path / "plain")
+    for a, b in zip(located, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_exact_copies_the_generators_after_the_step_start_hooks_that_draw(
+    tmp_path: Path,
+) -> None:
+    """A step_start hook that changes the batch with random noise draws before the
+    step's mask: the copy is taken after it, so the replay draws the mask again."""
+    exact, _ = masked_run("exact", tmp_path, seed=7, jitter=True)
+    assert len(exact) == 1 and "starts in 1 (forward" in exact[0]
+
+
+def test_only_exact_copies_the_generators_on_each_step() -> None:
+    def step_start_hooks(guard: NaNGuard) -> list[str]:
+        return [h.name for h in guard.hooks() if h.phase == "step_start"]
+
+    assert step_start_hooks(NaNGuard(locate=True)) == []
+    assert step_start_hooks(NaNGuard()) == []
+    assert len(step_start_hooks(NaNGuard(locate="exact"))) == 1
+
+
+@pytest.mark.parametrize("locate", ["yes", 1, None, "Exact"])
+def test_locate_takes_false_true_or_exact(locate: Any) -> None:
+    with pytest.raises(ValueError, match=r"locate= must be False, True .* or 'exact'"):
+        NaNGuard(locate=locate)
