@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -16,8 +17,6 @@ import pytest
 
 import runmodel.cli
 from runmodel.extras import OPTIONAL, hint, install_command, require
-
-import warm as subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits.py"

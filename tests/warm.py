@@ -53,7 +53,7 @@ __all__ = [
 #: The zygote: imports torch, then forks a child for each request on its socket and
 #: reports each child's pid, then its wait status, on the same socket.
 ZYGOTE = r"""
-import ctypes, io, json, os, runpy, select, signal, socket, sys, traceback, types
+import ctypes, io, json, os, runpy, select, signal, socket, sys, types
 import torch  # what every child shares
 
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with the test process
@@ -125,12 +125,13 @@ def child(job, fds):
         else:
             print(error.code, file=sys.stderr)
             code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = -signal.SIGINT
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    except BaseException as error:  # as Python: the excepthook, from the first frame of the
+        # program's own (not this zygote's, nor runpy's)
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in ("<zygote>", "<frozen runpy>"):
+            tb = tb.tb_next
+        sys.excepthook(type(error), error, tb)
+        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     try:
         import threading
         threading._shutdown()
@@ -186,6 +187,10 @@ while True:
 """
 
 
+#: Runs ZYGOTE under its own file name, which the children's tracebacks leave out.
+BOOT = "import sys; exec(compile(sys.argv[2], '<zygote>', 'exec'))"
+
+
 class _Zygote:
     """The zygote of this test process, started at its first use; a thread reads what it
     reports."""
@@ -195,7 +200,7 @@ class _Zygote:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
         env.pop("COLUMNS", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, str(theirs.fileno())],
+            [sys.executable, "-c", BOOT, str(theirs.fileno()), ZYGOTE],
             pass_fds=[theirs.fileno()],
             env=env,
             stdin=DEVNULL,
@@ -277,7 +282,10 @@ def _the_zygote() -> _Zygote:
 
 
 def _python_command(args: Any) -> tuple[str, str, list[str]] | None:
-    """(kind, target, arguments) of a command the zygote runs, or None."""
+    """(kind, target, arguments) of a command the zygote runs, or None (and always None
+    with ``RUNMODEL_TESTS_COLD=1`` in the environment: every child a fresh interpreter)."""
+    if os.environ.get("RUNMODEL_TESTS_COLD") == "1":
+        return None
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence) or len(args) < 2:
         return None
     words = [os.fspath(a) for a in args]
