@@ -243,6 +243,8 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
         return {
             key: (tensors.append(item) or _SLOT)  # type: ignore[func-returns-value]
             if type(item) is torch.Tensor
+            else item
+            if type(item) in _ATOMS
             else _flatten(item, tensors)
             for key, item in value.items()
         }
@@ -259,13 +261,17 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
             )
         return rebuilt
     if isinstance(value, list):
-        return [_flatten(item, tensors) for item in value]
+        return [item if type(item) in _ATOMS else _flatten(item, tensors) for item in value]
     if isinstance(value, tuple):
         items = [_flatten(item, tensors) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, (str, int, float, bool, type(None), bytes)):
         return value
     return copy.deepcopy(value)
+
+
+#: values a snapshot holds as they are (its dicts' flags and counters: no call each)
+_ATOMS = frozenset((str, int, float, bool, type(None), bytes))
 
 
 def _fill(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
@@ -532,8 +538,9 @@ class _Plan:
         ):
             return False
         kept = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
-        moved = [i for i, same in enumerate(kept) if not same]
-        return not moved or self._move(tensors, moved)
+        if all(kept):
+            return True
+        return self._move(tensors, [i for i, same in enumerate(kept) if not same])
 
     def _move(self, tensors: list[torch.Tensor], moved: list[int]) -> bool:
         """The tensors ``moved`` take their plan's places, if each has a new storage of
