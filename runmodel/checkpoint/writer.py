@@ -312,6 +312,9 @@ _dtype = operator.attrgetter("dtype")
 _grad = operator.attrgetter("requires_grad")
 
 
+_SUMMED = (torch.float32, torch.float64)  # summed faster than their minimum and maximum
+
+
 def _aligned(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
 
@@ -402,8 +405,15 @@ class _Checked:
         return self
 
     def finite(self) -> bool:
-        """Whether the copy's parameters hold no NaN or inf (and the loose ones)."""
+        """Whether the copy's parameters hold no NaN or inf (and the loose ones). A
+        single or double region whose sum is finite holds none (a NaN or an inf makes
+        any sum NaN or inf): one pass, faster than its minimum and maximum; a sum that
+        is not finite (an overflow, or a NaN) is then settled by them."""
         loose = [self._live(name) for name, staged in self.staged if staged is None]
+        summed = [region for region in self.regions if region.dtype in _SUMMED]
+        if summed and all(bool(region.sum().isfinite()) for region in summed):
+            others = [region for region in self.regions if region.dtype not in _SUMMED]
+            return all_finite([*others, *self.views, *loose])
         return all_finite([*self.regions, *self.views, *loose])
 
     def nonfinite(self) -> list[str]:
@@ -533,14 +543,21 @@ class _Plan:
             list(map(_dtype, tensors)) != self.dtypes
             or list(map(_grad, tensors)) != self.grads
             or list(map(type, tensors)) != self.types
-            or any(map(torch.Tensor.is_conj, tensors))
-            or any(map(torch.Tensor.is_neg, tensors))
         ):
             return False
-        kept = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
-        if all(kept):
+        # the tensors that are the plan's own objects (an optimizer's state, the same at
+        # every save) are their own view; the others (a module's state_dict(), detached
+        # anew at every save) are compared with the plan's
+        same = list(map(operator.is_, tensors, self.tensors))
+        if all(same):
             return True
-        return self._move(tensors, [i for i, same in enumerate(kept) if not same])
+        others = [i for i, kept in enumerate(same) if not kept]
+        new = [tensors[i] for i in others]
+        if any(map(torch.Tensor.is_conj, new)) or any(map(torch.Tensor.is_neg, new)):
+            return False
+        views = map(torch.Tensor.is_set_to, new, [self.tensors[i] for i in others])
+        moved = [i for i, kept in zip(others, views, strict=True) if not kept]
+        return not moved or self._move(tensors, moved)
 
     def _move(self, tensors: list[torch.Tensor], moved: list[int]) -> bool:
         """The tensors ``moved`` take their plan's places, if each has a new storage of
