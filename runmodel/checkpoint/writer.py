@@ -120,7 +120,7 @@ class Writer:
     (``FloatingPointError`` naming them; nothing written, the checkpoints before it
     kept), from the copy: the parameters are laid out back to back per dtype in the
     buffer, so the check reads each of their bytes once, one pass a dtype
-    (``checks_finite``).
+    (``checks_finite``; from a GPU it waits for the copy to read it).
 
     ``floor_s`` is what the last save's copy would take at the best copy bandwidth this
     writer measured (the state's bytes over it): the least a save can stall.
