@@ -15,8 +15,10 @@ tensors into buffers allocated beforehand. Measured in one training run, at each
   ``runmodel.checkpoint.writer.Writer``; sharded: ``ShardedWriter``, whose ``submit``
   takes the sharded state itself; both copy with ``writer.Stager``);
 * ``pack``: the time the training waits in the ``Checkpoint`` pack's save hook (hooks
-  just before and after it): the finite check of the parameters, ``engine.snapshot``,
-  ``submit``; and its two parts on their own, ``snapshot`` and ``finite check``;
+  just before and after it): ``engine.snapshot`` and ``submit``; and on their own,
+  ``snapshot``, and ``copy check``, the writer's check that the parameters of its copy
+  are finite (both writers make it inside ``submit``, over the staged buffers, in place
+  of the pack's own check of the live parameters: it is part of the ``writer`` row);
 * the **GIL wait** after the writer's ``submit``: the longest pause of a Python loop on
   the training thread (its next statements) while the write runs (at most 0.25 s), and
   the same while a thread of this process writes the snapshot with ``torch.save`` (as
@@ -133,6 +135,7 @@ class Measure:
         self._snapshot: dict[str, Any] = {}
         self._started = self._started_cpu = 0.0
         self._saves = 0
+        self.module: nn.Module | None = None
 
     def attach(self, engine: runmodel.Engine) -> None:
         engine.on("runstep", self.before, priority=-999, every=f"{EVERY}st")
@@ -146,7 +149,8 @@ class Measure:
             self.nbytes, self.tensors = self._floor.nbytes, len(tensors)
             storage: Any = engine.storage  # the plain or the sharded one: both have a writer
             self._writer = storage.writer()
-            self._writer.submit(self.folder / "alone", engine.snapshot())
+            self.module = engine.model.module
+            self._writer.submit(self.folder / "alone", engine.snapshot(), module=self.module)
             self._writer.wait()
             self._clear(engine)
         else:
@@ -155,7 +159,7 @@ class Measure:
                 ("floor", floor.copy),
                 ("writer", self._submit),
                 ("snapshot", engine.snapshot),
-                ("finite check", lambda: check_finite(engine)),
+                ("copy check", self._check_copy),
             ]
             turn = self._saves % len(measures)
             for name, fn in measures[turn:] + measures[:turn]:
@@ -188,7 +192,17 @@ class Measure:
         return pause
 
     def _submit(self) -> None:
-        self._writer.submit(self.folder / "alone", self._snapshot)
+        self._writer.submit(self.folder / "alone", self._snapshot, module=self.module)
+
+    def _check_copy(self) -> None:
+        """The writer's check of its copy's parameters alone (as ``submit`` makes it)."""
+        plan = self._writer._plan
+        if self.plain:
+            plan.check.finite()
+        else:  # the sharded plan: one flat buffer a dtype
+            from runmodel.checkpoint.sharded.saving import _finite
+
+            all(_finite(flat) for flat in plan._flat)
 
     def _clear(self, engine: runmodel.Engine) -> None:
         """The writer's checkpoint goes (rank 0's job, as the sharded folder is one)."""
@@ -208,7 +222,7 @@ class Measure:
         self._saves += 1
 
 
-MEASURES = ("floor", "pack", "writer", "snapshot", "finite check")
+MEASURES = ("floor", "pack", "writer", "snapshot", "copy check")
 
 
 def longest_pause(busy: Callable[[], bool], limit: float = 0.25) -> float:
@@ -221,15 +235,6 @@ def longest_pause(busy: Callable[[], bool], limit: float = 0.25) -> float:
         longest = max(longest, now - last)
         last = now
     return longest
-
-
-def check_finite(engine: runmodel.Engine) -> None:
-    """The pack's check that the parameters are finite (every process, all-reduced
-    under fsdp), as its save runs it."""
-    from runmodel.packs._finite import check_finite_parameters
-
-    storage: Any = engine.storage
-    check_finite_parameters(engine, 0, 0, storage.group)
 
 
 def measure(state: str, saves: int, folder: Path, backend: str | None) -> dict[str, Any]:
@@ -376,7 +381,7 @@ LABELS = {
     "pack": "**stall**: the Checkpoint pack's save hook",
     "writer": "the writer's `submit` alone",
     "snapshot": "`engine.snapshot()` alone",
-    "finite check": "the finite check of the parameters alone",
+    "copy check": "the writer's finite check of its copy alone (in `submit`)",
 }
 
 

@@ -37,6 +37,14 @@ __all__ = ["AsyncWriter", "FileStorage", "Storage", "link"]
 class AsyncWriter(Protocol):
     """Writes one checkpoint at a time in the background (``Checkpoint(async_save=True)``)."""
 
+    #: ``submit`` refuses, before anything is written, a state whose model parameters
+    #: hold NaN or inf (``FloatingPointError`` naming them), checked on its copy: the
+    #: ``Checkpoint`` pack does not check them first
+    checks_finite: bool
+    #: the least the last ``submit`` could have stalled (its copy's bytes over the best
+    #: copy bandwidth measured), or None where the writer does not measure it
+    floor_s: float | None
+
     @property
     def busy(self) -> bool:
         """Whether a checkpoint is being written now."""
@@ -47,9 +55,12 @@ class AsyncWriter(Protocol):
         path: str | os.PathLike[str],
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
+        module: Any = None,
     ) -> None:
         """Write ``snapshot`` at ``path`` in the background, then call ``then`` (where the
-        storage ``leads``); waits for the write before, and raises its error."""
+        storage ``leads``); waits for the write before, and raises its error. ``module``:
+        the model's network, whose parameters a writer that ``checks_finite`` checks (the
+        sharded one checks its run's own)."""
         ...
 
     def wait(self) -> None:
@@ -59,6 +70,10 @@ class AsyncWriter(Protocol):
 
 class Storage(Protocol):
     """What the ``Checkpoint`` pack asks of a run's checkpoints."""
+
+    #: a save reads the model's state itself, so ``engine.snapshot()`` leaves the model's
+    #: part out (None): the sharded storage's, which writes DCP's state
+    writes_model_state: bool
 
     @property
     def leads(self) -> bool:
@@ -127,6 +142,7 @@ class FileStorage:
     leads = True  # rank 0, the one process that writes
     group = None
     ended_together = True
+    writes_model_state = False  # the snapshot holds the model's state_dict()
 
     def writes_here(self, rank: int) -> bool:
         return rank == 0

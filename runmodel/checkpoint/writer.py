@@ -38,7 +38,14 @@ import torch
 from .._io import DiskFullError, raise_if_disk_full
 from .format import check_loadable, write
 
-__all__ = ["Stager", "Writer", "raise_background_error", "serve"]
+__all__ = [
+    "Stager",
+    "Writer",
+    "all_finite",
+    "nonfinite_error",
+    "raise_background_error",
+    "serve",
+]
 
 
 def raise_background_error(error: BaseException, what: str, path: Path | None) -> None:
@@ -51,6 +58,49 @@ def raise_background_error(error: BaseException, what: str, path: Path | None) -
     raise RuntimeError(
         f"writing {what} {str(path)!r} in the background failed: {type(error).__name__}: {error}"
     ) from error
+
+
+#: the dtypes whose minimum and maximum, in one pass, say whether a tensor is finite
+_MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether no tensor of ``tensors`` holds NaN or inf: each one's minimum and maximum
+    in one pass (NaN propagates to both, an inf is one of them), with no temporary as
+    large as the tensor, then one verdict per device and dtype, and one sync
+    (``isfinite().all()`` writes a temporary as large as the tensor and reads it again)."""
+    extremes: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    verdicts = []
+    for tensor in tensors:
+        if tensor.is_complex():
+            tensor = torch.view_as_real(tensor)
+        if tensor.dtype in _MIN_MAX and tensor.numel():
+            extremes.setdefault((tensor.device, tensor.dtype), []).extend(torch.aminmax(tensor))
+        else:
+            verdicts.append(tensor.isfinite().all())
+    verdicts += [torch.stack(values).isfinite().all() for values in extremes.values()]
+    if not verdicts:
+        return True
+    device = verdicts[0].device  # one sync
+    return bool(torch.stack([verdict.to(device) for verdict in verdicts]).all())
+
+
+def nonfinite_error(what: str, names: list[str]) -> FloatingPointError:
+    """The error of a save refused because the parameters ``names`` hold NaN or inf
+    (``what``: the checkpoint, as "of epoch 1, step 7"; no names: another process's)."""
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    shown = (
+        f"parameters {', '.join(names[:5])}{more}"
+        if names
+        else "parameters of another process's shards"
+    )
+    return FloatingPointError(
+        f"not saving the checkpoint {what}: {shown} hold NaN or inf (the training "
+        f"diverged), and the checkpoints before it are kept. Attach "
+        f"runmodel.packs.NaNGuard() to skip (or stop at) the steps whose loss or gradients "
+        f"are not finite, or lower the learning rate, and resume from the last good "
+        f"checkpoint"
+    )
 
 
 class Writer:
@@ -66,11 +116,21 @@ class Writer:
     of the state in memory. The writer process dies with this one (Linux), so a process
     killed mid-save leaves at most a temporary file, which the next run removes.
 
+    ``submit`` refuses a state whose ``module``'s parameters hold NaN or inf
+    (``FloatingPointError`` naming them; nothing written, the checkpoints before it
+    kept), from the copy: the parameters are laid out back to back per dtype in the
+    buffer, so the check reads each of their bytes once, one pass a dtype
+    (``checks_finite``; from a GPU it waits for the copy to read it).
+
     ``floor_s`` is what the last save's copy would take at the best copy bandwidth this
     writer measured (the state's bytes over it): the least a save can stall.
     """
 
     __slots__ = ("__weakref__", "_error", "_path", "_plan", "_process", "_thread", "floor_s")
+
+    #: ``submit`` checks the parameters of the ``module`` it is given: the ``Checkpoint``
+    #: pack need not check them first
+    checks_finite = True
 
     def __init__(self) -> None:
         self._plan: _Plan | None = None
@@ -90,18 +150,25 @@ class Writer:
         path: str | os.PathLike[str],
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
+        module: torch.nn.Module | None = None,
     ) -> None:
         """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
-        waits for the write before, and raises its error."""
+        waits for the write before, and raises its error. ``module``: the model's
+        network, whose parameters the copy must hold finite (``checks_finite``)."""
         self.wait()
         check_loadable(snapshot)
         tensors: list[torch.Tensor] = []
         skeleton = _flatten(snapshot, tensors)
         plan = self._plan
-        if plan is None or not plan.fits(tensors):
-            plan = self._plan = _Plan(tensors, self._plan)
+        if plan is None or not plan.fits(tensors, module):
+            plan = self._plan = _Plan(tensors, module, self._plan)
         inline = plan.copy(tensors)
         self.floor_s = plan.floor_s
+        if plan.check.parameters:
+            for event in plan.events:  # the copy from a GPU is read here: done first
+                event.synchronize()
+            if not plan.check.finite():  # nothing sent: the checkpoints before it stay
+                raise nonfinite_error(_named(snapshot, Path(path)), plan.check.nonfinite())
         if self._process is None or not self._process.alive:
             self._process = _Process(self)
             plan.sent = False
@@ -149,6 +216,14 @@ class Writer:
             raise_background_error(error, "checkpoint", self._path)
 
 
+def _named(snapshot: dict[str, Any], path: Path) -> str:
+    """The checkpoint, in words: where a run resumed from it starts (its counters)."""
+    counters = snapshot.get("engine", {}).get("counters", {})
+    if "epoch" in counters and "step" in counters:
+        return f"of epoch {counters['epoch']}, step {counters['step']}"
+    return path.name
+
+
 class _Slot:
     """Where the snapshot had a tensor, in what the writer process is sent (pickled by
     name: one global, then a reference to it)."""
@@ -168,6 +243,8 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
         return {
             key: (tensors.append(item) or _SLOT)  # type: ignore[func-returns-value]
             if type(item) is torch.Tensor
+            else item
+            if type(item) in _ATOMS
             else _flatten(item, tensors)
             for key, item in value.items()
         }
@@ -184,13 +261,17 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
             )
         return rebuilt
     if isinstance(value, list):
-        return [_flatten(item, tensors) for item in value]
+        return [item if type(item) in _ATOMS else _flatten(item, tensors) for item in value]
     if isinstance(value, tuple):
         items = [_flatten(item, tensors) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, (str, int, float, bool, type(None), bytes)):
         return value
     return copy.deepcopy(value)
+
+
+#: values a snapshot holds as they are (its dicts' flags and counters: no call each)
+_ATOMS = frozenset((str, int, float, bool, type(None), bytes))
 
 
 def _fill(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
@@ -231,14 +312,135 @@ _dtype = operator.attrgetter("dtype")
 _grad = operator.attrgetter("requires_grad")
 
 
+_SUMMED = (torch.float32, torch.float64)  # summed faster than their minimum and maximum
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def _laid_out(sizes: list[int], groups: list[list[int]]) -> tuple[list[tuple[int, int]], int]:
+    """Each storage's (byte offset, bytes) in the buffer, and the buffer's bytes: the
+    storages of each group back to back (no gap a check would read), then every other
+    storage at a multiple of ``_ALIGN``."""
+    places: list[tuple[int, int] | None] = [None] * len(sizes)
+    offset = 0
+    for group in groups:
+        offset = _aligned(offset)
+        for index in group:
+            places[index] = (offset, sizes[index])
+            offset += sizes[index]
+    for index, size in enumerate(sizes):
+        if places[index] is None:
+            offset = _aligned(offset)
+            places[index] = (offset, size)
+            offset += size
+    return [place for place in places if place is not None], _aligned(offset)
+
+
+class _Checked:
+    """The parameters of ``module`` whose staged copy a save checks finite (floating-point
+    and complex ones; not buffers, not optimizer state: AMP's scaler and masks hold inf
+    on purpose), found among the state's storages (``places``: by device, address and
+    bytes). A parameter that is its whole storage joins its dtype's ``group`` (laid out
+    back to back in the buffer: one pass a dtype); one that views part of a storage is
+    checked over its view of the copy; one the state does not hold (a model's own
+    ``state_dict``), live at each save."""
+
+    def __init__(
+        self, module: torch.nn.Module | None, places: dict[tuple[Any, ...], int], sizes: list[int]
+    ) -> None:
+        self.module = module
+        by_dtype: dict[torch.dtype, dict[int, None]] = {}  # per dtype, its storages
+        grouped: dict[int, torch.dtype] = {}
+        #: per checked parameter: its name, and its storage's index and its view (None: loose)
+        self.parameters: list[tuple[str, int | None, tuple[Any, ...]]] = []
+        named = () if module is None else module.named_parameters()
+        for name, parameter in named:
+            if not (parameter.is_floating_point() or parameter.is_complex()):
+                continue
+            storage = parameter.untyped_storage()
+            index = None
+            if not _is_rare(parameter):
+                index = places.get((parameter.device, storage.data_ptr(), storage.nbytes()))
+            view = (
+                parameter.dtype,
+                parameter.storage_offset(),
+                tuple(parameter.size()),
+                tuple(parameter.stride()),
+            )
+            self.parameters.append((name, index, view))
+            if (
+                index is not None
+                and parameter.storage_offset() == 0
+                and parameter.nbytes == sizes[index]
+                and parameter.is_contiguous()
+                and grouped.setdefault(index, parameter.dtype) is parameter.dtype
+            ):
+                by_dtype.setdefault(parameter.dtype, {})[index] = None  # (tied: once)
+        self.dtypes = list(by_dtype)
+        self.groups = [list(group) for group in by_dtype.values()]
+        self._grouped = grouped
+        self.regions: list[torch.Tensor] = []  # what a save reads: one tensor a dtype, ...
+        self.views: list[torch.Tensor] = []  # ... the parameters viewing part of a storage
+        self.staged: list[tuple[str, torch.Tensor | None]] = []  # each one's copy, by name
+
+    def over(self, buffer: torch.Tensor, storages: list[tuple[int, int]]) -> _Checked:
+        """Point the check at the copy in ``buffer``, laid out as ``storages``."""
+        whole = buffer.untyped_storage()
+        for dtype, group in zip(self.dtypes, self.groups, strict=True):
+            start = storages[group[0]][0]
+            end = start + sum(storages[index][1] for index in group)
+            self.regions.append(buffer[start:end].view(dtype))
+        for name, index, (dtype, offset, size, stride) in self.parameters:
+            if index is None:
+                self.staged.append((name, None))
+                continue
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            start = storages[index][0] // itemsize + offset
+            staged = torch.empty(0, dtype=dtype).set_(whole, start, size, stride)
+            self.staged.append((name, staged))
+            if self._grouped.get(index) is not dtype:
+                self.views.append(staged)
+        return self
+
+    def finite(self) -> bool:
+        """Whether the copy's parameters hold no NaN or inf (and the loose ones). A
+        single or double region whose sum is finite holds none (a NaN or an inf makes
+        any sum NaN or inf): one pass, faster than its minimum and maximum; a sum that
+        is not finite (an overflow, or a NaN) is then settled by them."""
+        loose = [self._live(name) for name, staged in self.staged if staged is None]
+        summed = [region for region in self.regions if region.dtype in _SUMMED]
+        if summed and all(bool(region.sum().isfinite()) for region in summed):
+            others = [region for region in self.regions if region.dtype not in _SUMMED]
+            return all_finite([*others, *self.views, *loose])
+        return all_finite([*self.regions, *self.views, *loose])
+
+    def nonfinite(self) -> list[str]:
+        """The names of the parameters that hold NaN or inf: read one by one (only after
+        ``finite`` found some)."""
+        return [
+            name
+            for name, staged in self.staged
+            if not all_finite([self._live(name) if staged is None else staged])
+        ]
+
+    def _live(self, name: str) -> torch.Tensor:
+        assert self.module is not None
+        return self.module.get_parameter(name).detach()
+
+
 class _Plan:
     """Where each storage of a state goes in the shared buffer, and the tensors over it:
     made at a save whose layout the previous plan does not fit, then one batched copy a
     save. A tensor whose storage is new at each save (a random generator's state) but
     has the same layout and is the only tensor over it takes its place."""
 
-    def __init__(self, tensors: list[torch.Tensor], previous: _Plan | None) -> None:
+    def __init__(
+        self, tensors: list[torch.Tensor], module: torch.nn.Module | None, previous: _Plan | None
+    ) -> None:
         self.sent = False  # the writer process has its layout
+        self.module = module
         self.floor_s: float | None = None
         #: bytes a second: the fastest copy of a state measured (a plan goes on from the last's)
         self.bandwidth: float = 0.0 if previous is None else previous.bandwidth
@@ -248,9 +450,8 @@ class _Plan:
         #: per storage, its (byte offset in the buffer, bytes); per tensor, None (a rare
         #: one) or (storage index, dtype, offset, size, stride, grad flag, Parameter,
         #: index of the first tensor that is the same object)
-        self.storages: list[tuple[int, int]] = []
         self.leaves: list[tuple[Any, ...] | None] = []
-        self.nbytes = self.copied = 0
+        sizes: list[int] = []  # per storage, its bytes
         places: dict[tuple[Any, ...], int] = {}  # (device, address, bytes) -> storage
         firsts: dict[int, int] = {}
         owners: list[list[int]] = []  # per storage, the tensors over it
@@ -264,11 +465,9 @@ class _Plan:
             key = (tensor.device, storage.data_ptr(), size)
             index = places.get(key)
             if index is None:
-                index = places[key] = len(self.storages)
-                self.storages.append((self.nbytes, size))
+                index = places[key] = len(sizes)
+                sizes.append(size)
                 owners.append([])
-                self.nbytes += -(-size // _ALIGN) * _ALIGN
-                self.copied += size
             owners[index].append(i)
             self.leaves.append(
                 (
@@ -287,7 +486,14 @@ class _Plan:
         self.grads = list(map(_grad, tensors))
         self.types = list(map(type, tensors))
         self.distinct = len(firsts) == len(tensors)
+        checked = _Checked(module, places, sizes)
+        #: per storage, its (byte offset in the buffer, bytes): the parameters' storages
+        #: first, back to back per dtype, so that the finite check is one pass a dtype
+        self.storages, self.nbytes = _laid_out(sizes, checked.groups)
+        self.copied = sum(sizes)
         self.buffer, self.file = _shared_buffer(self.nbytes, previous)
+        #: the check that the copy's parameters are finite
+        self.check = checked.over(self.buffer, self.storages)
         # the copies: a tensor that is its whole storage as itself, else the storage's
         # bytes; `whole`: the tensors alone over their storage, which a new storage of the
         # same layout may replace (their source's index)
@@ -315,13 +521,14 @@ class _Plan:
         self.cuda = any(t.is_cuda for t in self.sources)
         self.events: list[Any] = []
 
-    def fits(self, tensors: list[torch.Tensor]) -> bool:
+    def fits(self, tensors: list[torch.Tensor], module: torch.nn.Module | None) -> bool:
         """Whether ``tensors`` have this plan's layout: each the same view of the same
         storage as the plan's (or a new storage of the same layout where the plan's
         tensor was its whole storage, which then takes its place), none the same object
-        as another where the plan's were not. Checked at every save: a few calls a
-        tensor, no copy of a size or stride."""
-        if self.rare or len(tensors) != len(self.tensors):
+        as another where the plan's were not, and ``module`` is the plan's (its
+        parameters, where the state holds them, are then where the plan found them).
+        Checked at every save: a few calls a tensor, no copy of a size or stride."""
+        if self.rare or len(tensors) != len(self.tensors) or module is not self.module:
             return False
         if self.distinct:
             if len(set(map(id, tensors))) != len(tensors):
@@ -336,12 +543,20 @@ class _Plan:
             list(map(_dtype, tensors)) != self.dtypes
             or list(map(_grad, tensors)) != self.grads
             or list(map(type, tensors)) != self.types
-            or any(map(torch.Tensor.is_conj, tensors))
-            or any(map(torch.Tensor.is_neg, tensors))
         ):
             return False
-        kept = list(map(torch.Tensor.is_set_to, tensors, self.tensors))
-        moved = [i for i, same in enumerate(kept) if not same]
+        # the tensors that are the plan's own objects (an optimizer's state, the same at
+        # every save) are their own view; the others (a module's state_dict(), detached
+        # anew at every save) are compared with the plan's
+        same = list(map(operator.is_, tensors, self.tensors))
+        if all(same):
+            return True
+        others = [i for i, kept in enumerate(same) if not kept]
+        new = [tensors[i] for i in others]
+        if any(map(torch.Tensor.is_conj, new)) or any(map(torch.Tensor.is_neg, new)):
+            return False
+        views = map(torch.Tensor.is_set_to, new, [self.tensors[i] for i in others])
+        moved = [i for i, kept in zip(others, views, strict=True) if not kept]
         return not moved or self._move(tensors, moved)
 
     def _move(self, tensors: list[torch.Tensor], moved: list[int]) -> bool:

@@ -276,8 +276,19 @@ class TorchModel(Model):
 
 def trainable(module: nn.Module) -> dict[str, bool]:
     """Each parameter's ``requires_grad``, by name: what a checkpoint records, so that a
-    resumed run trains the parameters the run trained (a layer a hook froze or unfroze)."""
-    return {name: p.requires_grad for name, p in module.named_parameters()}
+    resumed run trains the parameters the run trained (a layer a hook froze or unfroze).
+    (``named_parameters()``'s names and order, a shared parameter once, read from each
+    module's own table: a third of its time, at every save.)"""
+    if type(module).named_parameters is not nn.Module.named_parameters:  # its own names
+        return {name: p.requires_grad for name, p in module.named_parameters()}
+    flags: dict[str, bool] = {}
+    seen: set[int] = set()
+    for prefix, owner in module.named_modules():
+        for name, p in owner._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                flags[f"{prefix}.{name}" if prefix else name] = p.requires_grad
+    return flags
 
 
 def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:

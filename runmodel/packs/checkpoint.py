@@ -18,7 +18,7 @@ from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.checks import is_whole_number, whole_number
 from ..core.options import parse_duration
 from ._common import read_metric
-from ._finite import check_finite_parameters
+from ._finite import check_finite_parameters, module_of
 from .metric_watcher import MetricWatcher
 
 __all__ = ["Checkpoint"]
@@ -66,8 +66,9 @@ class Checkpoint(Pack):
 
     ``async_save=True`` copies the state into CPU buffers at the save (the training waits
     only for that copy) and writes the file in the background (plain files: from a
-    writer process, ``checkpoint.writer.Writer``), with the same temporary file, rename
-    and pruning. At most one checkpoint is written at a time: a
+    writer process, ``checkpoint.writer.Writer``, which checks the parameters finite on
+    its copy), with the same temporary file, rename and pruning. At most one checkpoint
+    is written at a time: a
     save that comes while the previous one is still being written waits for it. The end
     of the run (also one ended by an error) waits for the last write; an error that a
     background write met is raised at the next save or at the end of the run, naming the
@@ -474,8 +475,9 @@ class Checkpoint(Pack):
                 *(n for _, n in self.best_saved),
             }
             # sharded: each process sees its shards alone; they refuse together (a writer
-            # that checks the copy it makes, the sharded one, refuses in submit instead)
-            if not getattr(self._writer, "checks_finite", False):
+            # that checks the copy it makes refuses in submit instead: the parameters are
+            # read once)
+            if self._writer is None or not self._writer.checks_finite:
                 check_finite_parameters(engine, epoch, step, storage.group)
             finish = _Finish(
                 storage,
@@ -488,7 +490,7 @@ class Checkpoint(Pack):
                 s.metrics.pop(cost, None)
             snapshot = engine.snapshot(counters)
             if self._writer is not None:
-                self._writer.submit(path, snapshot, finish)
+                self._writer.submit(path, snapshot, finish, module_of(engine))
                 self._rollback = (previous, previous_best)
                 self._record_stall(s, time.perf_counter() - started)
                 return path
@@ -501,8 +503,8 @@ class Checkpoint(Pack):
     def _record_stall(self, state: Any, stall: float) -> None:
         """What this async save cost the training, and the least it could have."""
         state.metrics["checkpoint_stall_s"] = stall
-        floor = getattr(self._writer, "floor_s", None)  # a writer that measures its copy
-        if floor is not None:
+        floor = None if self._writer is None else self._writer.floor_s
+        if floor is not None:  # a writer that measures its copy
             state.metrics["checkpoint_floor_s"] = floor
 
     def _rank_best(self, storage: Storage, state: Any, epoch: int, step: int) -> str | None:

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from runmodel import checkpoint
@@ -104,6 +105,32 @@ def test_conjugate_negative_and_sparse_tensors_are_copied_with_their_values(tmp_
         assert torch.equal(state["sparse"].to_dense(), torch.eye(3))
         numbers.mul_(2)
         rare["negative"] = numbers.conj().imag
+
+
+def test_the_writer_refuses_parameters_that_are_not_finite_and_only_those(
+    tmp_path: Path,
+) -> None:
+    """The check reads the copy's parameters: huge finite ones (whose sum overflows) are
+    written, a NaN among them refused before anything is written, and an inf buffer
+    (not a parameter) is no reason to refuse."""
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("scale", torch.tensor(float("inf")))
+    with torch.no_grad():
+        module.weight.fill_(3e38)
+    writer = checkpoint.Writer()
+    state = {"module": module.state_dict()}
+    writer.submit(tmp_path / "huge.pt", snapshot(state), module=module)
+    writer.wait()
+    assert torch.equal(
+        checkpoint.read(tmp_path / "huge.pt")["model"]["module"]["weight"], module.weight.detach()
+    )
+    with torch.no_grad():
+        module.bias[1] = float("nan")
+    refused = "not saving the checkpoint nan.pt: parameters bias hold NaN or inf"
+    with pytest.raises(FloatingPointError, match=refused):
+        writer.submit(tmp_path / "nan.pt", snapshot({"module": module.state_dict()}), module=module)
+    writer.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.pt"]
 
 
 SHARDED_SAVES = textwrap.dedent("""

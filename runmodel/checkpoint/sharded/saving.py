@@ -514,6 +514,7 @@ class ShardedWriter:
     #: ``submit`` refuses parameters that hold NaN or inf itself (``FloatingPointError``,
     #: on every process), from its copy: the ``Checkpoint`` pack need not check them first
     checks_finite = True
+    floor_s: float | None = None  # (not measured: the plain writer's)
 
     def __init__(self, sharded: Sharded) -> None:
         self.sharded = sharded
@@ -531,6 +532,7 @@ class ShardedWriter:
         path: str | os.PathLike[str],
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
+        module: Any = None,  # (its run's own module is the one checked)
     ) -> None:
         self.wait()
         path = self._path = Path(path)
