@@ -115,6 +115,10 @@ class CheckpointStorage(Protocol):
     the run's final weights; the engine itself only reads the checkpoint a run resumes
     from through it."""
 
+    #: whether a save writes the model's state itself (the ``fsdp`` backend's sharded
+    #: storage), so that the engine's snapshot leaves it out
+    writes_model_state: bool
+
     def load(self, path: str | os.PathLike[str], model: Any) -> tuple[Path, dict[str, Any]]:
         """``(the checkpoint used, its snapshot)`` for ``path``: a checkpoint, or a folder
         of them (its newest readable one). The snapshot is what ``engine.snapshot()``

@@ -169,7 +169,7 @@ class Snapshots:
         save reads each process's shards as it writes them), the model's part is None:
         no ``state_dict()`` is built that the save would drop."""
         state_dict = getattr(self.model, "state_dict", None)
-        if getattr(self.storage, "writes_model_state", False):
+        if self.storage is not None and self.storage.writes_model_state:
             state_dict = None
         engine = self.state_dict(counters)
         position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(counters)
