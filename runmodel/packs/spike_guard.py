@@ -247,10 +247,18 @@ class SpikeGuard(StepGuard):
             "threshold": self.threshold,
             "rank": rank,
         }
-        target = self._checkpoint_before(engine) if self.action == "rollback" else None
+        again = self.action == "rollback" and self._in_replay(s.step)
+        target = (
+            self._checkpoint_before(engine) if self.action == "rollback" and not again else None
+        )
         if self.action == "rollback" and target is None:
             entry["action"] = "skip"
-            message += f"; no checkpoint from {self.back} or more steps before it"
+            message += (
+                "; it came back in the replay of a rollback (the batches left out were not "
+                "its cause)"
+                if again
+                else f"; no checkpoint from {self.back} or more steps before it"
+            )
         if target is None:
             self.records.append(record(engine, entry))
             message += "; the step is skipped"
@@ -274,6 +282,12 @@ class SpikeGuard(StepGuard):
         zero_grads(engine.model)  # the abandoned step's
         self._rewinding = True
         engine.rewind(target)
+
+    def _in_replay(self, step: int) -> bool:
+        """Whether ``step`` is at or before the spike the last rollback went back from:
+        a spike in its replay, which another rollback would only repeat, without end."""
+        last = next((r for r in reversed(self.records) if r["action"] == "rollback"), None)
+        return last is not None and step <= last["step"]
 
     def _checkpoint_before(self, engine: Any) -> Path | None:
         """The newest checkpoint of the run taken ``back`` or more steps before this one."""

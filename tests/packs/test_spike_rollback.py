@@ -147,3 +147,21 @@ def test_with_no_checkpoint_old_enough_the_spike_is_skipped(tmp_path: Path) -> N
     result = engine.run(model(), "train", epochs=1)
     assert result.steps == BATCHES and guard.spikes == 1 and not guard.left_out
     assert guard.records[0]["action"] == "skip"
+
+
+def test_a_spike_that_comes_back_in_the_replay_is_skipped(tmp_path: Path) -> None:
+    """A spike that is not the batch's (here a hook makes whatever batch comes at step
+    POISONED bad, in the replay too): one rollback, then the spike in its replay is
+    skipped, not rolled back again without end."""
+    engine, guard = rolling_back(tmp_path / "ckpt")
+
+    @engine.on("step_start", once=POISONED)
+    def poison(engine: runmodel.Engine) -> None:
+        x, y = engine.state.batch
+        engine.state.batch = (x, y + 8.5)
+
+    data = model(without=POISONED)
+    result = engine.run(data, "train", epochs=1)
+    assert [r["action"] for r in guard.records] == ["rollback", "skip"]
+    assert [r["step"] for r in guard.records] == [POISONED, POISONED]
+    assert guard.spikes == 2 and result.steps == BATCHES - 2  # one left out, one skipped
