@@ -2,8 +2,9 @@
 fsdp: a spike or a NaN in rank 1's batch only skips the same step on both ranks (one
 all-reduce of the verdict), the weights stay equal across the ranks, and every process
 exits 0; under ddp, ``locate=True`` names rank 1's batch on rank 1, and makes no
-collective (rank 0 replays its own batch alone). One launch runs the four trainings in
-turn."""
+collective (rank 0 replays its own batch alone); under ddp, ``SpikeGuard("rollback")``
+goes back to the same checkpoint on both ranks (then skips the spike that comes back in
+the replay). One launch runs the five trainings in turn."""
 
 from __future__ import annotations
 
@@ -33,20 +34,21 @@ SCRIPT = textwrap.dedent(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     import runmodel
-    from runmodel.packs import NaNGuard, SpikeGuard
+    from runmodel.packs import Checkpoint, NaNGuard, SpikeGuard
 
     BAD, out = int(sys.argv[1]), sys.argv[2]
     rank = int(os.environ["RANK"])
 
 
-    def train(backend, guard, poison):
+    def train(backend, guard, poison, checkpoints=None):
         torch.manual_seed(0)
         batches = [(torch.randn(8, 3), torch.randn(8, 1)) for _ in range(16)]
         module = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
         model = runmodel.TorchModel.from_parts(
             module, optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
             loss_fn=nn.MSELoss(), train_data=batches)
-        engine = runmodel.Engine(guard, progress=False)
+        saves = [Checkpoint(checkpoints, every="2st")] if checkpoints else []
+        engine = runmodel.Engine(guard, *saves, progress=False)
 
         @engine.on("step_start", rank=1, once=BAD)
         def bad_batch(engine):
@@ -61,6 +63,7 @@ SCRIPT = textwrap.dedent(
             "steps": result.steps,
             "found": (engine.state.divergence or {}).get("step"),
             "phase": (engine.state.divergence or {}).get("phase"),
+            "actions": [r["action"] for r in getattr(guard, "records", [])],
             "weights": {k: v.tolist() for k, v in weights.items()},
         }
 
@@ -71,6 +74,10 @@ SCRIPT = textwrap.dedent(
             backend, SpikeGuard(window=3), lambda x, y: (x, y + 8.5))
         found[f"{backend}-nan"] = train(
             backend, NaNGuard(locate=True), lambda x, y: (torch.full_like(x, float("nan")), y))
+    # the bad batch comes at step BAD in the replay too (a hook makes it): one rollback,
+    # then a skip, on both processes
+    found["ddp-rollback"] = train(
+        "ddp", SpikeGuard("rollback", window=3), lambda x, y: (x, y + 8.5), f"{out}/ckpt")
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(found, f)
     """
@@ -105,11 +112,15 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("run", ["ddp-spike", "ddp-nan", "fsdp-spike", "fsdp-nan"])
+@pytest.mark.parametrize("run", ["ddp-spike", "ddp-nan", "ddp-rollback", "fsdp-spike", "fsdp-nan"])
 def test_a_bad_batch_on_rank_1_skips_the_same_step_on_both(
     ranks: list[dict[str, Any]], run: str
 ) -> None:
     first, second = (r[run] for r in ranks)
+    if run.endswith("rollback"):
+        assert first["actions"] == second["actions"] == ["rollback", "skip"]
+        assert first["weights"] == second["weights"] and first["steps"] == second["steps"] == 8
+        return
     assert first["skipped"] == second["skipped"] == 1
     assert first["steps"] == second["steps"] == 8
     assert first["weights"] == second["weights"]
