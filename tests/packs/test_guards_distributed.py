@@ -2,9 +2,9 @@
 fsdp: a spike or a NaN in rank 1's batch only skips the same step on both ranks (one
 all-reduce of the verdict), the weights stay equal across the ranks, and every process
 exits 0; under ddp, ``locate=True`` names rank 1's batch on rank 1, and makes no
-collective (rank 0 replays its own batch alone); under ddp, ``SpikeGuard("rollback")``
-goes back to the same checkpoint on both ranks (then skips the spike that comes back in
-the replay). One launch runs the five trainings in turn."""
+collective (rank 0 replays its own batch alone); ``SpikeGuard("rollback")`` goes back to
+the same checkpoint on both ranks (then skips the spike that comes back in the replay).
+One launch runs the six trainings in turn."""
 
 from __future__ import annotations
 
@@ -76,8 +76,10 @@ SCRIPT = textwrap.dedent(
             backend, NaNGuard(locate=True), lambda x, y: (torch.full_like(x, float("nan")), y))
     # the bad batch comes at step BAD in the replay too (a hook makes it): one rollback,
     # then a skip, on both processes
-    found["ddp-rollback"] = train(
-        "ddp", SpikeGuard("rollback", window=3), lambda x, y: (x, y + 8.5), f"{out}/ckpt")
+    for backend in ("ddp", "fsdp"):
+        found[f"{backend}-rollback"] = train(
+            backend, SpikeGuard("rollback", window=3), lambda x, y: (x, y + 8.5),
+            f"{out}/{backend}-ckpt")
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(found, f)
     """
@@ -112,7 +114,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("run", ["ddp-spike", "ddp-nan", "ddp-rollback", "fsdp-spike", "fsdp-nan"])
+@pytest.mark.parametrize(
+    "run",
+    ["ddp-spike", "ddp-nan", "ddp-rollback", "fsdp-spike", "fsdp-nan", "fsdp-rollback"],
+)
 def test_a_bad_batch_on_rank_1_skips_the_same_step_on_both(
     ranks: list[dict[str, Any]], run: str
 ) -> None:
