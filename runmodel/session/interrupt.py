@@ -252,12 +252,13 @@ def _together(engine: Any, signum: int, frame: Any, alone: bool) -> None:
             _at_once(signum, frame)
         return
     s = engine.state
-    if (s.error is not None and not isinstance(s.error, Interrupted)) or s.ended is not None:
+    failed = s.error is not None and not isinstance(s.error, Interrupted)
+    if failed or s.ended is not None:
         # failed, or tearing down: nothing to stop after. torchrun's SIGTERM to the
         # processes left after a failure can come before this one's failure is recorded
         # (the backend's exception hook): record it first, or a restarted group could not
         # tell which process failed first (failures.restarts)
-        if s.error is not None and not isinstance(s.error, Interrupted):
+        if failed:
             record_failure(s.error)
         _at_once(signum, frame)
         return
