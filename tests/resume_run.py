@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,21 +122,18 @@ def train(
 def kill_mid_async_save(at: int) -> None:
     """The ``at``-th checkpoint that ``Checkpoint(async_save=True)``'s writer process
     writes kills the training's process with SIGKILL once written and fsynced, before its
-    rename (the writer process dies with it)."""
-    runmodel.checkpoint.writer._SERVE = textwrap.dedent(f"""
-        import os, signal, time
-        from runmodel.checkpoint import format, writer
-        replace, saves = os.replace, [0]
-        def replace_then_die(source, target):
-            if os.path.basename(target).startswith("ckpt-"):
-                saves[0] += 1
-                if saves[0] == {at}:  # the temporary file is complete and fsynced
-                    os.kill(os.getppid(), signal.SIGKILL)
-                    time.sleep(60)  # killed with its parent
-            replace(source, target)
-        format.os.replace = replace_then_die
-        writer.serve()
-    """)
+    rename (the writer process, forked from this one, dies with it)."""
+    training, replace, saves = os.getpid(), os.replace, [0]
+
+    def replace_then_die(source: str, target: str) -> None:
+        if os.getpid() != training and os.path.basename(target).startswith("ckpt-"):
+            saves[0] += 1
+            if saves[0] == at:  # the temporary file is complete and fsynced
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(60)  # killed with its parent
+        replace(source, target)
+
+    runmodel.checkpoint.format.os.replace = replace_then_die  # type: ignore[attr-defined]
 
 
 FULL = 4096  # bytes: a file-size limit below a checkpoint's size

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import operator
 import os
 import pickle
@@ -28,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -664,51 +667,63 @@ def _shared_buffer(nbytes: int, previous: _Plan | None) -> tuple[torch.Tensor, _
 
 
 class _Process:
-    """The writer process of a ``Writer``: started with this interpreter (``serve``),
-    sent one pickled message a save, answering each with the error it met or None. It
-    is started in a session of its own (a Ctrl-C or a signal to the training's process
-    group does not stop a write the run waits for) and dies with this process."""
+    """The writer process of a ``Writer``, sent one pickled message a save and answering
+    each with the error it met or None. On Linux it is forked from this process (as a
+    DataLoader's workers are: no interpreter to start, no torch to import, nothing of
+    the training's memory copied unless written); elsewhere it is a fresh interpreter
+    (``_SERVE``). It runs in a session of its own (a Ctrl-C or a signal to the training's
+    process group does not stop a write the run waits for) and dies with this process."""
 
     def __init__(self, owner: Writer) -> None:
-        here = str(Path(__file__).resolve().parents[2])  # where this runmodel is imported from
-        paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
-        self._popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _SERVE,
-                str(os.getpid()),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._code: int | None = None
+        if sys.platform == "linux":
+            self.pid, self._input, self._output = _fork()
+            self._reaper = threading.Thread(target=self._reap, daemon=True)
+            self._reaper.start()
+        else:
+            here = str(Path(__file__).resolve().parents[2])  # where this runmodel is from
+            paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+            popen = self._popen = subprocess.Popen(
+                [sys.executable, "-c", _SERVE, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+            assert popen.stdin is not None and popen.stdout is not None
+            self.pid, self._input, self._output = popen.pid, popen.stdin, popen.stdout
         # its input closed with the Writer: it ends
-        weakref.finalize(owner, _stop, self._popen)
+        weakref.finalize(owner, _stop, self._input)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(ChildProcessError):  # (reaped by someone else: no code)
+            self._code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
 
     @property
     def alive(self) -> bool:
-        return self._popen.poll() is None
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return self._reaper.is_alive()
 
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
+    def _exit_code(self) -> int | None:
+        if self._popen is not None:
+            return self._popen.wait()
+        self._reaper.join()
+        return self._code
 
     def write(self, data: bytes) -> None:
         """Send one save; return once it is written, or raise the error it met."""
-        popen = self._popen
-        assert popen.stdin is not None and popen.stdout is not None
         try:
-            _send(popen.stdin, data)
-            reply = _receive(popen.stdout)
+            _send(self._input, data)
+            reply = _receive(self._output)
         except (OSError, EOFError):
             reply = None
         if reply is None:
-            code = popen.wait()
             raise RuntimeError(
-                f"the checkpoint writer process ended (exit code {code}) before the write was done"
+                f"the checkpoint writer process ended (exit code {self._exit_code()}) "
+                f"before the write was done"
             )
         error = pickle.loads(reply)
         if isinstance(error, tuple):  # a full disk: (errno, the file)
@@ -717,14 +732,50 @@ class _Process:
             raise error
 
 
-#: what the writer process runs (``python -c``; its argument: this process's id)
-_SERVE = "from runmodel.checkpoint.writer import serve; serve()"
+def _fork() -> tuple[int, IO[bytes], IO[bytes]]:
+    """A writer process forked from this one: its id, and the streams to and from it.
+    The child keeps only its two pipes (another writer's pipe held open would hide that
+    writer's end of input), serves, and leaves with ``os._exit``: nothing of this
+    process's (its exit handlers, its buffered output) runs twice."""
+    to_child, from_parent = os.pipe()[::-1]
+    from_child, to_parent = os.pipe()
+    parent = os.getpid()
+    with warnings.catch_warnings():  # Python 3.12+: "multi-threaded, fork() may deadlock":
+        warnings.simplefilter("ignore", DeprecationWarning)  # the child takes no lock
+        pid = os.fork()  # of another thread's; it only serves
+    if pid == 0:  # the writer process
+        code = 1
+        try:
+            gc.freeze()  # this process's objects: never finalized here (their files closed)
+            keep = sorted((from_parent, to_parent))
+            os.closerange(3, keep[0])
+            os.closerange(keep[0] + 1, keep[1])
+            os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
+            os.setsid()
+            for number in signal.valid_signals():  # the run's handlers are not this process's
+                if callable(signal.getsignal(number)):
+                    signal.signal(number, signal.SIG_DFL)
+            serve(parent, os.fdopen(from_parent, "rb"), os.fdopen(to_parent, "wb"))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(from_parent)
+    os.close(to_parent)
+    return pid, os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
 
 
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    if popen.stdin is not None:
-        with contextlib.suppress(OSError):
-            popen.stdin.close()
+#: what a fresh writer process runs (``python -c``; its argument: this process's id)
+_SERVE = (
+    "import sys; from runmodel.checkpoint.writer import serve; "
+    "serve(int(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)"
+)
+
+
+def _stop(stream: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        stream.close()
 
 
 _LENGTH = struct.Struct("<Q")
@@ -748,13 +799,12 @@ def _receive(stream: IO[bytes]) -> bytes | None:
     return data
 
 
-def serve() -> None:
-    """The writer process (``Writer``): for each message of its input, write the checkpoint
-    it describes, its tensors rebuilt over the shared buffer, and answer the error it
-    met (None once written); end with its input. It dies with its parent, named by its
-    first argument (Linux), and a file past the file-size limit is an error, not its
+def serve(parent: int, source: IO[bytes], answers: IO[bytes]) -> None:
+    """The writer process (``Writer``): for each message of ``source``, write the
+    checkpoint it describes, its tensors rebuilt over the shared buffer, and answer the
+    error it met on ``answers`` (None once written); end with its input. It dies with
+    its ``parent`` (Linux), and a file past the file-size limit is an error, not its
     death."""
-    parent = int(sys.argv[1])
     if sys.platform == "linux":
         import ctypes
 
@@ -762,11 +812,12 @@ def serve() -> None:
     if os.getppid() != parent:
         return
     # blocked, not handled (no handler of a run's here): a write past the size limit
-    # then fails with EFBIG, and a Ctrl-C is the training process's to act on
+    # then fails with EFBIG, and a Ctrl-C or a preemption's SIGTERM (a scheduler signals
+    # every process of a job) is the training process's to act on: it waits for this
+    # write, saves, and ends, and this process with it
     if hasattr(signal, "pthread_sigmask"):  # POSIX
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM})
     torch.set_num_threads(1)
-    source, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # what anything prints goes apart from the answers
     tensors: list[torch.Tensor] = []
     while True:

@@ -212,3 +212,35 @@ def test_an_async_sharded_save_writes_the_synchronous_saves_bytes(tmp_path: Path
         } <= set(ours.state_dict_metadata)
         for part in ("state_dict_metadata", "storage_data", "planner_data"):
             assert getattr(ours, part) == getattr(theirs, part), (name, part)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the writer process is forked on Linux")
+def test_each_writer_process_ends_with_its_writer_and_a_sigterm_does_not_end_it(
+    tmp_path: Path,
+) -> None:
+    """A writer's process ends once its ``Writer`` is gone, though another writer's process
+    was forked after it (it must not hold the first one's input open), and it lives
+    through the SIGTERM a scheduler sends every process of a job (the training process
+    acts on it, and waits for the write)."""
+    import gc
+    import os
+    import signal
+    import time
+
+    first, second = checkpoint.Writer(), checkpoint.Writer()
+    model = {"w": torch.arange(6.0)}
+    for name, writer in (("first", first), ("second", second)):
+        writer.submit(tmp_path / f"{name}.pt", snapshot(model))
+        writer.wait()
+    process = first._process
+    assert process is not None and process.pid != second._process.pid  # type: ignore[union-attr]
+    os.kill(process.pid, signal.SIGTERM)
+    assert_as_synchronous(tmp_path, first, "after-sigterm", {"w": torch.ones(3)})
+    assert process.alive
+    del first
+    gc.collect()
+    deadline = time.monotonic() + 30  # it ends within milliseconds
+    while process.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not process.alive and process._exit_code() == 0
+    assert_as_synchronous(tmp_path, second, "second-again", model)
