@@ -752,9 +752,9 @@ def _fork() -> tuple[int, IO[bytes], IO[bytes]]:
             os.closerange(keep[0] + 1, keep[1])
             os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
             os.setsid()
-            for number in signal.valid_signals():  # the run's handlers are not this process's
-                if callable(signal.getsignal(number)):
-                    signal.signal(number, signal.SIG_DFL)
+            # a signal the training's process handles is that process's: blocked here
+            handled = [n for n in signal.valid_signals() if callable(signal.getsignal(n))]
+            signal.pthread_sigmask(signal.SIG_BLOCK, handled)
             serve(parent, os.fdopen(from_parent, "rb"), os.fdopen(to_parent, "wb"))
             code = 0
         except BaseException:

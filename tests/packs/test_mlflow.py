@@ -54,12 +54,16 @@ def history(store: dict[str, Any], run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value) for m in store["client"].get_metric_history(run_id, key))
 
 
-def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str, Any]) -> None:
+def test_a_run_and_its_resume_are_one_mlflow_run(
+    tmp_path: Path, store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run interrupted after 2 epochs (KILLED: resumable), then resumed to 4 epochs:
     one MLflow run, FINISHED, with the script's record, its params, every epoch's metrics
     and every other step's loss once each, the final metrics, and the checkpoints."""
     experiment = f"resume-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
+    script = tmp_path / "scripts" / ".." / "train.py"  # the script the run was started as
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(script), raising=False)
 
     def run(epochs: int, interrupt_after: int | None = None) -> runmodel.RunResult:
         engine = runmodel.Engine(
@@ -87,7 +91,7 @@ def test_a_run_and_its_resume_are_one_mlflow_run(tmp_path: Path, store: dict[str
     record = runmodel.session.folder.read_json(run_dir / "run.json")
     assert tags["runmodel.run_id"] == record["id"]
     assert tags["runmodel.seed"] == "5" and record["seed"] == 5
-    assert tags["runmodel.script"] == str(Path(sys.modules["__main__"].__file__).resolve())
+    assert tags["runmodel.script"] == str(tmp_path / "train.py")  # resolved
     # every epoch's end once (4 steps an epoch); the final evaluation at the end measures
     # what the last epoch's end logged at step 16 already, so it is not logged twice
     accuracy = history(store, run_id, "eval_accuracy")
