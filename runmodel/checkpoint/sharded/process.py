@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -269,7 +270,7 @@ class WriterProcess:
 
 #: what the writer process runs (``python -c``); its arguments: this process's id, the
 #: store's address and port, its rank, the world size, the collectives' timeout
-_SERVE = "from runmodel.checkpoint.sharded.process import serve; serve()"
+_SERVE = "from runmodel.checkpoint.sharded.saving import serve; serve()"
 
 
 def _stop(popen: subprocess.Popen[bytes]) -> None:
@@ -278,11 +279,12 @@ def _stop(popen: subprocess.Popen[bytes]) -> None:
             popen.stdin.close()
 
 
-def serve() -> None:
+def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) -> None:
     """The writer process: join the writer processes' group, then for each message of
-    its input write the save it describes (``saving.write_part``: the run state, DCP's
-    save of the staged state, the processes' agreement, rank 0's rename) and answer the
-    error it met (None once written); end with its input. It dies with its parent (Linux),
+    its input write the save it describes, ``write(state, staging, path, run_state,
+    rank, world)`` (``saving.serve``'s: the run state, DCP's save of the staged state,
+    the processes' agreement, rank 0's rename), and answer the error it met (None once
+    written); end with its input. It dies with its parent (Linux),
     and a file past the file-size limit is an error, not its death."""
     parent, address, port, rank, world, timeout = sys.argv[1:7]
     if sys.platform == "linux":
@@ -300,14 +302,11 @@ def serve() -> None:
     sys.stdout = sys.stderr  # what anything prints goes apart from the answers
     import torch.distributed as dist
 
-    from .saving import Sharded, write_part
-
     span = datetime.timedelta(seconds=float(timeout))
     store = dist.TCPStore(address, int(port), int(world), is_master=rank == "0", timeout=span)
     dist.init_process_group(
         "gloo", store=store, rank=int(rank), world_size=int(world), timeout=span
     )
-    writing = Sharded(None, None, int(rank), int(world), "")  # on this process's own group
     meshes: dict[Any, Any] = {}
     staged: Any = None
     while (data := _receive(source)) is not None:
@@ -317,7 +316,7 @@ def serve() -> None:
                 staged = rebuild(message["layout"], meshes)
             refresh(staged, message["values"])
             path, staging = Path(message["path"]), Path(message["staging"])
-            write_part(staged, staging, path, message["run_state"], writing)
+            write(staged, staging, path, message["run_state"], int(rank), int(world))
             answer: Any = None
         except Exception as error:
             answer = error

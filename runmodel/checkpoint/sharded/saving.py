@@ -32,6 +32,7 @@ from ..format import save as save_file
 from ..names import METADATA, RUN_STATE
 from ..writer import raise_background_error
 from .process import Arena, WriterProcess, describe, free_port, room
+from .process import serve as serve_writes
 
 __all__ = [
     "Sharded",
@@ -40,6 +41,7 @@ __all__ = [
     "optimizer_layout",
     "publish",
     "save",
+    "serve",
     "write_part",
 ]
 
@@ -137,6 +139,18 @@ def write_part(
         agree(failure, sharded, staging, path)
         if sharded.rank == 0:  # every process wrote, and the metadata is there
             publish(staging, path, sharded.world)
+
+
+def serve() -> None:
+    """A writer process of ``ShardedWriter`` (``process.serve``), writing each save as
+    ``write_part`` does, its collectives on the writer processes' own group."""
+    serve_writes(_write_alone)
+
+
+def _write_alone(
+    state: Any, staging: Path, path: Path, run_state: dict[str, Any], rank: int, world: int
+) -> None:
+    write_part(state, staging, path, run_state, Sharded(None, None, rank, world, ""))
 
 
 def _attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
