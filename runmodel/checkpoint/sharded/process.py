@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import os
 import pickle
 import signal
@@ -316,7 +317,8 @@ def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) ->
                 staged = rebuild(message["layout"], meshes)
             refresh(staged, message["values"])
             path, staging = Path(message["path"]), Path(message["staging"])
-            write(staged, staging, path, message["run_state"], int(rank), int(world))
+            run_state = torch.load(io.BytesIO(message["run_state"]), weights_only=False)
+            write(staged, staging, path, run_state, int(rank), int(world))
             answer: Any = None
         except Exception as error:
             answer = error

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import os
 import pickle
 import shutil
@@ -611,7 +612,8 @@ class ShardedWriter:
     ) -> None:
         self.wait()
         path = self._path = Path(path)
-        run_state = _run_state(snapshot, self.sharded)
+        run_state = io.BytesIO()  # (torch.save's pickling: a run state may hold storages)
+        torch.save(_run_state(snapshot, self.sharded), run_state)
         plan = self._plan
         if plan is None or plan.stage() is None:  # the first save, or the state changed:
             plan = self._plan = StagingPlan(self.sharded, plan)  # planned (and copied) anew
@@ -624,7 +626,7 @@ class ShardedWriter:
         message: dict[str, Any] = {
             "path": str(path),
             "staging": str(_staging(path, self.sharded)),
-            "run_state": run_state,
+            "run_state": run_state.getvalue(),
             "values": plan.values(),
         }
         if not plan.sent:
