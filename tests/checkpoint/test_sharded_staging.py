@@ -1,8 +1,9 @@
 """The async sharded save's staging plan (``sharded.saving.StagingPlan``), in one gloo
 process under fsdp: DCP's ``get_state_dict`` is called at the first save only and no
 ``state_dict()`` is built after it; a state that changed between saves (the optimizer's
-state tensors replaced, a hyperparameter changed) is written as it is now; parameters that
-hold NaN are refused before anything is written; under a storage that writes the
+state tensors replaced, a hyperparameter changed) is written as it is now; a writer process
+that died mid-write is one error naming the save, and the next save starts a new one;
+parameters that hold NaN are refused before anything is written; under a storage that writes the
 model's state itself, ``engine.snapshot()`` builds no model state. (The bytes against a
 synchronous save's: tests/checkpoint/test_async_writer.py.)"""
 
@@ -22,6 +23,8 @@ import warm as subprocess
 
 SAVES = textwrap.dedent("""
     import json
+    import os
+    import signal
     import sys
     from pathlib import Path
 
@@ -113,6 +116,27 @@ SAVES = textwrap.dedent("""
             torch.equal(a, b) for a, b in zip(saved_moments, moments)
         )
         report[name]["lr"] = whole["optimizer"]["param_groups"][0]["lr"]
+    # the writer process dies in the middle of a write (stopped before it reads the save,
+    # then killed): the error names the save, and the next save starts a new writer process
+    dead = writer._process
+    os.kill(dead.pid, signal.SIGSTOP)
+    writer.submit(out / "died", snapshot)
+    os.kill(dead.pid, signal.SIGKILL)
+    try:
+        writer.wait()
+    except RuntimeError as error:
+        report["died"] = str(error)
+    step()
+    writer.submit(out / "after", snapshot)
+    writer.wait()
+    report["after"] = {
+        "new_process": writer._process is not dead and writer._process.alive,
+        "died_visible": (out / "died").exists(),
+        "weights": all(
+            torch.equal(read_whole(out / "after")["module"][k], full(v))
+            for k, v in module_state_dict(module).items()
+        ),
+    }
     with torch.no_grad():
         module[2].weight.to_local()[0, 0] = float("nan")
     try:
@@ -169,6 +193,18 @@ def test_nonfinite_parameters_are_refused_before_anything_is_written(
 ) -> None:
     assert report["refused"].startswith("not saving the checkpoint nan: parameters 2.weight hold")
     assert not report["nan_written"]
+
+
+def test_a_writer_process_that_died_is_one_error_and_the_next_save_starts_anew(
+    report: dict[str, Any],
+) -> None:
+    assert report["died"].startswith("writing sharded checkpoint ")
+    assert (
+        "/died' in the background failed: RuntimeError: the sharded checkpoint's "
+        in (report["died"])
+    )
+    assert "writer process ended (exit code -9) before the write was done" in report["died"]
+    assert report["after"] == {"new_process": True, "died_visible": False, "weights": True}
 
 
 class _Writes:
