@@ -148,20 +148,28 @@ def describe(staged: Any, arena: Arena) -> dict[str, Any]:
     }
 
 
-def rebuild(layout: dict[str, Any], meshes: dict[Any, Any]) -> Any:
+def rebuild(layout: dict[str, Any], kept: dict[Any, Any]) -> Any:
     """``describe`` undone in the writer process: the staged state over the shared file,
-    its DTensors on CPU meshes of this process's group (``meshes``: made once, kept)."""
+    its DTensors on CPU meshes of this process's group. ``kept``: the meshes made (once
+    each), and a temporary file mapped (removed once mapped, so kept for a later layout
+    over it; a memfd, under ``/proc``, is mapped anew: its name may be another's later)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    buffer = torch.from_file(layout["file"], shared=True, size=layout["nbytes"], dtype=torch.uint8)
+    name, nbytes = layout["file"], layout["nbytes"]
+    buffer = kept.get(("file", name, nbytes))
+    if buffer is None:
+        buffer = torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
+        if not name.startswith("/proc/"):
+            os.unlink(name)
+            kept[("file", name, nbytes)] = buffer
     whole = buffer.untyped_storage()
     made = []
     for ranks, names in layout["meshes"]:
-        key = (repr(ranks), names)
-        if key not in meshes:
-            meshes[key] = DeviceMesh("cpu", torch.tensor(ranks), mesh_dim_names=names)
-        made.append(meshes[key])
+        key = ("mesh", repr(ranks), names)
+        if key not in kept:
+            kept[key] = DeviceMesh("cpu", torch.tensor(ranks), mesh_dim_names=names)
+        made.append(kept[key])
 
     def walk(value: Any) -> Any:
         if isinstance(value, Leaf):
@@ -308,13 +316,13 @@ def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) ->
     dist.init_process_group(
         "gloo", store=store, rank=int(rank), world_size=int(world), timeout=span
     )
-    meshes: dict[Any, Any] = {}
+    kept: dict[Any, Any] = {}
     staged: Any = None
     while (data := _receive(source)) is not None:
         try:
             message = pickle.loads(data)
             if "layout" in message:
-                staged = rebuild(message["layout"], meshes)
+                staged = rebuild(message["layout"], kept)
             refresh(staged, message["values"])
             path, staging = Path(message["path"]), Path(message["staging"])
             run_state = torch.load(io.BytesIO(message["run_state"]), weights_only=False)
