@@ -1,6 +1,7 @@
 """The async sharded save's staging plan (``sharded.saving.StagingPlan``), in one gloo
 process under fsdp: DCP's ``get_state_dict`` is called at the first save only and no
-``state_dict()`` is built after it; a state that changed between saves (the optimizer's
+``state_dict()`` is built after it, and DCP's ``save`` runs in the writer process, not in
+the training process; a state that changed between saves (the optimizer's
 state tensors replaced, a hyperparameter changed) is written as it is now; a writer process
 that died mid-write is one error naming the save, and the next save starts a new one;
 parameters that hold NaN are refused before anything is written; under a storage that writes the
@@ -30,6 +31,7 @@ SAVES = textwrap.dedent("""
 
     import torch
     import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
@@ -65,6 +67,8 @@ SAVES = textwrap.dedent("""
         return call
 
 
+    calls["dcp.save"] = 0
+    dcp.save = counted("dcp.save", dcp.save)  # in this process: none (the writer process's)
     Sharded.state = counted("get_state_dict", state)
     nn.Module.state_dict = counted("state_dict", module_state_dict)
     torch.optim.Optimizer.state_dict = counted("state_dict", optimizer_state_dict)
@@ -143,6 +147,7 @@ SAVES = textwrap.dedent("""
         writer.submit(out / "nan", snapshot)
     except FloatingPointError as error:
         report["refused"] = str(error)
+    report["dcp_saves_here"] = calls["dcp.save"]
     report["nan_written"] = (out / ".nan.tmp-token").exists() or (out / "nan").exists()
     print("REPORT " + json.dumps(report))
     dist.destroy_process_group()
@@ -164,6 +169,10 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
     result: dict[str, Any] = json.loads(line[len("REPORT ") :])
     return result
+
+
+def test_dcp_writes_in_the_writer_process_only(report: dict[str, Any]) -> None:
+    assert report["dcp_saves_here"] == 0  # 7 saves written, none by this process
 
 
 def test_dcp_state_is_resolved_at_the_first_save_only(report: dict[str, Any]) -> None:
