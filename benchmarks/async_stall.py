@@ -22,8 +22,9 @@ tensors into buffers allocated beforehand. Measured in one training run, at each
 * the **GIL wait** after the writer's ``submit``: the longest pause of a Python loop on
   the training thread (its next statements) while the write runs (at most 0.25 s), and
   the same while a thread of this process writes the snapshot with ``torch.save`` (as
-  the plain writer did before it had a process of its own), and with nothing written
-  (what the machine's other jobs cause).
+  the plain writer did before it had a process of its own; sharded: the writer's staged
+  copy with DCP's ``save``, as ``ShardedWriter`` did before its writer processes), and
+  with nothing written (what the machine's other jobs cause).
 
 Before each measurement every background write has ended (it is waited for, untimed), so
 none competes for the cores. The first save of a run allocates the buffers: it is left
@@ -127,7 +128,12 @@ class Measure:
         self.pack, self.folder, self.plain = pack, folder, plain
         self.times: dict[str, list[float]] = {k: [] for k in MEASURES}  # wall clock
         self.cpu: dict[str, list[float]] = {k: [] for k in MEASURES}  # this process's CPU
-        self.pauses: dict[str, list[float]] = {"idle": [], "writer": [], "thread": []}
+        self.pauses: dict[str, list[float]] = {
+            "idle": [],
+            "writer": [],
+            "thread": [],
+            "dcp thread": [],
+        }
         self.first_pack = float("nan")
         self.nbytes = self.tensors = 0
         self._floor: Floor | None = None
@@ -177,6 +183,8 @@ class Measure:
             self.pauses["idle"].append(longest_pause(lambda: True))  # the machine's own
             if self.plain:
                 self.pauses["thread"].append(self._thread_pause(engine))
+            else:
+                self.pauses["dcp thread"].append(self._dcp_thread_pause(engine))
         gc.collect()
         self._started, self._started_cpu = time.perf_counter(), time.process_time()
 
@@ -189,6 +197,29 @@ class Measure:
         pause = longest_pause(thread.is_alive)
         thread.join()
         self._clear(engine)
+        return pause
+
+    def _dcp_thread_pause(self, engine: runmodel.Engine) -> float:
+        """The GIL wait while a thread of this process writes the sharded writer's staged
+        copy with DCP's ``save`` on the checkpoint group (as ``ShardedWriter`` did before it
+        had writer processes; every process at once: collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        storage: Any = engine.storage
+        folder = self.folder / "dcp-thread"
+        thread = threading.Thread(
+            target=dcp.save,
+            args=(self._writer._plan.staged,),
+            kwargs={
+                "storage_writer": dcp.FileSystemWriter(folder, sync_files=True, overwrite=True),
+                "process_group": storage.sharded.group,
+            },
+        )
+        thread.start()
+        pause = longest_pause(thread.is_alive)
+        thread.join()
+        if engine.state.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
         return pause
 
     def _submit(self) -> None:
@@ -373,6 +404,7 @@ PAUSES = {
     "idle": "the training thread's longest pause in 0.25 s with nothing written (the load)",
     "writer": "the training thread's longest pause while the writer writes",
     "thread": "the same while a thread writes the snapshot with torch.save (the former way)",
+    "dcp thread": "the same while a thread writes the staged copy with DCP's save (the former way)",
 }
 
 

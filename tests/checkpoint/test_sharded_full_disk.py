@@ -63,12 +63,14 @@ CHILD = with_child_net(
     def train(disk, out, epochs, resume=None, fill_at=-1, async_save=False,
               leave_run_states=False):
         engine = runmodel.Engine(progress=False)
-        engine.attach(Checkpoint(f"{disk}/ckpt", every="1ep", keep=2, async_save=async_save))
+        checkpoint = Checkpoint(f"{disk}/ckpt", every="1ep", keep=2, async_save=async_save)
+        engine.attach(checkpoint)
 
         @engine.on("epoch_end", rank=0, priority=5000)  # before the save (the others wait)
         def fill_the_disk(engine):
             if engine.state.epoch != fill_at:
                 return
+            checkpoint.wait()  # the save before is written (an async one: in the background)
             leave = 0
             if leave_run_states:  # as large as the last save's, in pages
                 last = sorted(p for p in os.scandir(f"{disk}/ckpt") if p.name.startswith("ckpt-"))

@@ -1,8 +1,10 @@
 """The async sharded save's staging plan (``sharded.saving.StagingPlan``), in one gloo
 process under fsdp: DCP's ``get_state_dict`` is called at the first save only and no
-``state_dict()`` is built after it; a state that changed between saves (the optimizer's
-state tensors replaced, a hyperparameter changed) is written as it is now; parameters that
-hold NaN are refused before anything is written; under a storage that writes the
+``state_dict()`` is built after it, and DCP's ``save`` runs in the writer process, not in
+the training process; a state that changed between saves (the optimizer's
+state tensors replaced, a hyperparameter changed) is written as it is now; a writer process
+that died mid-write is one error naming the save, and the next save starts a new one;
+parameters that hold NaN are refused before anything is written; under a storage that writes the
 model's state itself, ``engine.snapshot()`` builds no model state. (The bytes against a
 synchronous save's: tests/checkpoint/test_async_writer.py.)"""
 
@@ -22,11 +24,14 @@ import warm as subprocess
 
 SAVES = textwrap.dedent("""
     import json
+    import os
+    import signal
     import sys
     from pathlib import Path
 
     import torch
     import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
@@ -62,6 +67,8 @@ SAVES = textwrap.dedent("""
         return call
 
 
+    calls["dcp.save"] = 0
+    dcp.save = counted("dcp.save", dcp.save)  # in this process: none (the writer process's)
     Sharded.state = counted("get_state_dict", state)
     nn.Module.state_dict = counted("state_dict", module_state_dict)
     torch.optim.Optimizer.state_dict = counted("state_dict", optimizer_state_dict)
@@ -113,12 +120,34 @@ SAVES = textwrap.dedent("""
             torch.equal(a, b) for a, b in zip(saved_moments, moments)
         )
         report[name]["lr"] = whole["optimizer"]["param_groups"][0]["lr"]
+    # the writer process dies in the middle of a write (stopped before it reads the save,
+    # then killed): the error names the save, and the next save starts a new writer process
+    dead = writer._process
+    os.kill(dead.pid, signal.SIGSTOP)
+    writer.submit(out / "died", snapshot)
+    os.kill(dead.pid, signal.SIGKILL)
+    try:
+        writer.wait()
+    except RuntimeError as error:
+        report["died"] = str(error)
+    step()
+    writer.submit(out / "after", snapshot)
+    writer.wait()
+    report["after"] = {
+        "new_process": writer._process is not dead and writer._process.alive,
+        "died_visible": (out / "died").exists(),
+        "weights": all(
+            torch.equal(read_whole(out / "after")["module"][k], full(v))
+            for k, v in module_state_dict(module).items()
+        ),
+    }
     with torch.no_grad():
         module[2].weight.to_local()[0, 0] = float("nan")
     try:
         writer.submit(out / "nan", snapshot)
     except FloatingPointError as error:
         report["refused"] = str(error)
+    report["dcp_saves_here"] = calls["dcp.save"]
     report["nan_written"] = (out / ".nan.tmp-token").exists() or (out / "nan").exists()
     print("REPORT " + json.dumps(report))
     dist.destroy_process_group()
@@ -140,6 +169,10 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     line = next(x for x in done.stdout.splitlines() if x.startswith("REPORT "))
     result: dict[str, Any] = json.loads(line[len("REPORT ") :])
     return result
+
+
+def test_dcp_writes_in_the_writer_process_only(report: dict[str, Any]) -> None:
+    assert report["dcp_saves_here"] == 0  # 7 saves written, none by this process
 
 
 def test_dcp_state_is_resolved_at_the_first_save_only(report: dict[str, Any]) -> None:
@@ -169,6 +202,18 @@ def test_nonfinite_parameters_are_refused_before_anything_is_written(
 ) -> None:
     assert report["refused"].startswith("not saving the checkpoint nan: parameters 2.weight hold")
     assert not report["nan_written"]
+
+
+def test_a_writer_process_that_died_is_one_error_and_the_next_save_starts_anew(
+    report: dict[str, Any],
+) -> None:
+    assert report["died"].startswith("writing sharded checkpoint ")
+    assert (
+        "/died' in the background failed: RuntimeError: the sharded checkpoint's "
+        in (report["died"])
+    )
+    assert "writer process ended (exit code -9) before the write was done" in report["died"]
+    assert report["after"] == {"new_process": True, "died_visible": False, "weights": True}
 
 
 class _Writes:

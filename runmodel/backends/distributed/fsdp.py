@@ -139,7 +139,9 @@ class FSDP(DDP):
         # token names this run's staging folders
         group = env.gloo_group("checkpoint", self.checkpoint_timeout)
         token = str(env.broadcast_from_0(secrets.token_hex(4)))
-        sharded = Sharded(model, group, dist.get_rank(), dist.get_world_size(), token)
+        sharded = Sharded(
+            model, group, dist.get_rank(), dist.get_world_size(), token, self.checkpoint_timeout
+        )
         self._storage = ShardedStorage(sharded)
         assert isinstance(self._pack, ShardedRun)
         self._pack.sharded = sharded

@@ -13,7 +13,8 @@ A folder ``ckpt-EEEEE-SSSSSSSSSS/`` holds:
   R's data stands, and the world size.
 
 ``saving.py`` writes it (a staging folder made visible by one rename once every process
-wrote; ``ShardedWriter`` in the background), ``loading.py`` reads it back in as many
+wrote; ``ShardedWriter`` in the background, from the writer processes of ``process.py``),
+``loading.py`` reads it back in as many
 processes as wrote it or another number (resharding), ``safe_reader.py`` reads it without
 running code, and ``storage.py`` is the ``fsdp`` backend's storage over them.
 """

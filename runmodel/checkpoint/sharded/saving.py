@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -30,8 +32,19 @@ from ..format import qualified_name
 from ..format import save as save_file
 from ..names import METADATA, RUN_STATE
 from ..writer import raise_background_error
+from .process import Arena, WriterProcess, describe, free_port, room
+from .process import serve as serve_writes
 
-__all__ = ["Sharded", "ShardedWriter", "StagingPlan", "optimizer_layout", "publish", "save"]
+__all__ = [
+    "Sharded",
+    "ShardedWriter",
+    "StagingPlan",
+    "optimizer_layout",
+    "publish",
+    "save",
+    "serve",
+    "write_part",
+]
 
 
 class Sharded:
@@ -40,9 +53,13 @@ class Sharded:
     an async save's collectives never interleave with training's), this process's rank,
     the world size, and a token shared by all processes that names this run's staging
     folders. ``ended_together`` is False once the processes failed to agree at the end:
-    then no collective save is attempted."""
+    then no collective save is attempted. ``timeout`` (seconds) bounds the collectives of
+    the async saves' writer processes (``ShardedWriter``), as the checkpoint group's own
+    timeout bounds its."""
 
-    def __init__(self, model: Any, group: Any, rank: int, world: int, token: str) -> None:
+    def __init__(
+        self, model: Any, group: Any, rank: int, world: int, token: str, timeout: float = 600.0
+    ) -> None:
         self.model, self.group, self.rank, self.world, self.token = (
             model,
             group,
@@ -50,6 +67,7 @@ class Sharded:
             world,
             token,
         )
+        self.timeout = timeout
         self.ended_together = True
 
     def state(self) -> dict[str, Any]:
@@ -97,28 +115,43 @@ def save(path: str | os.PathLike[str], snapshot: dict[str, Any], sharded: Sharde
     replaced by the sharded state). Collective, on the checkpoint group; every process
     takes part in each collective even once its own part failed, and all raise
     together."""
+    path = Path(path)
+    run_state = _run_state(snapshot, sharded)
+    write_part(sharded.state(), _staging(path, sharded), path, run_state, sharded)
+    return path
+
+
+def write_part(
+    state: dict[str, Any], staging: Path, path: Path, run_state: dict[str, Any], sharded: Sharded
+) -> None:
+    """This process's part of the save at ``path``: its run state and its shards of
+    ``state`` (DCP's) into ``staging``, holding a shared lock on it while it writes (it is
+    alive); then the processes' agreement, and rank 0's rename. Collective, on
+    ``sharded``'s group (a writer process's: its own)."""
     import torch.distributed.checkpoint as dcp
 
-    path = Path(path)
-    staging = _staging(path, sharded)
-    with contextlib.ExitStack() as lock:  # held while this process writes: it is alive
+    with contextlib.ExitStack() as lock:
         failure = _attempt(lock.enter_context, shared_lock(staging))
-        failure = failure or _attempt(
-            _write_run_state, staging, _run_state(snapshot, sharded), sharded.rank
-        )
+        failure = failure or _attempt(_write_run_state, staging, run_state, sharded.rank)
         failure = (
-            _attempt(
-                dcp.save,
-                sharded.state(),
-                storage_writer=_writer(staging),
-                process_group=sharded.group,
-            )
+            _attempt(dcp.save, state, storage_writer=_writer(staging), process_group=sharded.group)
             or failure
         )
         agree(failure, sharded, staging, path)
         if sharded.rank == 0:  # every process wrote, and the metadata is there
             publish(staging, path, sharded.world)
-    return path
+
+
+def serve() -> None:
+    """A writer process of ``ShardedWriter`` (``process.serve``), writing each save as
+    ``write_part`` does, its collectives on the writer processes' own group."""
+    serve_writes(_write_alone)
+
+
+def _write_alone(
+    state: Any, staging: Path, path: Path, run_state: dict[str, Any], rank: int, world: int
+) -> None:
+    write_part(state, staging, path, run_state, Sharded(None, None, rank, world, ""))
 
 
 def _attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
@@ -263,10 +296,11 @@ class StagingPlan:
     A state the plan cannot find in the module and optimizer (a module whose
     ``state_dict`` holds more than its tensors) is planned at every save instead."""
 
-    def __init__(self, sharded: Sharded) -> None:
+    def __init__(self, sharded: Sharded, previous: StagingPlan | None = None) -> None:
         from torch.distributed.tensor import DTensor
 
         self._dtensor = DTensor
+        self.sent = False  # the writer process has the layout
         self.model = sharded.model
         self.module = sharded.model.module
         self.optimizer = getattr(sharded.model, "optimizer", None)
@@ -281,11 +315,16 @@ class StagingPlan:
         self._params: dict[str, Any] = {}
         # per optimizer state: its parameter, its tensors' keys, its size, its staged dict
         self._entries: list[tuple[Any, tuple[str, ...], int, dict[str, Any]]] = []
-        self._refreshed: list[tuple[Any, tuple[str, ...], dict[str, Any]]] = []
+        # per optimizer state with values that are not tensors: its name, parameter, its
+        # tensors' keys, its staged dict
+        self._refreshed: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = []
         self._groups: list[list[str]] = []
         self._group_ids: list[int] = []
         self._state_size = 0
         state = sharded.state()
+        self.arena: Arena = Arena(
+            _room(state, self._local), None if previous is None else previous.arena
+        )
         self.staged: dict[str, Any] = {"module": self._plan_module(state["module"])}
         if "optimizer" in state:
             self.staged["optimizer"] = self._plan_optimizer(state["optimizer"])
@@ -315,10 +354,7 @@ class StagingPlan:
             if checked and local.is_contiguous() and local.layout is torch.strided:
                 sizes[local.dtype] = sizes.get(local.dtype, 0) + local.numel()
             planned.append((name, live, checked))
-        pinned = any(
-            isinstance(live, torch.Tensor) and self._local(live).is_cuda for _, live, _ in planned
-        )
-        flats = {d: torch.empty(n, dtype=d, pin_memory=pinned) for d, n in sizes.items()}
+        flats = {d: self.arena.take(d, n) for d, n in sizes.items()}
         self._flat = list(flats.values())
         taken = dict.fromkeys(flats, 0)
         staged: dict[str, Any] = {}
@@ -334,7 +370,7 @@ class StagingPlan:
             if checked:
                 self._checked[len(self._sources)] = name
                 if target is None:  # not contiguous: checked on its own
-                    target = torch.empty_like(local, device="cpu", pin_memory=local.is_cuda)
+                    target = self.arena.like(local)
                     self._flat.append(target)
             staged[name] = self._stage(live, target)
         return staged
@@ -375,7 +411,7 @@ class StagingPlan:
             keys = tuple(k for k, v in per.items() if isinstance(v, torch.Tensor))
             self._entries.append((param, keys, len(per), staged_per))
             if len(keys) < len(per):
-                self._refreshed.append((param, keys, staged_per))
+                self._refreshed.append((name, param, keys, staged_per))
             staged_state[name] = staged_per
         groups = state.get("param_groups", [])
         live_groups = getattr(optimizer, "param_groups", [])
@@ -397,7 +433,7 @@ class StagingPlan:
             self.reusable = False  # rare kinds: copied as they are, planned again
             return source.to("cpu", copy=True)
         if target is None:
-            target = torch.empty_like(source, device="cpu", pin_memory=source.is_cuda)
+            target = self.arena.like(source)
         self._leaves.append(live)
         self._sources.append(source)
         self._targets.append(target)
@@ -426,7 +462,7 @@ class StagingPlan:
         self.copy()
         if self.optimizer is not None:
             state = self.optimizer.state
-            for param, keys, staged_per in self._refreshed:
+            for _, param, keys, staged_per in self._refreshed:
                 for key, value in state[param].items():
                     if key not in keys:
                         staged_per[key] = copy.deepcopy(value)
@@ -472,6 +508,34 @@ class StagingPlan:
         """The names of the parameters whose staged copy holds NaN or inf."""
         return [name for i, name in self._checked.items() if not _finite(self._targets[i])]
 
+    # -- what the writer process is sent ---------------------------------------------
+
+    def layout(self) -> dict[str, Any]:
+        """The staged state as the writer process rebuilds it over the shared file."""
+        return describe(self.staged, self.arena)
+
+    def values(self) -> dict[str, Any]:
+        """What a save refreshes that is not in the shared file: the optimizer's
+        hyperparameters and its states' values that are not tensors."""
+        if "optimizer" not in self.staged:
+            return {}
+        return {
+            "param_groups": self.staged["optimizer"]["param_groups"],
+            "state": {
+                name: {key: value for key, value in staged.items() if key not in keys}
+                for name, _, keys, staged in self._refreshed
+            },
+        }
+
+
+def _room(state: dict[str, Any], local: Callable[[torch.Tensor], torch.Tensor]) -> int:
+    """Bytes enough for the staged buffers of ``state`` (DCP's: the module's tensors, the
+    optimizer's state tensors; ``local``: a DTensor's shard)."""
+    tensors = [value for value in state["module"].values() if isinstance(value, torch.Tensor)]
+    for per in state.get("optimizer", {}).get("state", {}).values():
+        tensors += [value for value in per.values() if isinstance(value, torch.Tensor)]
+    return sum(room(local(tensor)) for tensor in tensors)
+
 
 def _finite(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` holds no NaN or inf (its minimum and maximum, in one pass)."""
@@ -497,19 +561,29 @@ def _copied(value: Any) -> Any:
 
 
 class ShardedWriter:
-    """``async_save=True`` for sharded checkpoints: ``submit`` copies this process's shards
-    of the state into CPU buffers kept from one save to the next (``StagingPlan``: DCP's
-    ``get_state_dict`` resolved once, then one batched copy a save; no ``state_dict()`` is
-    built), checks the parameters finite on the way (every process, all-reduced: the
-    processes refuse together, before anything is written), then a background thread
-    writes the copy with DCP's ``save`` beside the process's run state, its collectives
-    on the checkpoint group; the processes agree on the outcome there, and rank 0 makes
-    the folder visible, then calls ``then``. The training waits for the copy alone.
+    """``async_save=True`` for sharded checkpoints. ``submit``, on the training thread,
+    copies this process's shards of the state into CPU buffers kept from one save to the
+    next (``StagingPlan``: DCP's ``get_state_dict`` resolved once, then one batched copy a
+    save; no ``state_dict()`` is built), laid out in one shared-memory file, and checks
+    the parameters finite on the way (every process, all-reduced on the checkpoint group:
+    the processes refuse together, before anything is written). Then a writer process of
+    this process (``process.serve``: one per process of the run, started at the first
+    save, a gloo group of their own) writes the copy: the run state, DCP's ``save`` of the
+    shards, the processes' agreement, and on rank 0 the rename that makes the folder
+    visible. It rebuilds the staged state over the shared file once; a save sends it only
+    where to write, the run state and the optimizer's values that are not tensors, so no
+    DCP planning or pickling of the state runs in the training process (it would hold the
+    GIL that training waits for). A thread of the training process waits for the writer
+    process's answer, then calls ``then`` (rank 0). The training waits for the copy alone.
+
     Same interface as ``writer.Writer``: ``submit`` waits for the write before; ``wait``
     waits for the one under way and raises its error, naming the folder (a full disk as
-    one ``DiskFullError``). (DCP's own ``async_save`` stages each DTensor anew, through
-    DTensor's dispatch: in one process, a state of 4,096 tensors, 204 MB, took 267 ms,
-    10 times a bare copy of its bytes.)"""
+    one ``DiskFullError``, a writer process that died as a ``RuntimeError``). After a
+    failed write, or where a writer process died, the next ``submit`` starts a new writer
+    process on every process. A writer process dies with its training process (Linux).
+    (DCP's own ``async_save`` stages each DTensor anew, through DTensor's dispatch: in one
+    process, a state of 4,096 tensors, 204 MB, took 267 ms, 10 times a bare copy of its
+    bytes.)"""
 
     #: ``submit`` refuses parameters that hold NaN or inf itself (``FloatingPointError``,
     #: on every process), from its copy: the ``Checkpoint`` pack need not check them first
@@ -519,6 +593,8 @@ class ShardedWriter:
     def __init__(self, sharded: Sharded) -> None:
         self.sharded = sharded
         self._plan: StagingPlan | None = None
+        self._process: WriterProcess | None = None
+        self._failed = False  # the last write failed: the writer processes start anew
         self._done: threading.Thread | None = None
         self._error: BaseException | None = None
         self._path: Path | None = None
@@ -536,38 +612,48 @@ class ShardedWriter:
     ) -> None:
         self.wait()
         path = self._path = Path(path)
-        run_state = copy.deepcopy(_run_state(snapshot, self.sharded))  # small: copied now
-        staged = None if self._plan is None else self._plan.stage()
-        if staged is None:  # the first save, or the state changed: planned (and copied) anew
-            self._plan = StagingPlan(self.sharded)
-            staged = self._plan.copy()
-        self._refuse_nonfinite(path)
-        staging = _staging(path, self.sharded)
-        lock = contextlib.ExitStack()  # held until this process's part is written
-        failure = _attempt(lock.enter_context, shared_lock(staging))
-        try:
-            self._done = threading.Thread(
-                target=self._finish,
-                args=(staged, staging, run_state, path, then, lock, failure),
-                name=f"runmodel sharded checkpoint {path.name}",
-                daemon=True,
-            )
-            self._done.start()
-        except BaseException:
-            lock.close()
-            raise
+        run_state = io.BytesIO()  # (torch.save's pickling: a run state may hold storages)
+        torch.save(_run_state(snapshot, self.sharded), run_state)
+        plan = self._plan
+        if plan is None or plan.stage() is None:  # the first save, or the state changed:
+            plan = self._plan = StagingPlan(self.sharded, plan)  # planned (and copied) anew
+            plan.copy()
+        ready = self._process is not None and self._process.alive and not self._failed
+        if not self._agree(path, ready):
+            self._start()
+            plan.sent = False
+        assert self._process is not None
+        message: dict[str, Any] = {
+            "path": str(path),
+            "staging": str(_staging(path, self.sharded)),
+            "run_state": run_state.getvalue(),
+            "values": plan.values(),
+        }
+        if not plan.sent:
+            message["layout"] = plan.layout()
+            plan.sent = True
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # (a copy: small)
+        self._done = threading.Thread(
+            target=self._run,
+            args=(self._process, data, then),
+            name=f"runmodel sharded checkpoint {path.name}",
+            daemon=True,
+        )
+        self._done.start()
 
-    def _refuse_nonfinite(self, path: Path) -> None:
-        """Raise ``FloatingPointError`` on every process where any process's parameters
-        hold NaN or inf (their verdicts all-reduced on the checkpoint group)."""
+    def _agree(self, path: Path, ready: bool) -> bool:
+        """Whether every process's writer process is ready (one all-reduce on the
+        checkpoint group, with the verdicts on the copy); raise ``FloatingPointError`` on
+        every process where any process's parameters hold NaN or inf."""
         import torch.distributed as dist
 
         assert self._plan is not None
         # the group is gloo: a CPU tensor
-        verdict = torch.tensor([int(self._plan.finite)], dtype=torch.int32)
-        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.sharded.group)
-        if verdict.item():
-            return
+        verdicts = torch.tensor([int(self._plan.finite), int(ready)], dtype=torch.int32)
+        dist.all_reduce(verdicts, op=dist.ReduceOp.MIN, group=self.sharded.group)
+        finite, everyone_ready = map(bool, verdicts.tolist())
+        if finite:
+            return everyone_ready
         bad = self._plan.nonfinite()
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         shown = (
@@ -583,38 +669,33 @@ class ShardedWriter:
             f"last good checkpoint"
         )
 
-    def _finish(
-        self,
-        staged: dict[str, Any],
-        staging: Path,
-        run_state: dict[str, Any],
-        path: Path,
-        then: Callable[[], None] | None,
-        lock: contextlib.ExitStack,
-        failure: BaseException | None,
-    ) -> None:
-        import torch.distributed.checkpoint as dcp
+    def _start(self) -> None:
+        """Start a writer process on every process (collective on the checkpoint group):
+        rank 0 picks the port of their group's store, and tells the others."""
+        import torch.distributed as dist
 
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+        sharded = self.sharded
+        where = [free_port() if sharded.rank == 0 else None]
+        dist.broadcast_object_list(where, group=sharded.group, group_src=0)
+        assert where[0] is not None
+        address, port = where[0]
+        self._process = WriterProcess(address, port, sharded.rank, sharded.world, sharded.timeout)
+        self._failed = False
+
+    def _run(self, process: WriterProcess, data: bytes, then: Callable[[], None] | None) -> None:
         try:
-            failure = failure or _attempt(_write_run_state, staging, run_state, self.sharded.rank)
-            failure = (
-                _attempt(
-                    dcp.save,
-                    staged,
-                    storage_writer=_writer(staging),
-                    process_group=self.sharded.group,
-                )
-                or failure
-            )
-            agree(failure, self.sharded, staging, path)
-            if self.sharded.rank == 0:
-                publish(staging, path, self.sharded.world)
-                if then is not None:
-                    then()
+            process.write(data)
         except BaseException as error:  # raised on the training thread by wait()
+            self._error, self._failed = error, True
+            return
+        try:
+            if then is not None and self.sharded.rank == 0:
+                then()
+        except BaseException as error:
             self._error = error
-        finally:
-            lock.close()
 
     def wait(self) -> None:
         done, self._done = self._done, None

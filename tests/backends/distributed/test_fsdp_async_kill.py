@@ -1,14 +1,16 @@
 """A SIGKILL in the middle of an async sharded save (torchrun, 2 gloo processes, CPU):
-both processes die in the background write of epoch 2's checkpoint, once their shards
-are written and before the processes agree on it. Epoch 1's checkpoint stays whole,
-epoch 2's never becomes visible, and the run resumed from the folder ends with the
-weights of the run that was never killed, bit for bit."""
+both training processes are killed while their writer processes write epoch 2's
+checkpoint, once the shards are written and before the processes agree on it. The writer
+processes die with them; epoch 1's checkpoint stays whole, epoch 2's never becomes
+visible, and the run resumed from the folder ends with the weights of the run that was
+never killed, bit for bit."""
 
 from __future__ import annotations
 
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,16 +22,15 @@ import warm as subprocess
 LIMIT_S = 300
 
 CHILD = textwrap.dedent("""
-    import os
-    import signal
     import sys
+    import textwrap
 
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     import runmodel
-    from runmodel.checkpoint.sharded import saving
+    from runmodel.checkpoint.sharded import process
     from runmodel.packs import Checkpoint
 
     out, kill = sys.argv[1], sys.argv[2] == "kill"
@@ -49,15 +50,23 @@ CHILD = textwrap.dedent("""
             self.loss_fn = nn.CrossEntropyLoss()
 
 
-    if kill:  # in the background write of epoch 2's save: shards written, not agreed on
-        agree = saving.agree
-
-        def killed(failure, sharded, staging, path):
-            if path.name.startswith("ckpt-00002"):
-                os.kill(os.getpid(), signal.SIGKILL)
-            agree(failure, sharded, staging, path)
-
-        saving.agree = killed
+    # in each writer process, at epoch 2's save (its shards written, not agreed on): it
+    # kills its training process, and waits to die with it
+    KILL = f'''
+    import os, signal, time
+    from runmodel.checkpoint.sharded import saving
+    agree = saving.agree
+    def killed(failure, sharded, staging, path):
+        if path.name.startswith("ckpt-00002"):
+            with open(f"{out}/writer-{{sharded.rank}}.pid", "w") as file:
+                file.write(str(os.getpid()))
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)
+        agree(failure, sharded, staging, path)
+    saving.agree = killed
+    '''
+    if kill:
+        process._SERVE = textwrap.dedent(KILL) + process._SERVE
 
     engine = runmodel.Engine()
     engine.attach(Checkpoint(f"{out}/ckpt", every="1ep", keep=None, async_save=True))
@@ -101,6 +110,21 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
     return process.returncode, err
 
 
+def gone(pid: int, within: float = 10.0) -> bool:
+    """Whether the process ``pid`` ended (or is a zombie no one reaped) within ``within``
+    seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     root = tmp_path_factory.mktemp("fsdp_async_kill")
@@ -111,6 +135,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]
         results: dict[str, object] = {"straight": finish(straight), "killed": finish(killed)}
         ckpt = root / "killed" / "ckpt"
         results["after_kill"] = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
+        results["writers_gone"] = [
+            gone(int((root / "killed" / f"writer-{rank}.pid").read_text())) for rank in (0, 1)
+        ]
         results["resumed"] = finish(torchrun(root, root / "killed", "resume"))
         results["root"] = root
         yield results
@@ -127,6 +154,7 @@ def test_the_kill_leaves_the_checkpoint_before_it_whole(runs: dict[str, object])
     assert isinstance(names, list)
     assert [n for n in names if n.startswith("ckpt-")] == ["ckpt-00001-0000000008"], names
     assert any(n.startswith(".ckpt-00002") for n in names), names  # its staging folder
+    assert runs["writers_gone"] == [True, True]  # each writer process died with its trainer
     first = runs["root"] / "killed" / "ckpt" / "ckpt-00001-0000000008"  # type: ignore[operator]
     assert sorted(p.name for p in first.iterdir()) == [
         ".metadata",
