@@ -303,9 +303,10 @@ def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) ->
     if os.getppid() != int(parent):
         return
     # blocked, not handled: a write past the size limit then fails with EFBIG, and a
-    # Ctrl-C is the training process's to act on
+    # Ctrl-C or a preemption's SIGTERM is the training process's to act on (as for the
+    # plain writer's process)
     if hasattr(signal, "pthread_sigmask"):  # POSIX
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM})
     torch.set_num_threads(1)
     source, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # what anything prints goes apart from the answers
