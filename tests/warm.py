@@ -11,9 +11,10 @@ session when asked, its stdin/stdout/stderr, working directory, environment,
 exit code or the signal that ended it. Every other command is a plain ``subprocess``
 child. A module uses it as ``import warm as subprocess``.
 
-What differs from a fresh interpreter: the modules the zygote imported (torch and what
-torch imports) are there already, with what they read from the environment at import
-(the zygote's: one OpenMP thread); the hash seed is the zygote's. A test of what a fresh
+What differs from a fresh interpreter: the modules the zygote imported (torch, what
+torch imports, and torch._dynamo, which constructing a torch.optim optimizer imports) are
+there already, with what they read from the environment at import (the zygote's: one
+OpenMP thread); the hash seed is the zygote's. A test of what a fresh
 interpreter imports, or of the interpreter's own start, uses ``subprocess`` itself.
 """
 
@@ -55,6 +56,7 @@ __all__ = [
 ZYGOTE = r"""
 import ctypes, io, json, os, runpy, select, signal, socket, sys, types
 import torch  # what every child shares
+import torch._dynamo  # (constructing a torch.optim optimizer imports it: 1.5 CPU-s)
 
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with the test process
 
