@@ -17,6 +17,7 @@ from ..checkpoint.storage import AsyncWriter, Storage
 from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.checks import is_whole_number, whole_number
 from ..core.options import parse_duration
+from ..models.torch_model import state_parts
 from ._common import read_metric
 from ._finite import check_finite_parameters, module_of
 from .metric_watcher import MetricWatcher
@@ -488,9 +489,19 @@ class Checkpoint(Pack):
             )
             for cost in _COSTS:  # a save's cost is no state of the training: never saved
                 s.metrics.pop(cost, None)
-            snapshot = engine.snapshot(counters)
-            if self._writer is not None:
-                self._writer.submit(path, snapshot, finish, module_of(engine))
+            writer = self._writer
+            # a writer that takes the model's state from its live module and optimizer
+            # itself (the plain one, planned once: no state_dict() built at each save);
+            # a storage that writes the model's state leaves it out of any snapshot
+            parts = None
+            if writer is not None and not storage.writes_model_state and writer.writes_model_state:
+                parts = state_parts(engine.model)
+            snapshot = engine.snapshot(counters, model_state=parts is None)
+            if writer is not None:
+                if parts is None:
+                    writer.submit(path, snapshot, finish, module_of(engine))
+                else:
+                    writer.submit(path, snapshot, finish, module_of(engine), model_parts=parts)
                 self._rollback = (previous, previous_best)
                 self._record_stall(s, time.perf_counter() - started)
                 return path
