@@ -311,11 +311,19 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(value, list):
         return [item if type(item) in _ATOMS else _flatten(item, tensors) for item in value]
     if isinstance(value, tuple):
-        items = [_flatten(item, tensors) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return _tuple(value, [_flatten(item, tensors) for item in value])
     if isinstance(value, (str, int, float, bool, type(None), bytes)):
         return value
     return copy.deepcopy(value)
+
+
+def _tuple(value: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    """``value`` itself where ``items`` are its own items (no tensor in it: a tuple held
+    in two places, as Adam's ``betas`` in each group, stays one object, which pickle
+    writes once), else a tuple of its type holding ``items``."""
+    if all(map(operator.is_, items, value)):
+        return value
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
 
 
 #: values a snapshot holds as they are (its dicts' flags and counters: no call each)
@@ -334,8 +342,7 @@ def _fill(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
         value[:] = [_fill(item, tensors) for item in value]
         return value
     if isinstance(value, tuple):
-        items = [_fill(item, tensors) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return _tuple(value, [_fill(item, tensors) for item in value])
     return value
 
 
