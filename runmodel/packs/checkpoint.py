@@ -68,7 +68,9 @@ class Checkpoint(Pack):
     ``async_save=True`` copies the state into CPU buffers at the save (the training waits
     only for that copy) and writes the file in the background (plain files: from a
     writer process, ``checkpoint.writer.Writer``, which checks the parameters finite on
-    its copy), with the same temporary file, rename and pruning. At most one checkpoint
+    its copy, and takes a ``TorchModel``'s state from its live module and optimizer,
+    planned at the first save), with the same temporary file, rename and pruning. At
+    most one checkpoint
     is written at a time: a
     save that comes while the previous one is still being written waits for it. The end
     of the run (also one ended by an error) waits for the last write; an error that a
