@@ -765,7 +765,6 @@ class _ModelPlan:
             return
         self._dtypes = list(map(_dtype, self._live))
         self._grads = list(map(_grad, self._optimizer_live))
-        self._live_ids = list(map(id, self._live))
 
     # -- the plan --------------------------------------------------------------------
 
