@@ -11,12 +11,14 @@ tensors into buffers allocated beforehand. Measured in one training run, at each
   ``state_dict()`` and the optimizer's state: this process's shards under fsdp), into
   buffers allocated and touched before the run;
 * ``writer``: the storage's background writer alone (``engine.storage.writer()``, a second
-  one beside the pack's): ``submit`` of the snapshot, taken before (plain:
-  ``runmodel.checkpoint.writer.Writer``; sharded: ``ShardedWriter``, whose ``submit``
-  takes the sharded state itself; both copy with ``writer.Stager``);
+  one beside the pack's): ``submit`` of the snapshot, taken before as the pack takes it,
+  without the model's part (plain: ``runmodel.checkpoint.writer.Writer``, which takes
+  the model's state from the live module and optimizer, planned once; sharded:
+  ``ShardedWriter``, whose ``submit`` takes the sharded state itself);
 * ``pack``: the time the training waits in the ``Checkpoint`` pack's save hook (hooks
   just before and after it): ``engine.snapshot`` and ``submit``; and on their own,
-  ``snapshot``, and ``copy check``, the writer's check that the parameters of its copy
+  ``snapshot`` (the engine's part: counters, packs' states, random generators, where
+  the data stands), and ``copy check``, the writer's check that the parameters of its copy
   are finite (both writers make it inside ``submit``, over the staged buffers, in place
   of the pack's own check of the live parameters: it is part of the ``writer`` row);
 * the **GIL wait** after the writer's ``submit``: the longest pause of a Python loop on
@@ -64,6 +66,7 @@ import torch
 from torch import nn
 
 import runmodel
+from runmodel.models.torch_model import state_parts
 from runmodel.packs import Checkpoint
 
 EVERY = 2  # steps between saves
@@ -139,6 +142,7 @@ class Measure:
         self._floor: Floor | None = None
         self._writer: Any = None
         self._snapshot: dict[str, Any] = {}
+        self._parts: dict[str, Any] = {}
         self._started = self._started_cpu = 0.0
         self._saves = 0
         self.module: nn.Module | None = None
@@ -156,7 +160,10 @@ class Measure:
             storage: Any = engine.storage  # the plain or the sharded one: both have a writer
             self._writer = storage.writer()
             self.module = engine.model.module
-            self._writer.submit(self.folder / "alone", engine.snapshot(), module=self.module)
+            # plain: the writer takes the model's state from the live module and optimizer
+            self._parts = {"model_parts": state_parts(engine.model)} if self.plain else {}
+            self._snapshot = engine.snapshot(model_state=False)
+            self._submit()
             self._writer.wait()
             self._clear(engine)
         else:
@@ -164,13 +171,13 @@ class Measure:
             measures: list[tuple[str, Callable[[], Any]]] = [
                 ("floor", floor.copy),
                 ("writer", self._submit),
-                ("snapshot", engine.snapshot),
+                ("snapshot", lambda: engine.snapshot(model_state=False)),
                 ("copy check", self._check_copy),
             ]
             turn = self._saves % len(measures)
             for name, fn in measures[turn:] + measures[:turn]:
-                if name == "writer":
-                    self._snapshot = engine.snapshot()  # taken before, untimed
+                if name == "writer":  # taken before, untimed (as the pack takes it)
+                    self._snapshot = engine.snapshot(model_state=False)
                 gc.collect()
                 started, started_cpu = time.perf_counter(), time.process_time()
                 fn()
@@ -223,7 +230,9 @@ class Measure:
         return pause
 
     def _submit(self) -> None:
-        self._writer.submit(self.folder / "alone", self._snapshot, module=self.module)
+        self._writer.submit(
+            self.folder / "alone", self._snapshot, module=self.module, **self._parts
+        )
 
     def _check_copy(self) -> None:
         """The writer's check of its copy's parameters alone (as ``submit`` makes it)."""
@@ -412,7 +421,7 @@ LABELS = {
     "floor": "floor: bare copy into preallocated buffers",
     "pack": "**stall**: the Checkpoint pack's save hook",
     "writer": "the writer's `submit` alone",
-    "snapshot": "`engine.snapshot()` alone",
+    "snapshot": "`engine.snapshot(model_state=False)` alone (the engine's part)",
     "copy check": "the writer's finite check of its copy alone (in `submit`)",
 }
 

@@ -39,6 +39,9 @@ __all__ = [
     "run_of",
     "save",
     "set_rng_state",
+    "torch_state",
+    "trainable",
+    "trainable_parameters",
     "weights",
     "write",
 ]
@@ -229,6 +232,42 @@ def weights(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{str(where)!r} holds no module weights (its model's state_dict() has no 'module')"
         )
     return module
+
+
+def torch_state(
+    module: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    """What a checkpoint keeps of a torch model (``TorchModel.state_dict()``): the
+    module's weights, which of its parameters train (``requires_grad``: the trainable set
+    is part of the run's state), the optimizer's state and its class (what a resume
+    checks the run's optimizer against, with the groups' sizes)."""
+    return {
+        "module": None if module is None else module.state_dict(),
+        "requires_grad": None if module is None else trainable(module),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "optimizer_class": None if optimizer is None else qualified_name(type(optimizer)),
+    }
+
+
+def trainable(module: torch.nn.Module) -> dict[str, bool]:
+    """Each parameter's ``requires_grad``, by name: what a checkpoint records, so that a
+    resumed run trains the parameters the run trained (a layer a hook froze or unfroze)."""
+    return {name: p.requires_grad for name, p in trainable_parameters(module)}
+
+
+def trainable_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``named_parameters()``'s names and parameters, in its order, a shared parameter
+    once (read from each module's own table: a third of its time, at every save)."""
+    if type(module).named_parameters is not torch.nn.Module.named_parameters:  # its own
+        return list(module.named_parameters())
+    named: list[tuple[str, torch.nn.Parameter]] = []
+    seen: set[int] = set()
+    for prefix, owner in module.named_modules():
+        for name, p in owner._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                named.append((f"{prefix}.{name}" if prefix else name, p))
+    return named
 
 
 def qualified_name(kind: type) -> str:

@@ -44,6 +44,11 @@ class AsyncWriter(Protocol):
     #: the least the last ``submit`` could have stalled (its copy's bytes over the best
     #: copy bandwidth measured), or None where the writer does not measure it
     floor_s: float | None
+    #: ``submit`` takes the model's part of the snapshot from the module and optimizer it
+    #: is given (``model_parts``), so the ``Checkpoint`` pack's snapshot leaves it out: the
+    #: plain writer's (the pack reads it only where the storage does not write the
+    #: model's state itself)
+    writes_model_state: bool
 
     @property
     def busy(self) -> bool:
@@ -56,11 +61,14 @@ class AsyncWriter(Protocol):
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
         module: Any = None,
+        model_parts: Any = None,
     ) -> None:
         """Write ``snapshot`` at ``path`` in the background, then call ``then`` (where the
         storage ``leads``); waits for the write before, and raises its error. ``module``:
         the model's network, whose parameters a writer that ``checks_finite`` checks (the
-        sharded one checks its run's own)."""
+        sharded one checks its run's own). ``model_parts``: for a writer that
+        ``writes_model_state``, the module and optimizer whose state is the snapshot's
+        model part (``checkpoint.format.torch_state``)."""
         ...
 
     def wait(self) -> None:

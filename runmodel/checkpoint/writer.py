@@ -16,6 +16,7 @@ is raised by the next ``wait``: ``raise_background_error``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import gc
@@ -33,13 +34,14 @@ import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from .._io import DiskFullError, raise_if_disk_full
-from .format import check_loadable, write
+from .format import check_loadable, torch_state, trainable_parameters, write
 
 __all__ = [
     "Stager",
@@ -129,14 +131,28 @@ class Writer:
     writer measured (the state's bytes over it): the least a save can stall.
     """
 
-    __slots__ = ("__weakref__", "_error", "_path", "_plan", "_process", "_thread", "floor_s")
+    __slots__ = (
+        "__weakref__",
+        "_error",
+        "_model",
+        "_path",
+        "_plan",
+        "_process",
+        "_thread",
+        "floor_s",
+    )
 
     #: ``submit`` checks the parameters of the ``module`` it is given: the ``Checkpoint``
     #: pack need not check them first
     checks_finite = True
+    #: ``submit`` takes the model's part of the snapshot from the live module and
+    #: optimizer it is given (``model_parts``), planned once: the ``Checkpoint`` pack's
+    #: snapshot leaves it out (``engine.snapshot(model_state=False)``)
+    writes_model_state = True
 
     def __init__(self) -> None:
         self._plan: _Plan | None = None
+        self._model: _ModelPlan | None = None
         self._process: _Process | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -154,17 +170,23 @@ class Writer:
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
         module: torch.nn.Module | None = None,
+        model_parts: tuple[torch.nn.Module | None, torch.optim.Optimizer | None] | None = None,
     ) -> None:
         """Write ``snapshot`` to ``path`` in the background, then call ``then`` there;
         waits for the write before, and raises its error. ``module``: the model's
-        network, whose parameters the copy must hold finite (``checks_finite``)."""
+        network, whose parameters the copy must hold finite (``checks_finite``).
+        ``model_parts``: the module and optimizer whose ``format.torch_state`` is the
+        model's part of the snapshot (its ``"model"``, None in ``snapshot``): taken from
+        them live (``writes_model_state``), the same state a synchronous save holds."""
         self.wait()
         check_loadable(snapshot)
         tensors: list[torch.Tensor] = []
+        model_state = None if model_parts is None else self._model_state(*model_parts, tensors)
+        model = None if model_parts is None else self._model  # its tensors come first
         skeleton = _flatten(snapshot, tensors)
         plan = self._plan
-        if plan is None or not plan.fits(tensors, module):
-            plan = self._plan = _Plan(tensors, module, self._plan)
+        if plan is None or not plan.fits(tensors, module, model):
+            plan = self._plan = _Plan(tensors, module, self._plan, model)
         inline = plan.copy(tensors)
         self.floor_s = plan.floor_s
         if plan.check.parameters:
@@ -175,7 +197,7 @@ class Writer:
         if self._process is None or not self._process.alive:
             self._process = _Process(self)
             plan.sent = False
-        message = {"path": str(path), "skeleton": skeleton, "inline": inline}
+        message = {"path": str(path), "skeleton": skeleton, "model": model_state, "inline": inline}
         if not plan.sent:
             message["layout"] = plan.layout()
             plan.sent = True
@@ -188,6 +210,29 @@ class Writer:
             daemon=True,
         )
         self._thread.start()
+
+    def _model_state(
+        self,
+        module: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        tensors: list[torch.Tensor],
+    ) -> Any:
+        """The model's part of the snapshot, ``torch_state(module, optimizer)``, as a
+        skeleton (``_flatten``'s), its tensors appended to ``tensors``: from the plan of
+        an earlier save while the state is the planned one, else built (and planned)."""
+        planned = self._model
+        if planned is not None and planned.module is module and planned.optimizer is optimizer:
+            skeleton = planned.current()
+            if skeleton is not None:
+                tensors += planned.tensors
+                return skeleton
+        state = torch_state(module, optimizer)
+        planned = _ModelPlan(module, optimizer, state)
+        self._model = planned if planned.reusable else None
+        if planned.reusable:
+            tensors += planned.tensors
+            return planned.skeleton
+        return _flatten(state, tensors)
 
     def _run(
         self, process: _Process, data: bytes, events: list[Any], then: Callable[[], None] | None
@@ -266,11 +311,19 @@ def _flatten(value: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(value, list):
         return [item if type(item) in _ATOMS else _flatten(item, tensors) for item in value]
     if isinstance(value, tuple):
-        items = [_flatten(item, tensors) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return _tuple(value, [_flatten(item, tensors) for item in value])
     if isinstance(value, (str, int, float, bool, type(None), bytes)):
         return value
     return copy.deepcopy(value)
+
+
+def _tuple(value: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    """``value`` itself where ``items`` are its own items (no tensor in it: a tuple held
+    in two places, as Adam's ``betas`` in each group, stays one object, which pickle
+    writes once), else a tuple of its type holding ``items``."""
+    if all(map(operator.is_, items, value)):
+        return value
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
 
 
 #: values a snapshot holds as they are (its dicts' flags and counters: no call each)
@@ -289,8 +342,7 @@ def _fill(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
         value[:] = [_fill(item, tensors) for item in value]
         return value
     if isinstance(value, tuple):
-        items = [_fill(item, tensors) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return _tuple(value, [_fill(item, tensors) for item in value])
     return value
 
 
@@ -437,13 +489,21 @@ class _Plan:
     """Where each storage of a state goes in the shared buffer, and the tensors over it:
     made at a save whose layout the previous plan does not fit, then one batched copy a
     save. A tensor whose storage is new at each save (a random generator's state) but
-    has the same layout and is the only tensor over it takes its place."""
+    has the same layout and is the only tensor over it takes its place. The state's
+    first tensors may be a ``_ModelPlan``'s (``model``), which checks them itself."""
 
     def __init__(
-        self, tensors: list[torch.Tensor], module: torch.nn.Module | None, previous: _Plan | None
+        self,
+        tensors: list[torch.Tensor],
+        module: torch.nn.Module | None,
+        previous: _Plan | None,
+        model: _ModelPlan | None = None,
     ) -> None:
         self.sent = False  # the writer process has its layout
         self.module = module
+        self.model = model
+        #: the tensors that ``model`` checks (the first ones): ``fits`` checks the others
+        self.fixed = 0 if model is None else len(model.tensors)
         self.floor_s: float | None = None
         #: bytes a second: the fastest copy of a state measured (a plan goes on from the last's)
         self.bandwidth: float = 0.0 if previous is None else previous.bandwidth
@@ -484,11 +544,13 @@ class _Plan:
                     same,
                 )
             )
-        self.same = [leaf[7] if leaf else i for i, leaf in enumerate(self.leaves)]
-        self.dtypes = list(map(_dtype, tensors))
-        self.grads = list(map(_grad, tensors))
-        self.types = list(map(type, tensors))
-        self.distinct = len(firsts) == len(tensors)
+        # what ``fits`` compares, for the tensors after the fixed ones
+        rest = tensors[self.fixed :]
+        self.same = [leaf[7] if leaf else i for i, leaf in enumerate(self.leaves)][self.fixed :]
+        self.dtypes = list(map(_dtype, rest))
+        self.grads = list(map(_grad, rest))
+        self.types = list(map(type, rest))
+        self.distinct = self.same == list(range(self.fixed, len(tensors)))
         checked = _Checked(module, places, sizes)
         #: per storage, its (byte offset in the buffer, bytes): the parameters' storages
         #: first, back to back per dtype, so that the finite check is one pass a dtype
@@ -524,37 +586,51 @@ class _Plan:
         self.cuda = any(t.is_cuda for t in self.sources)
         self.events: list[Any] = []
 
-    def fits(self, tensors: list[torch.Tensor], module: torch.nn.Module | None) -> bool:
+    def fits(
+        self,
+        tensors: list[torch.Tensor],
+        module: torch.nn.Module | None,
+        model: _ModelPlan | None = None,
+    ) -> bool:
         """Whether ``tensors`` have this plan's layout: each the same view of the same
         storage as the plan's (or a new storage of the same layout where the plan's
         tensor was its whole storage, which then takes its place), none the same object
         as another where the plan's were not, and ``module`` is the plan's (its
         parameters, where the state holds them, are then where the plan found them).
-        Checked at every save: a few calls a tensor, no copy of a size or stride."""
-        if self.rare or len(tensors) != len(self.tensors) or module is not self.module:
+        The first tensors are ``model``'s, which found them unchanged: the plan's
+        ``model`` is it. Checked at every save: a few calls a tensor, no copy of a size
+        or stride."""
+        if (
+            self.rare
+            or len(tensors) != len(self.tensors)
+            or module is not self.module
+            or model is not self.model
+        ):
             return False
+        fixed = self.fixed
+        rest = tensors[fixed:] if fixed else tensors
         if self.distinct:
-            if len(set(map(id, tensors))) != len(tensors):
+            if len(set(map(id, rest))) != len(rest):
                 return False
         else:
             firsts: dict[int, int] = {}
-            if [firsts.setdefault(id(t), i) for i, t in enumerate(tensors)] != self.same:
+            if [firsts.setdefault(id(t), i) for i, t in enumerate(rest, fixed)] != self.same:
                 return False
         # each test one C-level pass over the state (map with the tensor methods: no
         # Python frame a tensor)
         if (
-            list(map(_dtype, tensors)) != self.dtypes
-            or list(map(_grad, tensors)) != self.grads
-            or list(map(type, tensors)) != self.types
+            list(map(_dtype, rest)) != self.dtypes
+            or list(map(_grad, rest)) != self.grads
+            or list(map(type, rest)) != self.types
         ):
             return False
         # the tensors that are the plan's own objects (an optimizer's state, the same at
         # every save) are their own view; the others (a module's state_dict(), detached
         # anew at every save) are compared with the plan's
-        same = list(map(operator.is_, tensors, self.tensors))
+        same = list(map(operator.is_, rest, self.tensors[fixed:]))
         if all(same):
             return True
-        others = [i for i, kept in enumerate(same) if not kept]
+        others = [i for i, kept in enumerate(same, fixed) if not kept]
         new = [tensors[i] for i in others]
         if any(map(torch.Tensor.is_conj, new)) or any(map(torch.Tensor.is_neg, new)):
             return False
@@ -621,6 +697,283 @@ class _Plan:
             "storages": self.storages,
             "leaves": self.leaves,
         }
+
+
+#: what a module's part of ``state_dict()`` depends on: its tables (parameters, buffers,
+#: children), the buffers it leaves out, its hooks
+_TABLES = operator.attrgetter(
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "_non_persistent_buffers_set",
+    "_state_dict_pre_hooks",
+    "_state_dict_hooks",
+)
+_MODULE = torch.nn.Module
+
+
+class _Unfollowed(Exception):
+    """A model's state that ``_ModelPlan`` does not follow from save to save."""
+
+
+class _ModelPlan:
+    """The model's part of a snapshot, ``torch_state(module, optimizer)``, planned from
+    ``state``, the one built at a save: its skeleton (``_flatten``'s: each tensor a
+    ``_SLOT``), its ``tensors`` (each module entry's detached view, each optimizer state
+    itself, in the skeleton's order) and the live tensor each one is (the parameter or
+    buffer in its module's table, the state where the optimizer keeps it).
+
+    ``current()``, at the next saves, finds them again by identity, in C-level passes
+    over the module's tables and the optimizer's state, no ``state_dict()`` built; checks
+    each is still the view the plan copies (its storage, offset, size, stride, dtype);
+    and refreshes what is not a tensor: which parameters train, the optimizer's
+    hyperparameters (``param_groups``) and the states that are numbers. It returns None
+    where anything changed (a module, parameter, buffer or state replaced, added or
+    removed, a tensor's data swapped, a hook registered): planned again. ``reusable`` is
+    False for a state the plan does not follow (a module's own ``state_dict`` or extra
+    state, hooks, rare tensors, tensors among the hyperparameters): built at each save.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        state: dict[str, Any],
+    ) -> None:
+        self.module, self.optimizer = module, optimizer
+        self.tensors: list[torch.Tensor] = []
+        self.skeleton: dict[str, Any] = dict(state)
+        self._live: list[torch.Tensor] = []  # what each of ``tensors`` is in the model
+        self._views: list[torch.Tensor] = []  # ... the view of it the plan copies
+        self._owners: list[torch.nn.Module] = []
+        self._optimizer_live: list[torch.Tensor] = []
+        self.reusable = True
+        try:
+            if module is not None:
+                self.skeleton["module"] = self._plan_module(module, state["module"])
+                # the parameters whose requires_grad the state records, by name
+                self._names = list(state["requires_grad"])
+                self._trained = [p for _, p in trainable_parameters(module)]
+                if len(self._names) != len(self._trained):
+                    raise _Unfollowed
+            if optimizer is not None:
+                self.skeleton["optimizer"] = self._plan_optimizer(optimizer, state["optimizer"])
+            if any(map(_is_rare, self.tensors)):
+                raise _Unfollowed
+        except _Unfollowed:
+            self.reusable = False
+            return
+        self._dtypes = list(map(_dtype, self._live))
+        self._grads = list(map(_grad, self._optimizer_live))
+
+    # -- the plan --------------------------------------------------------------------
+
+    def _plan_module(self, module: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        """The module's ``state_dict()`` as a skeleton; its entries' live tensors found
+        in its modules' tables, in the order ``state_dict`` visits them."""
+        owners, live = self._owners, self._live
+
+        def visit(owner: torch.nn.Module) -> None:
+            owners.append(owner)
+            live.extend(p for p in owner._parameters.values() if p is not None)
+            left_out = owner._non_persistent_buffers_set
+            live.extend(
+                b for name, b in owner._buffers.items() if b is not None and name not in left_out
+            )
+            for child in owner._modules.values():
+                if child is not None:
+                    visit(child)
+
+        visit(module)
+        values = list(state.values())
+        if (
+            type(state) is not collections.OrderedDict
+            or len(values) != len(live)
+            or not all(isinstance(value, torch.Tensor) for value in values)
+            or not all(map(torch.Tensor.is_set_to, values, live))
+            or any(_own_state_dict(kind) for kind in set(map(type, owners)))
+        ):
+            raise _Unfollowed
+        tables = list(map(_TABLES, owners))
+        if any(hooks for table in tables for hooks in table[4:]):
+            raise _Unfollowed
+        self._table_ids = list(map(id, chain.from_iterable(tables)))
+        self._dicts = [table[i] for table in tables for i in (0, 1, 2)]
+        self._keys = list(chain.from_iterable(self._dicts))
+        self._value_ids = list(map(id, chain.from_iterable(map(dict.values, self._dicts))))
+        self._left_out = [table[3] for table in tables]
+        self._left_out_then = [set(names) for names in self._left_out]
+        self._hooks = [hooks for table in tables for hooks in table[4:]]
+        self.tensors += values
+        self._views += values
+        skeleton = collections.OrderedDict.fromkeys(state, _SLOT)
+        skeleton.__dict__.update(vars(state))  # its _metadata (module versions)
+        return skeleton
+
+    def _plan_optimizer(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The optimizer's ``state_dict()`` as a skeleton: its per-parameter states are
+        the optimizer's own dicts (their tensors the objects it keeps); its groups are
+        built anew at each save, with the indices of this one."""
+        if (
+            optimizer._optimizer_state_dict_pre_hooks
+            or optimizer._optimizer_state_dict_post_hooks
+            or set(state) != {"state", "param_groups"}
+            or _holds_tensor(state["param_groups"])
+        ):
+            raise _Unfollowed
+        live = optimizer.state
+        pers = list(state["state"].values())
+        if list(map(id, pers)) != list(map(id, live.values())) or not all(
+            isinstance(key, torch.Tensor) for key in live
+        ):
+            raise _Unfollowed
+        self._state = live
+        self._parameter_ids = list(map(id, live))
+        self._per_ids = list(map(id, pers))
+        self._plain: list[dict[str, Any]] = []  # the states of tensors alone
+        self._mixed: list[tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]] = []
+        states: dict[Any, Any] = {}
+        for index, per in state["state"].items():
+            staged: dict[str, Any] = {}
+            planned: dict[str, torch.Tensor] = {}
+            for key, value in per.items():
+                if isinstance(value, torch.Tensor):
+                    staged[key] = _SLOT
+                    planned[key] = value
+                    self.tensors.append(value)
+                    self._live.append(value)
+                    self._optimizer_live.append(value)
+                    self._views.append(value.detach())
+                elif type(value) in _ATOMS:
+                    staged[key] = value
+                else:  # (a list of tensors, as L-BFGS keeps)
+                    raise _Unfollowed
+            if len(planned) == len(per):
+                self._plain.append(per)
+            else:
+                self._mixed.append((per, staged, planned))
+            states[index] = staged
+        self._plain_keys = list(chain.from_iterable(self._plain))
+        self._plain_ids = list(map(id, chain.from_iterable(map(dict.values, self._plain))))
+        self._indices = [group["params"] for group in state["param_groups"]]
+        self._group_ids = _group_ids(optimizer)
+        return {"state": states, "param_groups": state["param_groups"]}
+
+    # -- a save ----------------------------------------------------------------------
+
+    def current(self) -> dict[str, Any] | None:
+        """The skeleton with this moment's values that are not tensors, or None where
+        the state is not the planned one any more."""
+        if not (self._module_unchanged() and self._optimizer_unchanged()):
+            return None
+        live = self._live
+        if (
+            not all(map(torch.Tensor.is_set_to, live, self._views))
+            or list(map(_dtype, live)) != self._dtypes
+            or list(map(_grad, self._optimizer_live)) != self._grads
+        ):
+            return None
+        skeleton = self.skeleton
+        if self.module is not None:
+            skeleton["requires_grad"] = dict(
+                zip(self._names, map(_grad, self._trained), strict=True)
+            )
+        if self.optimizer is not None:
+            groups = _packed_groups(self.optimizer, self._indices)
+            if groups is None:
+                return None
+            skeleton["optimizer"]["param_groups"] = groups
+        return skeleton
+
+    def _module_unchanged(self) -> bool:
+        """Whether the module's tables are the planned ones, holding the same keys and
+        objects (parameters, buffers, children), the same buffers left out, no hooks."""
+        if self.module is None:
+            return True
+        return (
+            list(map(id, chain.from_iterable(map(_TABLES, self._owners)))) == self._table_ids
+            and list(chain.from_iterable(self._dicts)) == self._keys
+            and list(map(id, chain.from_iterable(map(dict.values, self._dicts)))) == self._value_ids
+            and self._left_out == self._left_out_then
+            and not any(self._hooks)
+        )
+
+    def _optimizer_unchanged(self) -> bool:
+        """Whether the optimizer keeps the planned states (the same dicts, holding the
+        same tensors; the numbers refreshed) for the same parameters, no hooks."""
+        optimizer = self.optimizer
+        if optimizer is None:
+            return True
+        live = optimizer.state
+        if (
+            optimizer._optimizer_state_dict_pre_hooks
+            or optimizer._optimizer_state_dict_post_hooks
+            or live is not self._state
+            or list(map(id, live)) != self._parameter_ids
+            or list(map(id, live.values())) != self._per_ids
+            or list(chain.from_iterable(self._plain)) != self._plain_keys
+            or list(map(id, chain.from_iterable(map(dict.values, self._plain)))) != self._plain_ids
+            or _group_ids(optimizer) != self._group_ids
+        ):
+            return False
+        for per, staged, planned in self._mixed:
+            if list(per) != list(staged):
+                return False
+            for key, value in per.items():
+                tensor = planned.get(key)
+                if tensor is not None:
+                    if value is not tensor:
+                        return False
+                elif type(value) in _ATOMS:
+                    staged[key] = value
+                else:
+                    return False
+        return True
+
+
+def _own_state_dict(kind: type[torch.nn.Module]) -> bool:
+    """Whether modules of class ``kind`` make their part of ``state_dict()`` their own way."""
+    return (
+        kind.state_dict is not _MODULE.state_dict
+        or kind._save_to_state_dict is not _MODULE._save_to_state_dict
+        or kind.get_extra_state is not _MODULE.get_extra_state
+    )
+
+
+def _group_ids(optimizer: torch.optim.Optimizer) -> tuple[list[int], list[int]]:
+    """The sizes of the optimizer's groups, and their parameters by identity."""
+    params = list(map(_PARAMS, optimizer.param_groups))
+    return list(map(len, params)), list(map(id, chain.from_iterable(params)))
+
+
+_PARAMS = operator.itemgetter("params")
+
+
+def _packed_groups(
+    optimizer: torch.optim.Optimizer, indices: list[list[int]]
+) -> list[dict[str, Any]] | None:
+    """The optimizer's ``param_groups`` as its ``state_dict()`` has them (the
+    hyperparameters as they are now, ``params`` the indices), or None where one holds a
+    tensor."""
+    groups = []
+    for group, params in zip(optimizer.param_groups, indices, strict=True):
+        packed = {key: value for key, value in group.items() if key != "params"}
+        packed["params"] = params
+        groups.append(packed)
+    return None if _holds_tensor(groups) else groups
+
+
+def _holds_tensor(value: Any) -> bool:
+    """Whether ``value`` is or holds (in dicts, lists, tuples) a tensor."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(type(item) not in _ATOMS and _holds_tensor(item) for item in value)
+    return False
 
 
 class _SharedFile:
@@ -830,7 +1183,13 @@ def serve(parent: int, source: IO[bytes], answers: IO[bytes]) -> None:
                 tensors = _rebuild(message["layout"])
             inline = message["inline"]
             leaves = (inline.get(i, tensor) for i, tensor in enumerate(tensors))
-            write(Path(message["path"]), _fill(message["skeleton"], leaves))
+            model = message["model"]  # (taken from the live model: its tensors come first)
+            if model is not None:
+                model = _fill(model, leaves)
+            snapshot = _fill(message["skeleton"], leaves)
+            if model is not None:
+                snapshot["model"] = model
+            write(Path(message["path"]), snapshot)
             answer: Any = None
         except Exception as error:
             answer = error

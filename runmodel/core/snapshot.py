@@ -161,15 +161,18 @@ class Snapshots:
                     stacklevel=2,
                 )
 
-    def snapshot(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+    def snapshot(
+        self, counters: dict[str, int] | None = None, *, model_state: bool = True
+    ) -> dict[str, Any]:
         """Everything a checkpoint holds: the engine's state, the model's, the random
         number generators', where the data stands in the epoch (``position.py``).
         ``counters`` is where a run resumed from it starts. Under a storage that writes
         the model's state itself (``writes_model_state``: the ``fsdp`` backend's, whose
-        save reads each process's shards as it writes them), the model's part is None:
-        no ``state_dict()`` is built that the save would drop."""
+        save reads each process's shards as it writes them), or with ``model_state=False``
+        (a background writer that takes it from the live model), the model's part is
+        None: no ``state_dict()`` is built that the save would drop."""
         state_dict = getattr(self.model, "state_dict", None)
-        if self.storage is not None and self.storage.writes_model_state:
+        if not model_state or (self.storage is not None and self.storage.writes_model_state):
             state_dict = None
         engine = self.state_dict(counters)
         position = {"batches": 0} if self._loop is None else self._loop.position.snapshot(counters)

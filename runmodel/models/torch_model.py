@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..checkpoint import check_same_optimizer, qualified_name
+from ..checkpoint import check_same_optimizer
+from ..checkpoint.format import torch_state, trainable
 from .interface import Interface, Supervised
 from .model import Model
 from .outputs import LABELS, computes_loss, labels_of, output_loss
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..core import RunStep
 
-__all__ = ["TorchModel", "set_trainable", "trainable"]
+__all__ = ["TorchModel", "set_trainable", "state_parts", "trainable"]
 
 
 class TorchModel(Model):
@@ -111,15 +112,8 @@ class TorchModel(Model):
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of the model: the module's weights, which of its
         parameters train (``requires_grad``: the trainable set is part of the run's
-        state), the optimizer's state."""
-        module, optimizer = unwrap(self.module), self.optimizer
-        return {
-            "module": None if module is None else module.state_dict(),
-            "requires_grad": None if module is None else trainable(module),
-            "optimizer": None if optimizer is None else optimizer.state_dict(),
-            # what a resume checks the run's optimizer against (with the groups' sizes)
-            "optimizer_class": None if optimizer is None else qualified_name(type(optimizer)),
-        }
+        state), the optimizer's state (``checkpoint.format.torch_state``)."""
+        return torch_state(unwrap(self.module), self.optimizer)
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Refuse a checkpoint's state whose weights do not fit this model, naming the
@@ -274,21 +268,18 @@ class TorchModel(Model):
         return found
 
 
-def trainable(module: nn.Module) -> dict[str, bool]:
-    """Each parameter's ``requires_grad``, by name: what a checkpoint records, so that a
-    resumed run trains the parameters the run trained (a layer a hook froze or unfroze).
-    (``named_parameters()``'s names and order, a shared parameter once, read from each
-    module's own table: a third of its time, at every save.)"""
-    if type(module).named_parameters is not nn.Module.named_parameters:  # its own names
-        return {name: p.requires_grad for name, p in module.named_parameters()}
-    flags: dict[str, bool] = {}
-    seen: set[int] = set()
-    for prefix, owner in module.named_modules():
-        for name, p in owner._parameters.items():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                flags[f"{prefix}.{name}" if prefix else name] = p.requires_grad
-    return flags
+def state_parts(model: Any) -> tuple[nn.Module | None, torch.optim.Optimizer | None] | None:
+    """The module and optimizer whose ``checkpoint.format.torch_state`` is ``model``'s
+    ``state_dict()``: a ``TorchModel``'s that keeps its class's own ``state_dict`` (a
+    background writer takes the state from them, planned once); None for another model,
+    whose ``state_dict()`` is its own."""
+    if (
+        isinstance(model, TorchModel)
+        and type(model).state_dict is TorchModel.state_dict
+        and "state_dict" not in vars(model)
+    ):
+        return unwrap(model.module), model.optimizer
+    return None
 
 
 def set_trainable(module: nn.Module, flags: dict[str, bool]) -> None:

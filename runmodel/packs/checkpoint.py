@@ -17,6 +17,7 @@ from ..checkpoint.storage import AsyncWriter, Storage
 from ..core import Hook, HookOptions, Interrupted, Pack
 from ..core.checks import is_whole_number, whole_number
 from ..core.options import parse_duration
+from ..models.torch_model import state_parts
 from ._common import read_metric
 from ._finite import check_finite_parameters, module_of
 from .metric_watcher import MetricWatcher
@@ -67,7 +68,9 @@ class Checkpoint(Pack):
     ``async_save=True`` copies the state into CPU buffers at the save (the training waits
     only for that copy) and writes the file in the background (plain files: from a
     writer process, ``checkpoint.writer.Writer``, which checks the parameters finite on
-    its copy), with the same temporary file, rename and pruning. At most one checkpoint
+    its copy, and takes a ``TorchModel``'s state from its live module and optimizer,
+    planned at the first save), with the same temporary file, rename and pruning. At
+    most one checkpoint
     is written at a time: a
     save that comes while the previous one is still being written waits for it. The end
     of the run (also one ended by an error) waits for the last write; an error that a
@@ -488,9 +491,19 @@ class Checkpoint(Pack):
             )
             for cost in _COSTS:  # a save's cost is no state of the training: never saved
                 s.metrics.pop(cost, None)
-            snapshot = engine.snapshot(counters)
-            if self._writer is not None:
-                self._writer.submit(path, snapshot, finish, module_of(engine))
+            writer = self._writer
+            # a writer that takes the model's state from its live module and optimizer
+            # itself (the plain one, planned once: no state_dict() built at each save);
+            # a storage that writes the model's state leaves it out of any snapshot
+            parts = None
+            if writer is not None and not storage.writes_model_state and writer.writes_model_state:
+                parts = state_parts(engine.model)
+            snapshot = engine.snapshot(counters, model_state=parts is None)
+            if writer is not None:
+                if parts is None:  # (a writer that does not take it, as the sharded one)
+                    writer.submit(path, snapshot, finish, module_of(engine))
+                else:
+                    writer.submit(path, snapshot, finish, module_of(engine), model_parts=parts)
                 self._rollback = (previous, previous_best)
                 self._record_stall(s, time.perf_counter() - started)
                 return path

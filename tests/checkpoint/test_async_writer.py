@@ -133,6 +133,89 @@ def test_the_writer_refuses_parameters_that_are_not_finite_and_only_those(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.pt"]
 
 
+def test_the_model_state_taken_from_the_live_model_follows_every_change_between_saves(
+    tmp_path: Path,
+) -> None:
+    """With ``model_parts`` the writer takes the model's state from the live module and
+    optimizer, planned at the first save: each save below writes the synchronous save's
+    bytes though the state changed in a way the plan has to see (a schedule's learning
+    rate, an unfreeze, optimizer states added, a parameter or buffer replaced, a
+    parameter's data swapped, a number among the optimizer's states, a state_dict hook,
+    the optimizer's state loaded), and the plan is kept where nothing of its layout
+    changed."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)
+    )
+    module[2].requires_grad_(False)  # frozen: no optimizer state for it yet
+    optimizer = torch.optim.Adam(  # two groups sharing the default betas
+        [{"params": module[0].parameters()}, {"params": [*module[1:].parameters()], "lr": 0.01}]
+    )
+    writer = checkpoint.Writer()
+    engine = {"counters": {"step": 1, "epoch": 0}, "packs": {}}  # ("step": as Adam's key)
+
+    def step() -> None:
+        module(torch.randn(5, 3)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def assert_as_synchronous(name: str) -> dict[str, Any]:
+        sync = {"engine": engine, "model": checkpoint.format.torch_state(module, optimizer)}
+        checkpoint.save(tmp_path / f"{name}-sync.pt", sync)
+        writer.submit(
+            tmp_path / f"{name}-async.pt",
+            {"engine": engine, "model": None},
+            module=module,
+            model_parts=(module, optimizer),
+        )
+        writer.wait()
+        assert filecmp.cmp(
+            tmp_path / f"{name}-sync.pt", tmp_path / f"{name}-async.pt", shallow=False
+        ), name
+        state: dict[str, Any] = checkpoint.read(tmp_path / f"{name}-async.pt")["model"]
+        return state
+
+    step()
+    assert_as_synchronous("first")
+    planned = writer._model
+    assert planned is not None
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    step()
+    assert_as_synchronous("again")  # each group holds its initial_lr now
+    schedule.step()  # the rates halved
+    scheduled = assert_as_synchronous("scheduled")
+    assert [g["lr"] for g in scheduled["optimizer"]["param_groups"]] == [0.0005, 0.005]
+    module[2].requires_grad_(True)  # unfrozen
+    unfrozen = assert_as_synchronous("unfrozen")
+    assert unfrozen["requires_grad"] == dict.fromkeys(unfrozen["requires_grad"], True)
+    assert writer._model is planned  # none of these changed the layout
+    step()  # its first states for the unfrozen layer
+    assert len(assert_as_synchronous("new states")["optimizer"]["state"]) == 6
+    module[0].bias = torch.nn.Parameter(torch.full((4,), 3.0))
+    assert torch.equal(assert_as_synchronous("replaced")["module"]["0.bias"], torch.full((4,), 3.0))
+    module[1].running_mean = torch.full((4,), 2.0)
+    buffer = assert_as_synchronous("buffer")["module"]["1.running_mean"]
+    assert torch.equal(buffer, torch.full((4,), 2.0))
+    module[2].weight.data = torch.ones(2, 4)  # the same parameter over another storage
+    assert torch.equal(assert_as_synchronous("data")["module"]["2.weight"], torch.ones(2, 4))
+    for seen in (1, 2):  # a number among a parameter's states
+        optimizer.state[module[0].weight]["seen"] = seen
+        numbered = assert_as_synchronous(f"number {seen}")["optimizer"]["state"]
+        assert numbered[0]["seen"] == seen
+    hook = module[1].register_state_dict_post_hook(
+        lambda owner, state, prefix, metadata: state.update({f"{prefix}scale": torch.ones(1)})
+    )
+    assert "1.scale" in assert_as_synchronous("hooked")["module"]
+    hook.remove()
+    optimizer.load_state_dict(optimizer.state_dict())  # its states are new tensors
+    step()
+    assert_as_synchronous("loaded")
+    planned = writer._model
+    step()
+    assert_as_synchronous("loaded again")
+    assert writer._model is planned
+
+
 SHARDED_SAVES = textwrap.dedent("""
     import sys
     from pathlib import Path

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.optim.lr_scheduler import StepLR
 
 import runmodel
 from runmodel import checkpoint
-from runmodel.packs import Checkpoint
+from runmodel.packs import Checkpoint, LRSchedule, Unfreeze
 
 import resume_run
 from helpers import assert_equal_params, dropout_mlp, files, train_with_checkpoints
@@ -54,6 +55,32 @@ def test_async_files_are_the_synchronous_ones_byte_for_byte(tmp_path: Path) -> N
     assert len(names) == 5 and files(tmp_path / "async") == names  # 3 newest, 2 best
     for name in names:
         assert filecmp.cmp(tmp_path / "sync" / name, tmp_path / "async" / name, shallow=False), name
+
+
+def test_async_files_follow_an_unfreeze_and_a_schedule_byte_for_byte(tmp_path: Path) -> None:
+    """The writer takes the model's state from the live module and optimizer, planned at
+    the first save; an unfreeze (requires_grad flipped, the optimizer's groups split,
+    new states for the layer it unfreezes) and a schedule (a new rate each step) change
+    it between saves, and every async file is still the synchronous one."""
+    for folder, async_save in (("sync", False), ("async", True)):
+        engine = runmodel.Engine()
+        engine.attach(Unfreeze({0: ["2"], 1: "all"}, lr_scale={1: 0.5}))
+        engine.attach(LRSchedule(lambda optimizer: StepLR(optimizer, step_size=1, gamma=0.9)))
+        engine.on("setup", lambda e: e.run_record.update(id="same", started=0.0))
+        train_with_checkpoints(
+            tmp_path / folder,
+            epochs=2,
+            every="1st",
+            keep=None,
+            async_save=async_save,
+            engine=engine,
+        )
+    names = files(tmp_path / "sync")
+    assert len(names) == 8 and files(tmp_path / "async") == names
+    for name in names:
+        assert filecmp.cmp(tmp_path / "sync" / name, tmp_path / "async" / name, shallow=False), name
+    last = checkpoint.read(tmp_path / "async" / names[-1])["model"]
+    assert all(last["requires_grad"].values()) and len(last["optimizer"]["state"]) == 4
 
 
 def test_the_copy_is_the_state_at_the_save_whatever_the_training_does_next(tmp_path: Path) -> None:
