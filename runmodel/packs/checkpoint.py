@@ -500,10 +500,7 @@ class Checkpoint(Pack):
                 parts = state_parts(engine.model)
             snapshot = engine.snapshot(counters, model_state=parts is None)
             if writer is not None:
-                if parts is None:  # (a writer that does not take it, as the sharded one)
-                    writer.submit(path, snapshot, finish, module_of(engine))
-                else:
-                    writer.submit(path, snapshot, finish, module_of(engine), model_parts=parts)
+                writer.submit(path, snapshot, finish, module_of(engine), model_parts=parts)
                 self._rollback = (previous, previous_best)
                 self._record_stall(s, time.perf_counter() - started)
                 return path

@@ -589,6 +589,8 @@ class ShardedWriter:
     #: on every process), from its copy: the ``Checkpoint`` pack need not check them first
     checks_finite = True
     floor_s: float | None = None  # (not measured: the plain writer's)
+    #: the model's state is DCP's, which ``submit`` takes from its run's model itself
+    writes_model_state = False
 
     def __init__(self, sharded: Sharded) -> None:
         self.sharded = sharded
@@ -609,6 +611,7 @@ class ShardedWriter:
         snapshot: dict[str, Any],
         then: Callable[[], None] | None = None,
         module: Any = None,  # (its run's own module is the one checked)
+        model_parts: Any = None,  # (its run's own model's state is the one written)
     ) -> None:
         self.wait()
         path = self._path = Path(path)
