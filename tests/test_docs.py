@@ -132,8 +132,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 warnings.simplefilter("ignore", DeprecationWarning)  # only while importing, below
 import torch, runmodel, runmodel.engine, runmodel.packs, runmodel.models, runmodel.modes
 torch.set_num_threads(1)
+# (torch._dynamo: constructing a torch.optim optimizer imports it, 1.5 CPU-s a page)
 for name in ("ignite.engine", "ignite.metrics", "ignite.handlers", "sklearn.datasets",
-             "torch.utils.tensorboard", "torch.utils.data", "tqdm"):
+             "torch.utils.tensorboard", "torch.utils.data", "tqdm", "torch._dynamo"):
     try:
         __import__(name)
     except ImportError:
