@@ -1078,11 +1078,7 @@ class _Process:
                 f"the checkpoint writer process ended (exit code {self._exit_code()}) "
                 f"before the write was done"
             )
-        error = pickle.loads(reply)
-        if isinstance(error, tuple):  # a full disk: (errno, the file)
-            raise DiskFullError(*error)
-        if error is not None:
-            raise error
+        _raise_reply(reply)
 
 
 def _fork() -> tuple[int, IO[bytes], IO[bytes]]:
@@ -1152,6 +1148,30 @@ def _receive(stream: IO[bytes]) -> bytes | None:
     return data
 
 
+def _reply(answer: Exception | None) -> bytes:
+    """A writer process's answer to one save: None once written, else the error it met
+    (a full disk as its errno and file: a ``DiskFullError``'s arguments are not its
+    args; an error that does not pickle as its words)."""
+    sent: Any = answer
+    if isinstance(answer, DiskFullError):
+        sent = (answer.errno, answer.filename)
+    try:
+        reply = pickle.dumps(sent)
+        pickle.loads(reply)
+    except Exception:
+        reply = pickle.dumps(RuntimeError(f"{type(answer).__name__}: {answer}"))
+    return reply
+
+
+def _raise_reply(reply: bytes) -> None:
+    """Raise the error a writer process's ``_reply`` carries, if any."""
+    error = pickle.loads(reply)
+    if isinstance(error, tuple):  # a full disk: (errno, the file)
+        raise DiskFullError(*error)
+    if error is not None:
+        raise error
+
+
 def serve(parent: int, source: IO[bytes], answers: IO[bytes]) -> None:
     """The writer process (``Writer``): for each message of ``source``, write the
     checkpoint it describes, its tensors rebuilt over the shared buffer, and answer the
@@ -1193,14 +1213,7 @@ def serve(parent: int, source: IO[bytes], answers: IO[bytes]) -> None:
             answer: Any = None
         except Exception as error:
             answer = error
-        if isinstance(answer, DiskFullError):  # its arguments are not its args: sent apart
-            answer = (answer.errno, answer.filename)
-        try:
-            reply = pickle.dumps(answer)
-            pickle.loads(reply)
-        except Exception:  # an error that does not pickle: its words
-            reply = pickle.dumps(RuntimeError(f"{type(answer).__name__}: {answer}"))
-        _send(answers, reply)
+        _send(answers, _reply(answer))
 
 
 def _rebuild(layout: dict[str, Any]) -> list[torch.Tensor]:

@@ -29,8 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..._io import DiskFullError
-from ..writer import _receive, _send, _SharedFile
+from ..writer import _raise_reply, _receive, _reply, _send, _SharedFile
 
 __all__ = ["Arena", "WriterProcess", "describe", "free_port", "rebuild", "refresh", "room", "serve"]
 
@@ -263,11 +262,7 @@ class WriterProcess:
                 f"the sharded checkpoint's writer process ended (exit code {code}) before "
                 f"the write was done"
             )
-        error = pickle.loads(reply)
-        if isinstance(error, tuple):  # a full disk: (errno, the file)
-            raise DiskFullError(*error)
-        if error is not None:
-            raise error
+        _raise_reply(reply)
 
     def stop(self) -> None:
         """End it now (a new group of writer processes replaces this one's)."""
@@ -331,12 +326,5 @@ def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) ->
             answer: Any = None
         except Exception as error:
             answer = error
-        if isinstance(answer, DiskFullError):  # its arguments are not its args: sent apart
-            answer = (answer.errno, answer.filename)
-        try:
-            reply = pickle.dumps(answer)
-            pickle.loads(reply)
-        except Exception:  # an error that does not pickle: its words
-            reply = pickle.dumps(RuntimeError(f"{type(answer).__name__}: {answer}"))
-        _send(answers, reply)
+        _send(answers, _reply(answer))
     dist.destroy_process_group()
