@@ -1068,11 +1068,7 @@ class _Process:
 
     def write(self, data: bytes) -> None:
         """Send one save; return once it is written, or raise the error it met."""
-        try:
-            _send(self._input, data)
-            reply = _receive(self._output)
-        except (OSError, EOFError):
-            reply = None
+        reply = _exchange(self._input, self._output, data)
         if reply is None:
             raise RuntimeError(
                 f"the checkpoint writer process ended (exit code {self._exit_code()}) "
@@ -1134,6 +1130,15 @@ def _send(stream: IO[bytes], data: bytes) -> None:
     stream.write(_LENGTH.pack(len(data)))
     stream.write(data)
     stream.flush()
+
+
+def _exchange(to: IO[bytes], back: IO[bytes], data: bytes) -> bytes | None:
+    """Send a writer process one message and read its reply; None where it ended first."""
+    try:
+        _send(to, data)
+        return _receive(back)
+    except (OSError, EOFError):
+        return None
 
 
 def _receive(stream: IO[bytes]) -> bytes | None:

@@ -36,6 +36,11 @@ def assert_as_synchronous(
     checkpoint.save(tmp_path / f"{name}-sync.pt", snapshot(model))
     writer.submit(tmp_path / f"{name}-async.pt", snapshot(model))
     writer.wait()
+    return same_files_read_back(tmp_path, name)
+
+
+def same_files_read_back(tmp_path: Path, name: str) -> dict[str, Any]:
+    """``name``'s synchronous and async files are the same bytes; the async one's model."""
     assert filecmp.cmp(
         tmp_path / f"{name}-sync.pt", tmp_path / f"{name}-async.pt", shallow=False
     ), name
@@ -169,11 +174,7 @@ def test_the_model_state_taken_from_the_live_model_follows_every_change_between_
             model_parts=(module, optimizer),
         )
         writer.wait()
-        assert filecmp.cmp(
-            tmp_path / f"{name}-sync.pt", tmp_path / f"{name}-async.pt", shallow=False
-        ), name
-        state: dict[str, Any] = checkpoint.read(tmp_path / f"{name}-async.pt")["model"]
-        return state
+        return same_files_read_back(tmp_path, name)
 
     step()
     assert_as_synchronous("first")

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..writer import _raise_reply, _receive, _reply, _send, _SharedFile
+from ..writer import _exchange, _raise_reply, _receive, _reply, _send, _SharedFile
 
 __all__ = ["Arena", "WriterProcess", "describe", "free_port", "rebuild", "refresh", "room", "serve"]
 
@@ -251,11 +251,7 @@ class WriterProcess:
         """Send one save; return once it is written, or raise the error it met."""
         popen = self._popen
         assert popen.stdin is not None and popen.stdout is not None
-        try:
-            _send(popen.stdin, data)
-            reply = _receive(popen.stdout)
-        except (OSError, EOFError):
-            reply = None
+        reply = _exchange(popen.stdin, popen.stdout, data)
         if reply is None:
             code = popen.wait()
             raise RuntimeError(
