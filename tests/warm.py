@@ -54,11 +54,13 @@ __all__ = [
 #: The zygote: imports torch, then forks a child for each request on its socket and
 #: reports each child's pid, then its wait status, on the same socket.
 ZYGOTE = r"""
-import ctypes, io, json, os, runpy, select, signal, socket, sys, types
+import io, json, os, runpy, select, signal, socket, sys, types
 import torch  # what every child shares
 import torch._dynamo  # (constructing a torch.optim optimizer imports it: 1.5 CPU-s)
 
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with the test process
+# It ends with its test process by the end of its socket, not by PR_SET_PDEATHSIG: that
+# signal comes when the *thread* that started it ends, and the first test to use it may
+# do so from a thread of its own.
 
 requests = socket.socket(fileno=int(sys.argv[1]))
 base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
