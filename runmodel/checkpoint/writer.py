@@ -23,6 +23,7 @@ import gc
 import operator
 import os
 import pickle
+import queue
 import signal
 import struct
 import subprocess
@@ -36,7 +37,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import torch
 
@@ -50,7 +51,10 @@ __all__ = [
     "nonfinite_error",
     "raise_background_error",
     "serve",
+    "start_in_a_lasting_thread",
 ]
+
+_Started = TypeVar("_Started")
 
 
 def raise_background_error(error: BaseException, what: str, path: Path | None) -> None:
@@ -1031,9 +1035,9 @@ class _Process:
         self._popen: subprocess.Popen[bytes] | None = None
         self._code: int | None = None
         if sys.platform == "linux":
-            self.pid, self._input, self._output = _fork()
-            self._reaper = threading.Thread(target=self._reap, daemon=True)
-            self._reaper.start()
+            (self.pid, self._input, self._output), self._reaper = start_in_a_lasting_thread(
+                _fork, self._reap
+            )
         else:
             here = str(Path(__file__).resolve().parents[2])  # where this runmodel is from
             paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -1050,9 +1054,9 @@ class _Process:
         # its input closed with the Writer: it ends
         weakref.finalize(owner, _stop, self._input)
 
-    def _reap(self) -> None:
+    def _reap(self, forked: tuple[int, IO[bytes], IO[bytes]]) -> None:
         with contextlib.suppress(ChildProcessError):  # (reaped by someone else: no code)
-            self._code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            self._code = os.waitstatus_to_exitcode(os.waitpid(forked[0], 0)[1])
 
     @property
     def alive(self) -> bool:
@@ -1075,6 +1079,33 @@ class _Process:
                 f"before the write was done"
             )
         _raise_reply(reply)
+
+
+def start_in_a_lasting_thread(
+    start: Callable[[], _Started], wait: Callable[[_Started], object]
+) -> tuple[_Started, threading.Thread]:
+    """``start()`` (it starts a process that dies with this one, PR_SET_PDEATHSIG) in a
+    thread of its own that then runs ``wait`` on what it returned; what ``start``
+    returned (or raised), and that thread. Linux sends that signal at the end of the
+    *thread* that started the process, and the thread that asks for a save (a run
+    trained in a notebook's or a server's thread) may end long before its writer."""
+    started: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run() -> None:
+        try:
+            process = start()
+        except BaseException as error:
+            started.put(error)
+            return
+        started.put(process)
+        wait(process)
+
+    thread = threading.Thread(target=run, daemon=True, name="runmodel-checkpoint-writer")
+    thread.start()
+    process = started.get()
+    if isinstance(process, BaseException):
+        raise process
+    return process, thread
 
 
 def _fork() -> tuple[int, IO[bytes], IO[bytes]]:

@@ -328,3 +328,19 @@ def test_each_writer_process_ends_with_its_writer_and_a_sigterm_does_not_end_it(
         time.sleep(0.01)
     assert not process.alive and process._exit_code() == 0
     assert_as_synchronous(tmp_path, second, "second-again", model)
+
+
+def test_a_writer_first_used_from_a_thread_that_ended_still_writes(tmp_path: Path) -> None:
+    """Linux ends a process at the end of the *thread* that forked it (when it asked for
+    that, PR_SET_PDEATHSIG, as the writer's process does to die with the training's): a
+    run trained in a thread that has ended (a notebook's, a server's) must not leave its
+    Checkpoint pack's writer dead for the next run's saves."""
+    import threading
+
+    writer = checkpoint.Writer()
+    model = {"w": torch.arange(6.0)}
+    thread = threading.Thread(target=assert_as_synchronous, args=(tmp_path, writer, "t", model))
+    thread.start()
+    thread.join()
+    assert_as_synchronous(tmp_path, writer, "main", {"w": torch.ones(3)})
+    assert writer._process is not None and writer._process.alive

@@ -29,7 +29,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..writer import _exchange, _raise_reply, _receive, _reply, _send, _SharedFile
+from ..writer import (
+    _exchange,
+    _raise_reply,
+    _receive,
+    _reply,
+    _send,
+    _SharedFile,
+    start_in_a_lasting_thread,
+)
 
 __all__ = ["Arena", "WriterProcess", "describe", "free_port", "rebuild", "refresh", "room", "serve"]
 
@@ -230,12 +238,15 @@ class WriterProcess:
         paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
         arguments = (os.getpid(), address, port, rank, world, timeout)
-        self._popen = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, *map(str, arguments)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+        self._popen, _ = start_in_a_lasting_thread(
+            lambda: subprocess.Popen(
+                [sys.executable, "-c", _SERVE, *map(str, arguments)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            ),
+            subprocess.Popen.wait,
         )
         weakref.finalize(self, _stop, self._popen)  # its input closed: it ends
 
