@@ -240,9 +240,9 @@ class Measure:
         if self.plain:
             plan.check.finite()
         else:  # the sharded plan: one flat buffer a dtype
-            from runmodel.checkpoint.sharded.saving import _finite
+            from runmodel.checkpoint.writer import all_finite
 
-            all(_finite(flat) for flat in plan._flat)
+            all_finite(plan._flat)
 
     def _clear(self, engine: runmodel.Engine) -> None:
         """The writer's checkpoint goes (rank 0's job, as the sharded folder is one)."""

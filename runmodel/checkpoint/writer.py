@@ -74,23 +74,35 @@ _MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether no tensor of ``tensors`` holds NaN or inf: each one's minimum and maximum
-    in one pass (NaN propagates to both, an inf is one of them), with no temporary as
-    large as the tensor, then one verdict per device and dtype, and one sync
-    (``isfinite().all()`` writes a temporary as large as the tensor and reads it again)."""
+    """Whether no tensor of ``tensors`` holds NaN or inf, in one pass over each and one
+    sync: a single or double tensor whose sum is finite holds none (a NaN or an inf makes
+    any sum NaN or inf; summing is faster than a minimum and maximum), the others' (and
+    those whose sum was not: an overflow, or a NaN) minimum and maximum settle it (NaN
+    propagates to both, an inf is one of them), with no temporary as large as the tensor
+    (``isfinite().all()`` writes one and reads it again)."""
+    tensors = [torch.view_as_real(t) if t.is_complex() else t for t in tensors if t.numel()]
+    sums: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        if tensor.dtype in _SUMMED:
+            sums.setdefault((tensor.device, tensor.dtype), []).append(tensor.sum())
+    if sums and _verdict([torch.stack(values).isfinite().all() for values in sums.values()]):
+        tensors = [t for t in tensors if t.dtype not in _SUMMED]
     extremes: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     verdicts = []
     for tensor in tensors:
-        if tensor.is_complex():
-            tensor = torch.view_as_real(tensor)
-        if tensor.dtype in _MIN_MAX and tensor.numel():
+        if tensor.dtype in _MIN_MAX:
             extremes.setdefault((tensor.device, tensor.dtype), []).extend(torch.aminmax(tensor))
         else:
             verdicts.append(tensor.isfinite().all())
     verdicts += [torch.stack(values).isfinite().all() for values in extremes.values()]
+    return _verdict(verdicts)
+
+
+def _verdict(verdicts: list[torch.Tensor]) -> bool:
+    """Whether every one of ``verdicts`` (boolean scalars, on any devices) holds: one sync."""
     if not verdicts:
         return True
-    device = verdicts[0].device  # one sync
+    device = verdicts[0].device
     return bool(torch.stack([verdict.to(device) for verdict in verdicts]).all())
 
 
@@ -464,15 +476,9 @@ class _Checked:
         return self
 
     def finite(self) -> bool:
-        """Whether the copy's parameters hold no NaN or inf (and the loose ones). A
-        single or double region whose sum is finite holds none (a NaN or an inf makes
-        any sum NaN or inf): one pass, faster than its minimum and maximum; a sum that
-        is not finite (an overflow, or a NaN) is then settled by them."""
+        """Whether the copy's parameters hold no NaN or inf (and the loose ones): one
+        pass over each dtype's region (``all_finite``)."""
         loose = [self._live(name) for name, staged in self.staged if staged is None]
-        summed = [region for region in self.regions if region.dtype in _SUMMED]
-        if summed and all(bool(region.sum().isfinite()) for region in summed):
-            others = [region for region in self.regions if region.dtype not in _SUMMED]
-            return all_finite([*others, *self.views, *loose])
         return all_finite([*self.regions, *self.views, *loose])
 
     def nonfinite(self) -> list[str]:
@@ -964,9 +970,11 @@ def _packed_groups(
     groups = []
     for group, params in zip(optimizer.param_groups, indices, strict=True):
         packed = {key: value for key, value in group.items() if key != "params"}
-        packed["params"] = params
+        if _holds_tensor(packed):
+            return None
+        packed["params"] = params  # (the plan's indices: ints)
         groups.append(packed)
-    return None if _holds_tensor(groups) else groups
+    return groups
 
 
 def _holds_tensor(value: Any) -> bool:

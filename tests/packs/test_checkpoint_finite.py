@@ -88,3 +88,24 @@ def test_an_async_save_of_non_finite_parameters_writes_nothing_and_keeps_the_goo
     state = checkpoint.read(tmp_path / names[-1])["model"]["module"]
     assert bool(state["halves"].isfinite().all()) and bool(state["row"].isfinite().all())
     assert state["scale"].isinf()
+
+
+def test_the_check_sums_first_and_an_overflowing_sum_of_finite_values_is_still_finite() -> None:
+    """``checkpoint.writer.all_finite`` sums single and double tensors (one pass, faster
+    than their minimum and maximum): a finite sum settles it; a sum that overflows
+    (finite values near the dtype's maximum) is settled by the minimum and maximum, not
+    taken for a divergence; a NaN or an inf among large values is still found."""
+    from runmodel.checkpoint.writer import all_finite
+
+    big = torch.full((1000,), torch.finfo(torch.float32).max / 2)
+    assert not bool(big.sum().isfinite())  # the sum overflows
+    halves = torch.ones(8, dtype=torch.float16)
+    assert all_finite([big, big.double() ** 2 / 1e300, halves])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        spoiled = big.clone()
+        spoiled[500] = bad
+        assert not all_finite([halves, spoiled])
+        assert not all_finite([spoiled.double()])
+    half_bad = halves.clone()
+    half_bad[3] = float("inf")
+    assert not all_finite([big[:10], half_bad])  # the summed ones fine, the half one not

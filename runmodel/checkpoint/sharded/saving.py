@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import operator
 import os
 import pickle
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from ..._io import DiskFullError, disk_full, fsync_folder, shared_lock
 from ..format import qualified_name
 from ..format import save as save_file
 from ..names import METADATA, RUN_STATE
-from ..writer import raise_background_error
+from ..writer import all_finite, raise_background_error
 from .process import Arena, WriterProcess, describe, free_port, room
 from .process import serve as serve_writes
 
@@ -272,9 +274,14 @@ def publish(staging: Path, path: Path, world: int, timeout: float = 60.0) -> Non
         shutil.rmtree(old, ignore_errors=True)
 
 
-# the dtypes whose minimum and maximum, in one pass, say whether a tensor is finite (NaN
-# propagates to both, an inf is one of them)
-_MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_PARAMS = operator.itemgetter("params")
+_LOCAL = operator.attrgetter("_local_tensor")
+
+
+def _parameter_ids(optimizer: Any) -> list[int]:
+    """The optimizer's parameters by identity, group after group."""
+    groups = getattr(optimizer, "param_groups", [])
+    return list(map(id, chain.from_iterable(map(_PARAMS, groups))))
 
 
 class StagingPlan:
@@ -320,7 +327,6 @@ class StagingPlan:
         self._refreshed: list[tuple[str, Any, tuple[str, ...], dict[str, Any]]] = []
         self._groups: list[list[str]] = []
         self._group_ids: list[int] = []
-        self._state_size = 0
         state = sharded.state()
         self.arena: Arena = Arena(
             _room(state, self._local), None if previous is None else previous.arena
@@ -328,9 +334,28 @@ class StagingPlan:
         self.staged: dict[str, Any] = {"module": self._plan_module(state["module"])}
         if "optimizer" in state:
             self.staged["optimizer"] = self._plan_optimizer(state["optimizer"])
-        self._ids = list(map(id, self._leaves))
-        self._distributed = [i for i, leaf in enumerate(self._leaves) if isinstance(leaf, DTensor)]
-        self._local_ids = [id(self._leaves[i]._local_tensor) for i in self._distributed]
+        # what ``_unchanged`` compares, in C-level passes (no tensor hashed): the tables
+        # and names of the module's tensors; the optimizer's states, its keys (the
+        # parameters) and values (the per-parameter dicts) by identity; the keys of the
+        # dicts that hold tensors alone; the others' sizes and tensor keys
+        self._tables = [table for table, _ in self._slots]
+        self._attributes = [attribute for _, attribute in self._slots]
+        live_state = getattr(self.optimizer, "state", {})
+        self._state_ids = (list(map(id, live_state)), list(map(id, live_state.values())))
+        pers = [live_state.get(param) for param, _, _, _ in self._entries]
+        self._plain: list[dict[str, Any]] = []
+        self._mixed: list[tuple[dict[str, Any], tuple[str, ...], int]] = []
+        for per, (_, keys, size, _) in zip(pers, self._entries, strict=True):
+            if per is not None:  # (else not reusable)
+                if len(keys) == size:
+                    self._plain.append(per)
+                else:
+                    self._mixed.append((per, keys, size))
+        self._plain_keys = list(chain.from_iterable(self._plain))
+        leaves = self._live_leaves() if self.reusable else None
+        self._ids = list(map(id, leaves or []))
+        self._distributed = [i for i, leaf in enumerate(leaves or []) if isinstance(leaf, DTensor)]
+        self._local_ids = list(map(id, self._locals(leaves or [])))
 
     # -- the plan --------------------------------------------------------------------
 
@@ -421,8 +446,7 @@ class StagingPlan:
         for group, live in zip(groups, live_groups, strict=False):
             if list(group) != [k for k in live if k != "params"] + ["params"]:
                 self.reusable = False
-        self._group_ids = [id(p) for group in live_groups for p in group["params"]]
-        self._state_size = len(live_state)
+        self._group_ids = _parameter_ids(optimizer)
         return {"state": staged_state, "param_groups": _copied(groups)}
 
     def _stage(self, live: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
@@ -478,35 +502,52 @@ class StagingPlan:
         with torch.no_grad():
             if self._targets:
                 torch._foreach_copy_(self._targets, self._sources)
-            self.finite = all(_finite(flat) for flat in self._flat)
+            self.finite = all_finite(self._flat)
         return self.staged
 
     def _unchanged(self) -> bool:
-        """Whether the live tensors are the planned ones: a lookup each where the plan
-        found them, compared by identity (a DTensor's local shard too)."""
+        """Whether the live tensors are the planned ones: found where the plan found
+        them, compared by identity (a DTensor's local shard too), in C-level passes."""
         optimizer = getattr(self.model, "optimizer", None)
         if self.model.module is not self.module or optimizer is not self.optimizer:
             return False
-        leaves: list[Any] = [table.get(name) for table, name in self._slots]
-        if optimizer is not None:
-            state = optimizer.state
-            if len(state) != self._state_size or self._group_ids != [
-                id(p) for group in optimizer.param_groups for p in group["params"]
-            ]:
-                return False
-            for param, keys, size, _ in self._entries:
-                per = state.get(param)
-                if per is None or len(per) != size:
-                    return False
-                leaves += [per.get(key) for key in keys]
+        if optimizer is not None and _parameter_ids(optimizer) != self._group_ids:
+            return False
+        leaves = self._live_leaves()
         return (
-            list(map(id, leaves)) == self._ids
-            and [id(leaves[i]._local_tensor) for i in self._distributed] == self._local_ids
+            leaves is not None
+            and list(map(id, leaves)) == self._ids
+            and list(map(id, self._locals(leaves))) == self._local_ids
         )
+
+    def _live_leaves(self) -> list[Any] | None:
+        """The tensors where the plan found its live ones, in the order of its ``_ids``
+        (taken from this list): the module's tables, the optimizer's states that hold
+        tensors alone, then the others'; None where the optimizer's states are not the
+        planned dicts for the planned parameters, or hold other keys."""
+        leaves: list[Any] = list(map(dict.get, self._tables, self._attributes))
+        if self.optimizer is not None:
+            state = getattr(self.optimizer, "state", {})
+            if (
+                list(map(id, state)) != self._state_ids[0]
+                or list(map(id, state.values())) != self._state_ids[1]
+                or list(chain.from_iterable(self._plain)) != self._plain_keys
+            ):
+                return None
+            leaves += chain.from_iterable(map(dict.values, self._plain))
+            for per, keys, size in self._mixed:
+                if len(per) != size:
+                    return None
+                leaves += map(per.get, keys)
+        return leaves
+
+    def _locals(self, leaves: list[Any]) -> list[Any]:
+        """The local shards of the DTensors among ``leaves``."""
+        return list(map(_LOCAL, map(leaves.__getitem__, self._distributed)))
 
     def nonfinite(self) -> list[str]:
         """The names of the parameters whose staged copy holds NaN or inf."""
-        return [name for i, name in self._checked.items() if not _finite(self._targets[i])]
+        return [name for i, name in self._checked.items() if not all_finite([self._targets[i]])]
 
     # -- what the writer process is sent ---------------------------------------------
 
@@ -535,17 +576,6 @@ def _room(state: dict[str, Any], local: Callable[[torch.Tensor], torch.Tensor]) 
     for per in state.get("optimizer", {}).get("state", {}).values():
         tensors += [value for value in per.values() if isinstance(value, torch.Tensor)]
     return sum(room(local(tensor)) for tensor in tensors)
-
-
-def _finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or inf (its minimum and maximum, in one pass)."""
-    if tensor.is_complex():
-        tensor = torch.view_as_real(tensor)
-    if tensor.numel() == 0:
-        return True
-    if tensor.dtype in _MIN_MAX:
-        return bool(torch.stack(torch.aminmax(tensor)).isfinite().all())
-    return bool(tensor.isfinite().all())
 
 
 def _copied(value: Any) -> Any:
