@@ -1,5 +1,6 @@
 """The suite's own launcher (``warm``): its zygote serves every test of a pytest process,
-whichever thread started it, and ends with that process."""
+whichever thread started it, is started again where it was killed, and ends with that
+process."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ thread = threading.Thread(target=first)
 thread.start(); thread.join()
 second = warm.run([sys.executable, "-c", "print('second')"], capture_output=True, text=True,
                   timeout=120).stdout.strip()
-print(*said, second, warm._zygote.process.pid, flush=True)
+first_zygote = warm._zygote.process
+first_zygote.kill()  # from outside (the OOM killer, say): the next child gets a new one
+first_zygote.wait()
+third = warm.run([sys.executable, "-c", "print('third')"], capture_output=True, text=True,
+                 timeout=120).stdout.strip()
+print(*said, second, third, warm._zygote.process.pid, flush=True)
 sys.stdin.read()  # until the test kills it
 """
 
@@ -38,7 +44,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
-def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_test_process() -> None:
+def test_the_zygote_outlives_its_thread_comes_back_if_killed_and_ends_with_its_process() -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", SCRIPT],
         stdin=subprocess.PIPE,
@@ -48,8 +54,8 @@ def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_test_p
     )
     try:
         assert process.stdout is not None
-        first, second, zygote = process.stdout.readline().split()
-        assert (first, second) == ("first", "second")
+        first, second, third, zygote = process.stdout.readline().split()
+        assert (first, second, third) == ("first", "second", "third")
         assert _alive(int(zygote))
     finally:
         process.kill()  # SIGKILL: no exit handler of its runs

@@ -277,9 +277,11 @@ _zygote_lock = threading.Lock()
 
 
 def _the_zygote() -> _Zygote:
+    """This test process's zygote; a new one where the last one ended (killed from
+    outside: the tests that used it fail, the next ones do not fail for it)."""
     global _zygote
     with _zygote_lock:
-        if _zygote is None:
+        if _zygote is None or _zygote.process.poll() is not None:
             _zygote = _Zygote()
             atexit.register(_zygote.close)
         return _zygote
@@ -358,8 +360,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         }
         fds = [p2cread, c2pwrite, errwrite]
         fds = [fd if fd != -1 else n for n, fd in enumerate(fds)]  # -1: this process's own
+        self._zygote = _the_zygote()  # (its children are its own to report)
         try:
-            self.pid = _the_zygote().start(job, fds)
+            self.pid = self._zygote.start(job, fds)
         finally:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
         self._child_created = True
@@ -368,7 +371,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._forked is None:
             return super()._internal_poll(_deadstate)  # type: ignore[misc]
         if self.returncode is None:
-            status = _the_zygote().status(self.pid, 0)
+            status = self._zygote.status(self.pid, 0)
             if status is not None:
                 self._handle_exitstatus(status)  # type: ignore[attr-defined]
         return self.returncode
@@ -376,7 +379,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:
         if self._forked is None:
             return super()._try_wait(wait_flags)  # type: ignore[misc]
-        status = _the_zygote().status(self.pid, 0 if wait_flags & os.WNOHANG else None)
+        status = self._zygote.status(self.pid, 0 if wait_flags & os.WNOHANG else None)
         return (0, 0) if status is None else (self.pid, status)
 
 
