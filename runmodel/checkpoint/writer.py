@@ -76,26 +76,33 @@ _MIN_MAX = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether no tensor of ``tensors`` holds NaN or inf, in one pass over each and one
     sync: a single or double tensor whose sum is finite holds none (a NaN or an inf makes
-    any sum NaN or inf; summing is faster than a minimum and maximum), the others' (and
-    those whose sum was not: an overflow, or a NaN) minimum and maximum settle it (NaN
-    propagates to both, an inf is one of them), with no temporary as large as the tensor
-    (``isfinite().all()`` writes one and reads it again)."""
+    any sum NaN or inf; summing is faster than a minimum and maximum), the other dtypes'
+    minimum and maximum settle theirs (NaN propagates to both, an inf is one of them),
+    with no temporary as large as the tensor (``isfinite().all()`` writes one and reads
+    it again). Where a sum is not finite (a NaN, an inf, or an overflow of finite
+    values), the summed tensors' minimum and maximum then settle it."""
     tensors = [torch.view_as_real(t) if t.is_complex() else t for t in tensors if t.numel()]
-    sums: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        if tensor.dtype in _SUMMED:
-            sums.setdefault((tensor.device, tensor.dtype), []).append(tensor.sum())
-    if sums and _verdict([torch.stack(values).isfinite().all() for values in sums.values()]):
-        tensors = [t for t in tensors if t.dtype not in _SUMMED]
-    extremes: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    summed = [t for t in tensors if t.dtype in _SUMMED]
+    others = _verdicts([t for t in tensors if t.dtype not in _SUMMED], summed=False)
+    if _verdict(others + _verdicts(summed, summed=True)):
+        return True
+    return _verdict(others) and _verdict(_verdicts(summed, summed=False))
+
+
+def _verdicts(tensors: list[torch.Tensor], summed: bool) -> list[torch.Tensor]:
+    """Whether each device's and dtype's ``tensors`` are finite, as boolean scalars (not
+    read): by their sums (``summed``), else by their minimum and maximum where the dtype
+    has them, else by ``isfinite``."""
+    values: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     verdicts = []
     for tensor in tensors:
-        if tensor.dtype in _MIN_MAX:
-            extremes.setdefault((tensor.device, tensor.dtype), []).extend(torch.aminmax(tensor))
+        if summed:
+            values.setdefault((tensor.device, tensor.dtype), []).append(tensor.sum())
+        elif tensor.dtype in _MIN_MAX:
+            values.setdefault((tensor.device, tensor.dtype), []).extend(torch.aminmax(tensor))
         else:
             verdicts.append(tensor.isfinite().all())
-    verdicts += [torch.stack(values).isfinite().all() for values in extremes.values()]
-    return _verdict(verdicts)
+    return verdicts + [torch.stack(group).isfinite().all() for group in values.values()]
 
 
 def _verdict(verdicts: list[torch.Tensor]) -> bool:
