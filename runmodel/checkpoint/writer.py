@@ -48,6 +48,8 @@ __all__ = [
     "Stager",
     "Writer",
     "all_finite",
+    "become_writer_process",
+    "fresh_interpreter_env",
     "nonfinite_error",
     "raise_background_error",
     "serve",
@@ -1054,14 +1056,11 @@ class _Process:
                 _fork, self._reap
             )
         else:
-            here = str(Path(__file__).resolve().parents[2])  # where this runmodel is from
-            paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
             popen = self._popen = subprocess.Popen(
                 [sys.executable, "-c", _SERVE, str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=env,
+                env=fresh_interpreter_env(),
                 start_new_session=True,
             )
             assert popen.stdin is not None and popen.stdout is not None
@@ -1157,6 +1156,14 @@ def _fork() -> tuple[int, IO[bytes], IO[bytes]]:
     return pid, os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb")
 
 
+def fresh_interpreter_env() -> dict[str, str]:
+    """The environment of a writer process started as a new interpreter: this one's,
+    with the runmodel this process imported first on its path, and one thread."""
+    here = str(Path(__file__).resolve().parents[2])
+    paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+
+
 #: what a fresh writer process runs (``python -c``; its argument: this process's id)
 _SERVE = (
     "import sys; from runmodel.checkpoint.writer import serve; "
@@ -1223,26 +1230,35 @@ def _raise_reply(reply: bytes) -> None:
         raise error
 
 
+def become_writer_process(parent: int) -> bool:
+    """Make this process a writer process of the training process ``parent`` (both
+    writers': the plain and the sharded one); False where ``parent`` is gone already. It
+    dies with ``parent`` (Linux); a write past the file-size limit fails with EFBIG
+    instead of ending it; Ctrl-C and a preemption's SIGTERM (a scheduler signals every
+    process of a job) are blocked, not handled: the training process acts on them, waits
+    for the write, saves and ends, and this process with it; one thread; what anything
+    prints goes to stderr, apart from the answers on stdout."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        return False
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM})
+    torch.set_num_threads(1)
+    sys.stdout = sys.stderr
+    return True
+
+
 def serve(parent: int, source: IO[bytes], answers: IO[bytes]) -> None:
     """The writer process (``Writer``): for each message of ``source``, write the
     checkpoint it describes, its tensors rebuilt over the shared buffer, and answer the
     error it met on ``answers`` (None once written); end with its input. It dies with
     its ``parent`` (Linux), and a file past the file-size limit is an error, not its
     death."""
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    if not become_writer_process(parent):
         return
-    # blocked, not handled (no handler of a run's here): a write past the size limit
-    # then fails with EFBIG, and a Ctrl-C or a preemption's SIGTERM (a scheduler signals
-    # every process of a job) is the training process's to act on: it waits for this
-    # write, saves, and ends, and this process with it
-    if hasattr(signal, "pthread_sigmask"):  # POSIX
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM})
-    torch.set_num_threads(1)
-    sys.stdout = sys.stderr  # what anything prints goes apart from the answers
     tensors: list[torch.Tensor] = []
     while True:
         data = _receive(source)

@@ -18,7 +18,6 @@ import datetime
 import io
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -30,22 +29,21 @@ from typing import Any, NamedTuple
 import torch
 
 from ..writer import (
+    _ALIGN,
+    _aligned,
     _exchange,
     _raise_reply,
     _receive,
     _reply,
     _send,
     _SharedFile,
+    _stop,
+    become_writer_process,
+    fresh_interpreter_env,
     start_in_a_lasting_thread,
 )
 
 __all__ = ["Arena", "WriterProcess", "describe", "free_port", "rebuild", "refresh", "room", "serve"]
-
-_ALIGN = 64  # bytes: each buffer starts at a multiple of it
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // _ALIGN) * _ALIGN
 
 
 def room(tensor: torch.Tensor) -> int:
@@ -234,21 +232,20 @@ class WriterProcess:
     collectives bounded by ``timeout`` seconds."""
 
     def __init__(self, address: str, port: int, rank: int, world: int, timeout: float) -> None:
-        here = str(Path(__file__).resolve().parents[3])  # where this runmodel is imported from
-        paths = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
         arguments = (os.getpid(), address, port, rank, world, timeout)
         self._popen, _ = start_in_a_lasting_thread(
             lambda: subprocess.Popen(
                 [sys.executable, "-c", _SERVE, *map(str, arguments)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=env,
+                env=fresh_interpreter_env(),
                 start_new_session=True,
             ),
             subprocess.Popen.wait,
         )
-        weakref.finalize(self, _stop, self._popen)  # its input closed: it ends
+        assert self._popen.stdin is not None and self._popen.stdout is not None
+        self._input, self._output = self._popen.stdin, self._popen.stdout
+        weakref.finalize(self, _stop, self._input)  # its input closed: it ends
 
     @property
     def alive(self) -> bool:
@@ -260,11 +257,9 @@ class WriterProcess:
 
     def write(self, data: bytes) -> None:
         """Send one save; return once it is written, or raise the error it met."""
-        popen = self._popen
-        assert popen.stdin is not None and popen.stdout is not None
-        reply = _exchange(popen.stdin, popen.stdout, data)
+        reply = _exchange(self._input, self._output, data)
         if reply is None:
-            code = popen.wait()
+            code = self._popen.wait()
             raise RuntimeError(
                 f"the sharded checkpoint's writer process ended (exit code {code}) before "
                 f"the write was done"
@@ -273,7 +268,7 @@ class WriterProcess:
 
     def stop(self) -> None:
         """End it now (a new group of writer processes replaces this one's)."""
-        _stop(self._popen)
+        _stop(self._input)
         with contextlib.suppress(OSError):
             self._popen.kill()
         self._popen.wait()
@@ -284,12 +279,6 @@ class WriterProcess:
 _SERVE = "from runmodel.checkpoint.sharded.saving import serve; serve()"
 
 
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    if popen.stdin is not None:
-        with contextlib.suppress(OSError):
-            popen.stdin.close()
-
-
 def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) -> None:
     """The writer process: join the writer processes' group, then for each message of
     its input write the save it describes, ``write(state, staging, path, run_state,
@@ -298,20 +287,9 @@ def serve(write: Callable[[Any, Path, Path, dict[str, Any], int, int], None]) ->
     written); end with its input. It dies with its parent (Linux),
     and a file past the file-size limit is an error, not its death."""
     parent, address, port, rank, world, timeout = sys.argv[1:7]
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):
-        return
-    # blocked, not handled: a write past the size limit then fails with EFBIG, and a
-    # Ctrl-C or a preemption's SIGTERM is the training process's to act on (as for the
-    # plain writer's process)
-    if hasattr(signal, "pthread_sigmask"):  # POSIX
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM})
-    torch.set_num_threads(1)
     source, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # what anything prints goes apart from the answers
+    if not become_writer_process(int(parent)):
+        return
     import torch.distributed as dist
 
     span = datetime.timedelta(seconds=float(timeout))
