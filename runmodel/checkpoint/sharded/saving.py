@@ -33,7 +33,7 @@ from ..._io import DiskFullError, disk_full, fsync_folder, shared_lock
 from ..format import qualified_name
 from ..format import save as save_file
 from ..names import METADATA, RUN_STATE
-from ..writer import all_finite, raise_background_error
+from ..writer import _PARAMS, all_finite, raise_background_error
 from .process import Arena, WriterProcess, describe, free_port, room
 from .process import serve as serve_writes
 
@@ -274,7 +274,6 @@ def publish(staging: Path, path: Path, world: int, timeout: float = 60.0) -> Non
         shutil.rmtree(old, ignore_errors=True)
 
 
-_PARAMS = operator.itemgetter("params")
 _LOCAL = operator.attrgetter("_local_tensor")
 
 
